@@ -1,0 +1,102 @@
+"""What the trial runs on: the local device, or a named one to plan for.
+
+Device rules (which precisions and optimizers can run) and MFU both need the compute
+capability and peak FLOP/s, which torch does not report; they live in one table here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    name: str
+    kind: str  # "cuda" or "cpu"
+    memory_bytes: int
+    compute_capability: tuple[int, int] | None = None
+    count: int = 1
+    # Dense peak FLOP/s by precision; empty where unknown (MFU is then not reported).
+    peak_flops: dict[str, float] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.kind == "cuda"
+
+    def supports_bf16(self) -> bool:
+        # bf16 tensor cores arrived with Ampere (8.0); PyTorch on CPU runs bf16 too.
+        return not self.is_cuda or (self.compute_capability or (0, 0)) >= (8, 0)
+
+    def supports_tf32(self) -> bool:
+        return self.is_cuda and (self.compute_capability or (0, 0)) >= (8, 0)
+
+    def supports_fp16(self) -> bool:
+        # Trainer refuses fp16 mixed precision without CUDA (no GradScaler path on CPU).
+        return self.is_cuda
+
+
+T = 1e12
+# name: (memory GiB, compute capability, {precision: dense peak FLOP/s})
+KNOWN_DEVICES: dict[str, tuple[float, tuple[int, int], dict[str, float]]] = {
+    "V100-16GB": (16, (7, 0), {"fp32": 15.7 * T, "fp16": 125 * T}),
+    "V100-32GB": (32, (7, 0), {"fp32": 15.7 * T, "fp16": 125 * T}),
+    "T4-16GB": (16, (7, 5), {"fp32": 8.1 * T, "fp16": 65 * T}),
+    "A10G-24GB": (24, (8, 6), {"fp32": 31.2 * T, "tf32": 62.5 * T, "fp16": 125 * T,
+                               "bf16": 125 * T}),
+    "L4-24GB": (24, (8, 9), {"fp32": 30.3 * T, "tf32": 60 * T, "fp16": 121 * T,
+                             "bf16": 121 * T}),
+    "A100-40GB": (40, (8, 0), {"fp32": 19.5 * T, "tf32": 156 * T, "fp16": 312 * T,
+                               "bf16": 312 * T}),
+    "A100-80GB": (80, (8, 0), {"fp32": 19.5 * T, "tf32": 156 * T, "fp16": 312 * T,
+                               "bf16": 312 * T}),
+    "H100-80GB": (80, (9, 0), {"fp32": 67 * T, "tf32": 495 * T, "fp16": 989 * T,
+                               "bf16": 989 * T}),
+    "H200-141GB": (141, (9, 0), {"fp32": 67 * T, "tf32": 495 * T, "fp16": 989 * T,
+                                 "bf16": 989 * T}),
+}
+
+
+def named_device(name: str, count: int = 1) -> DeviceSpec:
+    """A device to plan for, by name ("A100-80GB", "a100", "V100-16GB")."""
+    key = _match_known(name)
+    if key is None:
+        allowed = ", ".join(KNOWN_DEVICES)
+        raise ValueError(f"unknown device {name!r}; known: {allowed}")
+    mem, cc, flops = KNOWN_DEVICES[key]
+    size = re.search(r"(\d+)\s*GB", name, re.IGNORECASE)
+    mem_gib = float(size.group(1)) if size else mem
+    return DeviceSpec(key, "cuda", int(mem_gib * GiB), cc, count, dict(flops))
+
+
+def _match_known(name: str) -> str | None:
+    norm = name.upper().replace("NVIDIA", "").replace(" ", "").replace("_", "-")
+    if norm in KNOWN_DEVICES:
+        return norm
+    size = re.search(r"(\d+)GB", norm)
+    for key in KNOWN_DEVICES:
+        model = key.split("-")[0]
+        if model in norm and (size is None or key.endswith(f"-{size.group(1)}GB")):
+            return key
+    for key in KNOWN_DEVICES:  # a size we do not list: keep the model's rules
+        if key.split("-")[0] in norm:
+            return key
+    return None
+
+
+def local_device(gpu_index: int = 0) -> DeviceSpec:
+    """The device trials here run on: GPU `gpu_index` if CUDA is up, else the CPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(gpu_index)
+        cc = (props.major, props.minor)
+        key = _match_known(props.name)
+        flops = dict(KNOWN_DEVICES[key][2]) if key else {}
+        return DeviceSpec(props.name, "cuda", props.total_memory, cc,
+                          torch.cuda.device_count(), flops)
+    import psutil
+
+    return DeviceSpec("cpu", "cpu", psutil.virtual_memory().total, None, 1, {})
