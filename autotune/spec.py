@@ -1,0 +1,248 @@
+"""model.yaml: what the user wants tuned, validated before anything runs.
+
+Every field is typed and documented once here; unknown keys are errors, and each error
+names the field, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from autotune.errors import SpecError
+
+TASKS = ("causal-lm", "masked-lm", "sequence-classification")
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3,
+          "gb": 1000**3, "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2,
+          "gib": 1024**3, "tib": 1024**4}
+
+
+def parse_bytes(value: str | int | float) -> int:
+    """'2GiB' / '512MB' / 1e9 -> bytes."""
+    if isinstance(value, int | float):
+        return int(value)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"{value!r} is not a size; use e.g. 2GiB, 512MiB, 16GB")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def parse_duration(value: str | int | float) -> float:
+    """'30m' / '90s' / '1h30m' / 120 -> seconds."""
+    if isinstance(value, int | float):
+        return float(value)
+    parts = re.findall(r"([0-9]*\.?[0-9]+)\s*([hms]?)", str(value).strip())
+    if not parts or re.sub(r"[0-9.\shms]", "", str(value)):
+        raise ValueError(f"{value!r} is not a duration; use e.g. 30m, 90s, 1h30m")
+    scale = {"h": 3600, "m": 60, "s": 1, "": 1}
+    return sum(float(n) * scale[u] for n, u in parts)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Strict):
+    name_or_path: str | None = None
+    """A local model folder (or a Hugging Face id where the hub is reachable)."""
+    config: dict[str, Any] | None = None
+    """An inline config (model_type plus fields): random weights, no download."""
+    task: Literal["causal-lm", "masked-lm", "sequence-classification"] = "causal-lm"
+    factory: str | None = None
+    """'package.module:function' returning a torch model (takes the HF config or None)."""
+    attn_implementation: str | None = None
+    """Passed to the model (eager, sdpa, flash_attention_2); None: the model's default."""
+
+    @field_validator("factory")
+    @classmethod
+    def _factory_form(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[\w.]+:\w+", v):
+            raise ValueError(f"{v!r} must look like 'package.module:function'")
+        return v
+
+    @field_validator("name_or_path")
+    @classmethod
+    def _path_exists(cls, v: str | None) -> str | None:
+        looks_like_path = v is not None and (v.startswith(("/", "./", "../", "~")) or
+                                             Path(v).exists())
+        if looks_like_path and not (Path(v).expanduser() / "config.json").is_file():
+            raise ValueError(f"{v!r} is not a model folder (no config.json there)")
+        return v
+
+    @field_validator("config")
+    @classmethod
+    def _config_has_type(cls, v: dict | None) -> dict | None:
+        if v is not None and "model_type" not in v:
+            raise ValueError("an inline config needs model_type (e.g. gpt2, bert, llama)")
+        return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSpec:
+        given = [k for k in ("name_or_path", "config") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError("give either name_or_path or config, not both")
+        if not given and self.factory is None:
+            raise ValueError("give one of name_or_path, config or factory")
+        return self
+
+    def display_name(self) -> str:
+        if self.name_or_path:
+            return Path(self.name_or_path).name or self.name_or_path
+        if self.config:
+            return f"{self.config['model_type']}-custom"
+        return str(self.factory).split(":")[-1]
+
+
+class DataSpec(_Strict):
+    seq_len: int = Field(128, gt=0)
+    source: str = "synthetic"
+    """'synthetic' (random tokens, as in the seeds), a saved dataset folder or a JSONL file."""
+    tokenizer: str | None = None
+    """Tokenizer folder, needed for a text source."""
+    text_field: str = "text"
+
+    @model_validator(mode="after")
+    def _text_source(self) -> DataSpec:
+        if self.source == "synthetic":
+            return self
+        if not Path(self.source).exists():
+            raise ValueError(f"source {self.source!r}: no such file or folder "
+                             "(allowed: synthetic, a saved dataset folder, a .jsonl file)")
+        if self.tokenizer is None:
+            raise ValueError(f"source {self.source!r} is text: data.tokenizer is required")
+        return self
+
+
+class HardwareSpec(_Strict):
+    gpus_per_trial: int = Field(1, ge=1)
+    memory_budget: str | int | None = None
+    """Cap on one trial's peak memory (e.g. 2GiB). None: the GPU's memory, or on CPU a
+    share of free RAM."""
+
+    @field_validator("memory_budget")
+    @classmethod
+    def _size(cls, v: str | int | None) -> str | int | None:
+        if v is not None:
+            parse_bytes(v)
+        return v
+
+    def budget_bytes(self) -> int | None:
+        return None if self.memory_budget is None else parse_bytes(self.memory_budget)
+
+
+class SearchSpec(_Strict):
+    space: str = "default"
+    """A name under search_spaces/ or a path to a space YAML."""
+    n_trials: int = Field(40, ge=1)
+    """Trials to run in total (a resumed search counts the earlier ones)."""
+    timeout: str | int = "30m"
+    """Wall time for this invocation of the search."""
+    trial_timeout: str | int = "10m"
+    """Wall time for one trial, model load included; it is killed after that."""
+    storage: str | None = None
+    study_name: str | None = None
+    seed: int = 0
+
+    @field_validator("timeout", "trial_timeout")
+    @classmethod
+    def _duration(cls, v: str | int) -> str | int:
+        parse_duration(v)
+        return v
+
+
+class MeasureSpec(_Strict):
+    warmup_steps: int = Field(2, ge=0)
+    steps: int = Field(5, ge=1)
+
+
+class RunSpec(_Strict):
+    """The long run the user is tuning for, to project its wall time in the report."""
+
+    steps: int | None = Field(None, gt=0)
+    tokens: int | None = Field(None, gt=0)
+
+
+class Spec(_Strict):
+    model: ModelSpec
+    data: DataSpec = DataSpec()
+    target_batch_size: int = Field(64, gt=0)
+    hardware: HardwareSpec = HardwareSpec()
+    search: SearchSpec = SearchSpec()
+    measure: MeasureSpec = MeasureSpec()
+    run: RunSpec = RunSpec()
+    output: str = "reports/autotune"
+
+    @model_validator(mode="after")
+    def _divisible(self) -> Spec:
+        world = self.hardware.gpus_per_trial
+        if self.target_batch_size % world:
+            raise ValueError(f"target_batch_size {self.target_batch_size} is not divisible by "
+                             f"hardware.gpus_per_trial {world}")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.hardware.gpus_per_trial
+
+    def fingerprint(self) -> str:
+        """What makes two searches comparable: the model, data and target, not the budget."""
+        key = {"model": self.model.model_dump(), "data": self.data.model_dump(),
+               "target": self.target_batch_size, "hw": self.hardware.model_dump(),
+               "space": self.search.space, "measure": self.measure.model_dump()}
+        return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _format_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        if not where:
+            lines.append(msg)
+            continue
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{where}: unknown key (value {e['input']!r}); check the spelling "
+                         "against the keys in README.md")
+        elif e["type"] == "literal_error":
+            lines.append(f"{where}: {e['input']!r} is not allowed; {msg}")
+        elif "input" in e and not isinstance(e["input"], dict) and repr(e["input"]) not in msg:
+            lines.append(f"{where}: {e['input']!r}: {msg}")
+        else:
+            lines.append(f"{where}: {msg}")
+    return "; ".join(lines)
+
+
+def load_spec(source: str | Path | dict | Spec, **overrides: Any) -> Spec:
+    """Read and validate a spec; overrides use dotted keys ('search.n_trials': 5)."""
+    if isinstance(source, Spec):
+        data = source.model_dump()
+    elif isinstance(source, dict):
+        data = json.loads(json.dumps(source))
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise SpecError(f"spec file {str(path)!r} not found")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise SpecError(f"{path}: not valid YAML: {exc}") from exc
+        if not isinstance(data, dict):
+            raise SpecError(f"{path}: expected a mapping of keys (model, data, ...)")
+    for dotted, value in overrides.items():
+        if value is None:
+            continue
+        node = data
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    try:
+        return Spec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(_format_error(exc)) from None
