@@ -21,6 +21,21 @@ WEIGHT_DECAY = 0.0
 MAX_GRAD_NORM = 1.0
 
 
+def _checkpointing_name() -> str:
+    """transformers 5 renamed gradient_checkpointing; use the installed version's name so
+    the exported kwargs load without deprecation warnings where they will be used."""
+    from dataclasses import fields
+
+    from transformers import TrainingArguments
+
+    names = {f.name for f in fields(TrainingArguments)}
+    return "activation_checkpointing" if "activation_checkpointing" in names else (
+        "gradient_checkpointing")
+
+
+_CHECKPOINTING = _checkpointing_name()
+
+
 def training_arguments_kwargs(
     config: TrialConfig,
     *,
@@ -49,7 +64,7 @@ def training_arguments_kwargs(
         "optim": config.optim,
         "bf16": config.precision == "bf16",
         "fp16": config.precision == "fp16",
-        "gradient_checkpointing": config.gradient_checkpointing,
+        _CHECKPOINTING: config.gradient_checkpointing,
         "seed": seed,
         "report_to": "none",
     }
@@ -58,7 +73,7 @@ def training_arguments_kwargs(
     if config.gradient_checkpointing:
         # Non-reentrant checkpointing works with frozen inputs and ZeRO-3; the reentrant
         # default warns and is slated for removal in torch.
-        kwargs["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
+        kwargs[f"{_CHECKPOINTING}_kwargs"] = {"use_reentrant": False}
     if on_cpu:
         kwargs["use_cpu"] = True  # Trainer needs it for bf16 autocast on CPU
     if deepspeed is not None:

@@ -76,7 +76,7 @@ def run_trial(
         tmpdir = Path(tmp)
         request = {"spec": spec, "config": config.to_dict(), "shape": shape or {},
                    "memory_budget_bytes": memory_budget_bytes, "seed": seed,
-                   "workdir": str(tmpdir / "out")}
+                   "workdir": str(tmpdir / "out"), "import_path": os.getcwd()}
         (tmpdir / "request.json").write_text(json.dumps(request))
         result_path, log_path = tmpdir / "result.json", tmpdir / "stderr.log"
         with log_path.open("w") as log:

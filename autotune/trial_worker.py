@@ -133,7 +133,8 @@ def run(request: dict[str, Any], result_path: str) -> dict[str, Any]:
                                            seed=request.get("seed", 42))
         # Trial-only settings: how long to run and what not to do; never the knobs.
         kwargs |= {"max_steps": n_steps, "logging_steps": 1, "save_strategy": "no",
-                   "disable_tqdm": True, "dataloader_num_workers": 0, "log_level": "error"}
+                   "disable_tqdm": True, "dataloader_num_workers": 0, "log_level": "error",
+                   "remove_unused_columns": False}
         timer = _step_timer(sync)
         trainer = Trainer(model=model, args=TrainingArguments(**kwargs), train_dataset=dataset,
                           callbacks=[timer])
@@ -204,6 +205,8 @@ def main(argv: list[str]) -> int:
     with open(request_path) as f:
         request = json.load(f)
     os.environ["AUTOTUNE_TRIAL_CONFIG"] = json.dumps(request["config"])
+    # The trial runs in a scratch folder; model factories import from where the user ran.
+    sys.path.insert(0, request.get("import_path", os.getcwd()))
     result = run(request, result_path)
     if int(os.environ.get("RANK", "0")) == 0:
         _write(result_path, result)

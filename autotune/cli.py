@@ -1,0 +1,172 @@
+"""The `autotune` command: search, estimate, bench, report, show."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from autotune.errors import AutotuneError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Find the fastest training configuration that fits, with real trials.")
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _fail(exc: Exception) -> None:
+    err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _fmt(v: float | None, spec: str = ".1f") -> str:
+    return "—" if v is None else format(v, spec)
+
+
+def _gib(b: int | None) -> str:
+    return "—" if b is None else f"{b / 2**30:.2f}"
+
+
+class SearchView:
+    """Progress bar (trial n/N, elapsed, best so far) over a live table of trials."""
+
+    STYLES = {"ok": "green", "oom": "yellow", "pruned": "dim", "nan": "magenta"}
+
+    def __init__(self, n_trials: int) -> None:
+        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                                 TextColumn("{task.completed}/{task.total} trials"),
+                                 TimeElapsedColumn(), TextColumn("{task.fields[best]}"))
+        self.task = self.progress.add_task("starting", total=n_trials, best="")
+        self.table = Table(expand=False, box=None, header_style="bold")
+        for col in ("#", "config", "why", "status", "samples/s", "peak GiB", "trial s"):
+            self.table.add_column(col)
+        self.best = 0.0
+        self.started = time.time()
+
+    def renderable(self) -> Group:
+        return Group(self.table, self.progress)
+
+    def on_start(self, proposal) -> None:
+        self.progress.update(self.task, description=f"running {proposal.config.label()}")
+
+    def on_record(self, record, number: int) -> None:
+        o = record.outcome
+        if o.status != "pruned":
+            self.progress.advance(self.task)
+        if o.ok and (o.samples_per_second or 0) > self.best:
+            self.best = o.samples_per_second or 0.0
+            self.progress.update(self.task, best=f"best {self.best:.1f} samples/s")
+        style = self.STYLES.get(o.status, "red")
+        self.table.add_row(str(number), record.config.label(), record.reason[:40],
+                           f"[{style}]{o.status}[/]", _fmt(o.samples_per_second),
+                           _gib(o.peak_memory_bytes or o.predicted_memory_bytes),
+                           _fmt(o.wall_seconds))
+
+
+@app.command()
+def search(
+    spec: Annotated[Path, typer.Argument(help="model.yaml")],
+    trials: Annotated[int | None, typer.Option("--trials", help="trials in total")] = None,
+    timeout: Annotated[str | None, typer.Option(help="wall time, e.g. 30m")] = None,
+    address: Annotated[str | None, typer.Option(help="Ray cluster address (default: "
+                                                     "an embedded local Ray)")] = None,
+    storage: Annotated[str | None, typer.Option(help="Optuna storage URL")] = None,
+    output: Annotated[Path | None, typer.Option(help="output folder")] = None,
+    study_name: Annotated[str | None, typer.Option(help="Optuna study name")] = None,
+) -> None:
+    """Run (or resume) a search and write the winner's files."""
+    from autotune.report import render_summary
+    from autotune.search import run_search
+    from autotune.spec import load_spec
+
+    try:
+        parsed = load_spec(spec, **{"search.n_trials": trials, "search.timeout": timeout,
+                                    "search.storage": storage, "search.study_name": study_name,
+                                    "output": str(output) if output else None})
+        view = SearchView(parsed.search.n_trials)
+        with Live(view.renderable(), console=console, refresh_per_second=4,
+                  transient=False):
+            result = run_search(parsed, address=address, on_start=view.on_start,
+                                on_record=view.on_record)
+    except AutotuneError as exc:
+        _fail(exc)
+    except KeyboardInterrupt:
+        err_console.print("interrupted: finished trials are in the study; run the same "
+                          "command again to resume")
+        raise typer.Exit(130) from None
+    render_summary(result.summary(), console)
+    console.print(f"files in [bold]{result.output}[/]: "
+                  + ", ".join(f for f in (result.exports or {}).values() if f)
+                  + ", summary.json, report.md, report.html")
+    if result.best is None:
+        raise typer.Exit(1)
+
+
+@app.command()
+def estimate(
+    spec: Annotated[Path, typer.Argument(help="model.yaml")],
+    device: Annotated[str | None, typer.Option(help='plan for a device, e.g. "A100-80GB"')] = None,
+    memory: Annotated[str | None, typer.Option(help="memory limit, e.g. 40GiB")] = None,
+) -> None:
+    """Predicted peak memory per config; no GPU and no weights needed."""
+    from autotune.estimate import estimate as run_estimate
+    from autotune.estimate import render_estimate
+
+    try:
+        render_estimate(run_estimate(spec, device=device, memory=memory), console)
+    except (AutotuneError, ValueError) as exc:
+        _fail(exc)
+
+
+@app.command()
+def bench(
+    landscape: Annotated[list[Path], typer.Option("--landscape", help="landscape folder "
+                                                  "(meta.json + trials.csv); repeatable")],
+    budget_fraction: Annotated[float | None, typer.Option(help="baselines' budget as a "
+                                                          "fraction of the grid")] = None,
+    repeats: Annotated[int, typer.Option(help="seeds to average over")] = 5,
+    json_path: Annotated[Path | None, typer.Option("--json", help="write records here")] = None,
+) -> None:
+    """Replay strategies on tuning landscapes and compare quality and cost."""
+    from autotune.bench import bench_main
+
+    try:
+        code = bench_main([str(p) for p in landscape], budget_fraction, repeats,
+                          str(json_path) if json_path else None)
+    except (AutotuneError, ValueError, FileNotFoundError) as exc:
+        _fail(exc)
+    raise typer.Exit(code)
+
+
+@app.command()
+def report(output_dir: Annotated[Path, typer.Argument(help="a search's output folder")]) -> None:
+    """Regenerate report.md and report.html from summary.json."""
+    from autotune.report import write_report
+
+    try:
+        md, html = write_report(output_dir)
+    except (AutotuneError, FileNotFoundError) as exc:
+        _fail(exc)
+    console.print(f"wrote {md} and {html}")
+
+
+@app.command()
+def show(output_dir: Annotated[Path, typer.Argument(help="a search's output folder")]) -> None:
+    """Print a finished search's summary again."""
+    from autotune.report import load_summary, render_summary
+
+    try:
+        render_summary(load_summary(output_dir), console)
+    except (AutotuneError, FileNotFoundError) as exc:
+        _fail(exc)
+
+
+def main() -> None:  # pragma: no cover - console script entry
+    sys.exit(app())

@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+TINY_SPEC = {
+    "model": {"config": {"model_type": "gpt2", "n_layer": 2, "n_embd": 32, "n_head": 2,
+                         "vocab_size": 512, "n_positions": 64}},
+    "data": {"seq_len": 32},
+    "target_batch_size": 16,
+    "measure": {"warmup_steps": 1, "steps": 2},
+    "search": {"trial_timeout": "2m"},
+}
+
+
+@pytest.fixture
+def tiny_spec(tmp_path) -> dict:
+    spec = copy.deepcopy(TINY_SPEC)
+    spec["output"] = str(tmp_path / "out")
+    return spec

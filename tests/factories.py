@@ -1,0 +1,54 @@
+"""Model factories for tests: real tiny models, some of which misbehave on purpose
+for one batch size, to prove a crash or a hang is contained to its trial."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+TINY = {"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 512, "n_positions": 64}
+
+
+def _trial_batch() -> int:
+    return json.loads(os.environ["AUTOTUNE_TRIAL_CONFIG"])["per_device_train_batch_size"]
+
+
+def tiny_gpt2(config=None):
+    """A tiny GPT-2 whose shape the spec does not reveal (no memory model: probe)."""
+    return GPT2LMHeadModel(config or GPT2Config(**TINY))
+
+
+class _Misbehaving(GPT2LMHeadModel):
+    action: str = "crash"
+    bad_batch: int = 8
+
+    def forward(self, *args, **kwargs):
+        if _trial_batch() == self.bad_batch:
+            if self.action == "crash":
+                os.kill(os.getpid(), signal.SIGSEGV)
+            time.sleep(3600)  # hang
+        return super().forward(*args, **kwargs)
+
+
+def crashes_at_batch_8(config=None):
+    model = _Misbehaving(config or GPT2Config(**TINY))
+    model.action = "crash"
+    return model
+
+
+def hangs_at_batch_8(config=None):
+    model = _Misbehaving(config or GPT2Config(**TINY))
+    model.action = "hang"
+    return model
+
+
+def nan_loss(config=None):
+    model = GPT2LMHeadModel(config or GPT2Config(**TINY))
+    with torch.no_grad():
+        model.lm_head.weight.fill_(float("nan"))
+    return model
