@@ -1,0 +1,44 @@
+"""Search spaces: accumulation is derived, device rules prune before anything runs."""
+
+from __future__ import annotations
+
+from autotune.device import DeviceSpec, named_device
+from autotune.space import build_space, load_space
+from autotune.spec import load_spec
+
+CPU = DeviceSpec("cpu", "cpu", 16 * 2**30)
+SPEC = load_spec({"model": {"config": {"model_type": "gpt2"}}, "target_batch_size": 64,
+                  "hardware": {"gpus_per_trial": 2}})
+
+
+def test_effective_batch_never_changes():
+    result = build_space(SPEC, named_device("A100-80GB"))
+    assert result.candidates
+    for c in result.candidates:
+        assert c.per_device_train_batch_size * c.gradient_accumulation_steps * 2 == 64
+    assert load_space("default", 64, 2).batch_sizes == [1, 2, 4, 8, 16, 32]
+
+
+def test_cpu_space_is_fp32_and_bf16_without_fused_adamw():
+    result = build_space(SPEC, CPU)
+    assert {c.precision for c in result.candidates} == {"fp32", "bf16"}
+    assert "adamw_torch_fused" not in {c.optim for c in result.candidates}
+    assert "precision=fp16" in result.pruned and "precision=tf32" in result.pruned
+
+
+def test_v100_has_no_bf16_or_tf32_but_fp16():
+    result = build_space(SPEC, named_device("V100-16GB"))
+    precisions = {c.precision for c in result.candidates}
+    assert precisions == {"fp32", "fp16"}
+    assert "8.0" in result.pruned["precision=bf16"]
+
+
+def test_offload_rules():
+    result = build_space(SPEC, named_device("H100-80GB"))
+    for c in result.candidates:
+        if c.offload != "none":
+            assert c.zero_stage >= 1 and c.optim == "adamw_torch"
+        if c.offload == "optimizer+param":
+            assert c.zero_stage == 3
+    assert "offload with optim=adamw_bnb_8bit" in result.pruned
+    assert any(c.offload == "optimizer+param" for c in result.candidates)

@@ -1,0 +1,74 @@
+"""Bad input fails before anything runs, with a message that names the field."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from autotune.cli import app
+from autotune.errors import SpecError
+from autotune.spec import load_spec, parse_bytes, parse_duration
+
+GOOD = {"model": {"config": {"model_type": "gpt2", "n_layer": 1}}, "target_batch_size": 8}
+
+
+def _cli(tmp_path, spec: dict, *args: str):
+    path = tmp_path / "model.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return CliRunner().invoke(app, ["search", str(path), *args])
+
+
+@pytest.mark.parametrize(("spec", "words"), [
+    (GOOD | {"bogus_key": 1}, ["bogus_key", "unknown key"]),
+    (GOOD | {"target_batch_size": 6, "hardware": {"gpus_per_trial": 4}},
+     ["target_batch_size", "6", "gpus_per_trial"]),
+    ({"model": {"name_or_path": "./no/such/model"}}, ["model.name_or_path", "./no/such/model"]),
+    (GOOD | {"model": {"config": {"model_type": "gpt2"}, "task": "translation"}},
+     ["model.task", "translation", "causal-lm"]),
+    (GOOD | {"hardware": {"memory_budget": "lots"}}, ["hardware.memory_budget", "lots"]),
+    (GOOD | {"search": {"timeout": "soon"}}, ["search.timeout", "soon"]),
+    ({"model": {}}, ["model", "name_or_path, config or factory"]),
+])
+def test_bad_spec_fails_naming_the_field(tmp_path, spec, words):
+    result = _cli(tmp_path, spec)
+    assert result.exit_code == 2
+    for word in words:
+        assert word in result.output, result.output
+    assert "Traceback" not in result.output
+
+
+def test_unknown_optimizer_in_space_names_allowed_values(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text("optim: [adamw_torch, adamw_turbo]\n")
+    result = _cli(tmp_path, GOOD | {"search": {"space": str(space)}})
+    assert result.exit_code == 2
+    assert "optim" in result.output and "adamw_turbo" in result.output
+    assert "adamw_torch_fused" in result.output  # the allowed values are listed
+
+
+def test_unknown_space_name_lists_known_ones(tmp_path):
+    result = _cli(tmp_path, GOOD | {"search": {"space": "fastest"}})
+    assert result.exit_code == 2 and "search.space" in result.output
+    assert "default" in result.output
+
+
+def test_missing_spec_file(tmp_path):
+    result = CliRunner().invoke(app, ["search", str(tmp_path / "nope.yaml")])
+    assert result.exit_code == 2 and "not found" in result.output
+
+
+def test_overrides_and_units():
+    spec = load_spec(GOOD, **{"search.n_trials": 3, "hardware.memory_budget": "512MiB"})
+    assert spec.search.n_trials == 3
+    assert spec.hardware.budget_bytes() == 512 * 2**20
+    assert parse_bytes("2GiB") == 2 * 2**30 and parse_bytes("1.5GB") == 1_500_000_000
+    assert parse_duration("1h30m") == 5400 and parse_duration("90s") == 90
+    with pytest.raises(SpecError, match="unknown key"):
+        load_spec(GOOD | {"search": {"n_trail": 3}})
+
+
+def test_fingerprint_ignores_budget_but_not_target():
+    a = load_spec(GOOD)
+    assert a.fingerprint() == load_spec(GOOD, **{"search.n_trials": 99}).fingerprint()
+    assert a.fingerprint() != load_spec(GOOD | {"target_batch_size": 16}).fingerprint()

@@ -1,0 +1,41 @@
+"""What a user does with the exported files, in a fresh process: build TrainingArguments
+from training_args.json (and ds_config.json), train two steps, print what happened."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+
+def main(export_dir: str, output_dir: str) -> None:
+    export = Path(export_dir)
+    kwargs = json.loads((export / "training_args.json").read_text())
+    kwargs["output_dir"] = output_dir
+    parsed = None
+    if kwargs.get("deepspeed"):
+        import deepspeed
+        from deepspeed.runtime.config import DeepSpeedConfig
+
+        kwargs["deepspeed"] = str(export / kwargs["deepspeed"])
+        deepspeed.init_distributed(dist_backend="gloo")
+        c = DeepSpeedConfig(kwargs["deepspeed"])  # DeepSpeed's own parser
+        parsed = [c.train_batch_size, c.train_micro_batch_size_per_gpu,
+                  c.gradient_accumulation_steps, c.zero_optimization_stage]
+    args = TrainingArguments(**kwargs, max_steps=2, save_strategy="no", disable_tqdm=True)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=512,
+                                       n_positions=64))
+    ids = torch.randint(0, 512, (64, 32))
+    data = [{"input_ids": r, "labels": r} for r in ids]
+    trainer = Trainer(model=model, args=args, train_dataset=data)
+    trainer.train()
+    print(json.dumps({"global_step": trainer.state.global_step, "deepspeed": parsed,
+                      "batch": args.per_device_train_batch_size,
+                      "accum": args.gradient_accumulation_steps, "bf16": args.bf16}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
