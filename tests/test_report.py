@@ -1,0 +1,349 @@
+"""report.md / report.html / terminal summary from summary.json fixtures.
+
+The fixtures follow the schema SearchResult.summary() writes; the slow test renders the
+HTML in headless Chromium and checks every plot drew with no JavaScript error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from autotune.errors import AutotuneError
+from autotune.report import (
+    COLUMNS,
+    DASH,
+    fmt_seconds,
+    headline,
+    load_summary,
+    projected_seconds,
+    render_summary,
+    write_report,
+)
+from autotune.report_plots import PANELS, Trial, pareto_front
+
+ROOT = Path(__file__).resolve().parents[1]
+MiB = 1024**2
+GiB = 1024**3
+CHROMIUM = Path("/usr/bin/chromium")
+
+# --- fixture generator: the summary.json a search writes ------------------------------
+
+
+def _config(batch: int, precision: str = "fp32", optim: str = "adamw_torch",
+            ckpt: bool = False, zero: int = 0, offload: str = "none",
+            target: int = 64) -> dict[str, Any]:
+    return {"per_device_train_batch_size": batch, "gradient_accumulation_steps": target // batch,
+            "precision": precision, "optim": optim, "gradient_checkpointing": ckpt,
+            "zero_stage": zero, "offload": offload}
+
+
+def _outcome(status: str, sps: float | None = None, peak: int | None = None,
+             predicted: int | None = None, error: str | None = None,
+             seq_len: int = 128, **extra: Any) -> dict[str, Any]:
+    ran = status not in ("pruned",)
+    return {"status": status, "samples_per_second": sps,
+            "tokens_per_second": sps * seq_len if sps is not None else None,
+            "peak_memory_bytes": peak, "host_peak_memory_bytes": peak if ran else None,
+            "step_seconds": [64 / sps] * 5 if sps else [],
+            "wall_seconds": 14.5 if ran else None, "timed_seconds": 5 * 64 / sps if sps else None,
+            "predicted_memory_bytes": predicted, "error": error, "extra": extra}
+
+
+def _trial(number: int, config: dict, outcome: dict, reason: str) -> dict[str, Any]:
+    return {"number": number, "config": config, "outcome": outcome, "reason": reason}
+
+
+TRACEBACK = ("Traceback (most recent call last):\n  File \"trial.py\", line 3, in run\n"
+             "    trainer.train()\ntorch.OutOfMemoryError: CUDA out of memory. "
+             "Tried to allocate 2.00 GiB | <script>alert(1)</script>")
+
+
+def normal_trials() -> list[dict[str, Any]]:
+    """A dozen trials covering every status, knob values and a pruned prediction."""
+    return [
+        _trial(0, _config(8), _outcome("ok", 410.0, 700 * MiB, 650 * MiB), "baseline"),
+        _trial(1, _config(32), _outcome("ok", 520.0, 1300 * MiB, 1250 * MiB), "frontier"),
+        _trial(2, _config(64), _outcome("oom", None, 2100 * MiB, 2300 * MiB, TRACEBACK),
+               "frontier"),
+        _trial(3, _config(32, "bf16", "adamw_torch_fused"),
+               _outcome("ok", 760.0, 1100 * MiB, 1000 * MiB, mfu=0.41), "sampler"),
+        _trial(4, _config(16, "bf16", "adamw_torch", ckpt=True),
+               _outcome("ok", 600.0, 600 * MiB, 640 * MiB), "sampler"),
+        _trial(5, _config(32, "bf16", "adamw_bnb_8bit", zero=2, offload="optimizer"),
+               _outcome("ok", 380.0, 900 * MiB, 980 * MiB), "sampler"),
+        _trial(6, _config(16, "fp32", "adamw_torch", zero=3, offload="optimizer+param"),
+               _outcome("error", error="RuntimeError: boom\nValueError: last line"),
+               "sampler"),
+        _trial(7, _config(8, "bf16"), _outcome("nan", None, 500 * MiB, None), "sampler"),
+        _trial(8, _config(4, "bf16", zero=1), _outcome("timeout"), "sampler"),
+        _trial(9, _config(2), _outcome("crashed", peak=300 * MiB), "sampler"),
+        _trial(10, _config(64, "bf16", ckpt=False), _outcome("pruned", predicted=3 * GiB),
+               "predicted-oom: 3.0 GiB > 2.0 GiB"),
+        _trial(11, _config(16, "bf16", "adamw_torch_fused"),
+               _outcome("ok", 700.0, 800 * MiB, 760 * MiB), "sampler"),
+    ]
+
+
+def make_summary(kind: str = "normal") -> dict[str, Any]:
+    """summary.json for kind in: normal, empty, all_oom, no_baseline."""
+    trials = {
+        "normal": normal_trials,
+        "empty": list,
+        "all_oom": lambda: [_trial(i, _config(b), _outcome("oom", None, 2 * GiB, 3 * GiB,
+                                                          TRACEBACK), "frontier")
+                            for i, b in enumerate((64, 32, 16))],
+        "no_baseline": lambda: [t for t in normal_trials() if t["reason"] != "baseline"],
+    }[kind]()
+    ok = [t for t in trials if t["outcome"]["status"] == "ok"]
+    best = max(ok, key=lambda t: t["outcome"]["samples_per_second"], default=None)
+    base = next((t for t in ok if t["reason"] == "baseline"), None)
+    speedup = (best["outcome"]["samples_per_second"] / base["outcome"]["samples_per_second"]
+               if best and base else None)
+    return {
+        "autotune_version": "0.1.0",
+        "model": {"name": "tiny-gpt2", "num_parameters": 1_234_567, "num_layers": 2,
+                  "hidden_size": 64, "num_attention_heads": 2, "vocab_size": 1000,
+                  "seq_len": 128, "causal_lm": True},
+        "device": {"name": "cpu", "kind": "cpu", "memory_bytes": 25_000_000_000,
+                   "compute_capability": None, "count": 1},
+        "memory_limit_bytes": 2 * GiB,
+        "target_batch_size": 64, "world_size": 1, "seq_len": 128,
+        "best": best and best | {"memory_components": {
+            "weights": 400 * MiB, "gradients": 200 * MiB, "optimizer": 300 * MiB,
+            "activations": 150 * MiB, "buffers": 50 * MiB}},
+        "baseline": base,
+        "speedup": speedup,
+        "trials": trials,
+        "pruned_by_rules": {"fp16": "fp16 needs CUDA", "tf32": "tf32 needs an Ampere GPU"},
+        "search": {"wall_seconds": 195.2, "trials_run": sum(
+            t["outcome"]["status"] != "pruned" for t in trials),
+            "ooms": sum(t["outcome"]["status"] == "oom" for t in trials),
+            "study_name": "autotune-abc", "storage": "sqlite:///x.db"},
+        "exports": {"training_args": "training_args.json",
+                    "deepspeed": None} if best else {},
+        "projection": {"steps": 10_000, "tokens": None},
+    }
+
+
+def write_summary(tmp_path: Path, summary: dict[str, Any]) -> Path:
+    (tmp_path / "summary.json").write_text(json.dumps(summary, indent=2))
+    return tmp_path
+
+
+# --- unit tests -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["normal", "empty", "all_oom", "no_baseline"])
+def test_write_report_every_fixture(tmp_path: Path, kind: str) -> None:
+    md, html = write_report(write_summary(tmp_path, make_summary(kind)))
+    assert md == tmp_path / "report.md" and html == tmp_path / "report.html"
+    text, page = md.read_text(), html.read_text()
+    assert "-1" not in re.sub(r"\d-1|-1\d", "", text)  # no placeholder figures
+    assert "None" not in text
+    assert page.count("* plotly.js v") == 1  # the bundle is inlined once, whatever the plots
+    assert html.stat().st_size < 5.5 * 1024**2
+    n_trials = len(make_summary(kind)["trials"])
+    assert f"Trials ({n_trials})" in text and f"Trials ({n_trials})" in page
+
+
+def test_normal_report_has_every_plot_and_facts(tmp_path: Path) -> None:
+    _, html = write_report(write_summary(tmp_path, make_summary("normal")))
+    page = html.read_text()
+    for panel in PANELS:
+        assert f'id="{panel.div_id}"' in page
+    assert "1.85×" in page  # 760 / 410
+    assert "41.0%" in page  # MFU from outcome.extra
+    assert "&lt;script&gt;alert(1)" in page and "<script>alert(1)" not in page
+    assert "TrainingArguments(**json.load(open(&quot;training_args.json&quot;))" in page
+    assert "--deepspeed" not in page  # no ds_config exported for this winner
+    assert 'class="best"' in page and "fp16 needs CUDA" in page
+
+
+def test_markdown_headline_table_and_files(tmp_path: Path) -> None:
+    md, _ = write_report(write_summary(tmp_path, make_summary("normal")))
+    text = md.read_text()
+    assert "# autotune report: tiny-gpt2 on cpu" in text
+    assert "| **Best config** | b32x2 bf16 adamw_torch_fused |" in text
+    assert "[report.html](report.html)" in text and "[`training_args.json`]" in text
+    rows = [ln for ln in text.splitlines() if re.match(r"\| \d+ \|", ln)]
+    assert len(rows) == 12 and rows[0].startswith("| 3 |")  # fastest first
+    assert "ValueError: last line" in text and "\\|" in text  # error tail, pipes escaped
+    assert "&lt;script&gt;" in text and "<script>" not in text
+
+
+def test_deepspeed_export_gives_the_flag(tmp_path: Path) -> None:
+    summary = make_summary("normal") | {"exports": {"training_args": "training_args.json",
+                                                    "deepspeed": "ds_config.json"}}
+    md, html = write_report(write_summary(tmp_path, summary))
+    assert "--deepspeed ds_config.json" in md.read_text()
+    assert 'href="ds_config.json"' in html.read_text()
+
+
+def test_empty_and_all_oom_show_dashes(tmp_path: Path) -> None:
+    for kind in ("empty", "all_oom"):
+        facts = {f.label: f for f in headline(make_summary(kind))}
+        assert facts["Best config"].value == "none"
+        assert facts["Throughput"].value == DASH and facts["MFU"].value == DASH
+        assert facts["Speedup vs baseline"].value == DASH
+        assert facts["Full run"].value == DASH
+    md, html = write_report(write_summary(tmp_path, make_summary("all_oom")))
+    assert "No files exported" in md.read_text()
+    assert 'id="plot-throughput"' in html.read_text()  # OOMs still placed by memory
+
+
+def test_no_baseline_says_so() -> None:
+    facts = {f.label: f for f in headline(make_summary("no_baseline"))}
+    assert facts["Speedup vs baseline"].detail == "no baseline trial succeeded"
+    assert facts["Best config"].value == "b32x2 bf16 adamw_torch_fused"
+
+
+def test_projection_forms() -> None:
+    s = make_summary("normal")
+    best = s["best"]["outcome"]
+    assert projected_seconds(s, best) == pytest.approx(10_000 * 64 / 760)
+    assert projected_seconds(s | {"projection": {"total_samples": 7600}}, best) == 10
+    tokens = s | {"projection": {"total_tokens": 760 * 128 * 30}}
+    assert projected_seconds(tokens, best) == pytest.approx(30)
+    assert projected_seconds(s | {"projection": None}, best) is None
+    facts = {f.label: f for f in headline(s | {"projection": None})}
+    assert "set run.steps or run.tokens" in facts["Full run"].detail
+    assert fmt_seconds(3 * 3600 + 125) == "3 h 02 min" and fmt_seconds(None) == DASH
+    assert fmt_seconds(-1) == DASH
+
+
+def test_pareto_front_keeps_only_undominated() -> None:
+    trials = [Trial.from_dict(t) for t in normal_trials()]
+    front = [t.number for t in pareto_front(trials)]
+    assert front == [4, 11, 3]  # 600 MiB/600, 800 MiB/700, 1100 MiB/760
+
+
+def test_render_summary_rich(tmp_path: Path) -> None:
+    console = Console(record=True, width=160)
+    render_summary(load_summary(write_summary(tmp_path, make_summary("normal"))), console)
+    out = console.export_text()
+    assert "tiny-gpt2 on cpu" in out and "b32x2 bf16 adamw_torch_fused" in out
+    assert "top 10 of 12 trials" in out and "-1" not in out
+    empty = Console(record=True, width=120)
+    render_summary(make_summary("empty"), empty)
+    assert "no trial ran" in empty.export_text()
+
+
+def test_load_summary_errors(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="autotune search"):
+        load_summary(tmp_path)
+    (tmp_path / "summary.json").write_text("{not json")
+    with pytest.raises(AutotuneError, match="not valid JSON"):
+        load_summary(tmp_path)
+
+
+def test_missing_figures_never_crash(tmp_path: Path) -> None:
+    """A summary with only the required keys (a bare factory model, no measurements)."""
+    summary = {"trials": [_trial(0, _config(8), {"status": "crashed"}, "baseline")],
+               "model": {"name": "m"}, "best": None, "baseline": None}
+    md, html = write_report(write_summary(tmp_path, summary))
+    assert DASH in md.read_text() and "No trial measured anything" in html.read_text()
+
+
+# --- end to end: the page in a real browser -------------------------------------------
+
+def _chromium() -> Path | None:
+    """Chromium, installed on demand by the setup script where that is possible."""
+    if not CHROMIUM.exists():
+        script = ROOT / "scripts" / "setup_test_browser.sh"
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            subprocess.run(["bash", str(script)], check=False, timeout=900,
+                           capture_output=True)
+    return CHROMIUM if CHROMIUM.exists() else None
+
+
+def _run_chromium(args: list[str], profile: str) -> subprocess.CompletedProcess[str]:
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update",
+             "--disable-sync", "--hide-scrollbars", f"--user-data-dir={profile}",
+             "--enable-logging=stderr", "--v=0", "--virtual-time-budget=15000"]
+    return subprocess.run([str(CHROMIUM), *flags, *args], capture_output=True, text=True,
+                          timeout=180, env=os.environ | {"HOME": profile})
+
+
+# Recorded into the DOM so --dump-dom shows any error the page raised.
+ERROR_PROBE = """<script>
+(function(){ const name = "data-" + "jserrors", root = document.documentElement;
+  const note = m => root.setAttribute(name, (root.getAttribute(name) || "") + m + ";");
+  window.addEventListener("error", e => note(e.message));
+  window.addEventListener("unhandledrejection", e => note(String(e.reason)));
+  const ce = console.error; console.error = (...a) => { note(a.join(" ")); ce(...a); };
+})();</script>"""
+
+
+# Clicks a header of the trials table twice (descending, then ascending) and records the
+# order of the first column after each click.
+SORT_PROBE = """<script>
+(function(){ const t = document.getElementById("trials"); if (!t) return;
+  const order = () => Array.from(t.tBodies[0].rows).map(r => r.cells[0].textContent).join(",");
+  const th = t.tHead.rows[0].cells[%d]; th.click(); const desc = order(); th.click();
+  t.setAttribute("data-sorted", desc + "|" + order()); })();</script>"""
+
+
+def _rendered_dom(html: Path, sort_column: int = 0) -> str:
+    """The page's DOM after its scripts ran, asserting no script raised or logged an error."""
+    probed = html.with_name("probed.html")
+    page = html.read_text().replace("<head>", "<head>" + ERROR_PROBE, 1)
+    probed.write_text(page.replace("</body>", SORT_PROBE % sort_column + "</body>", 1))
+    with tempfile.TemporaryDirectory() as profile:
+        run = _run_chromium(["--dump-dom", probed.as_uri()], profile)
+    assert run.returncode == 0 and "</html>" in run.stdout, run.stderr[-2000:]
+    assert "data-jserrors=" not in run.stdout, re.findall(r'data-jserrors="[^"]*"', run.stdout)
+    assert "Uncaught" not in run.stderr, run.stderr[-2000:]
+    return run.stdout
+
+
+def _assert_plots_drew(dom: str, div_ids: list[str]) -> None:
+    for div_id in div_ids:  # Plotly put its SVG inside each plot's div
+        segment = dom.split(f'id="{div_id}"', 1)
+        assert len(segment) == 2, f"{div_id} missing"
+        body = re.split(r'id="plot-', segment[1], maxsplit=1)[0]
+        assert 'class="main-svg"' in body, f"{div_id} did not draw"
+
+
+@pytest.mark.slow
+def test_report_renders_in_chromium(tmp_path: Path) -> None:
+    if _chromium() is None:
+        pytest.skip("chromium is not installed and could not be installed")
+    _, html = write_report(write_summary(tmp_path, make_summary("normal")))
+    dom = _rendered_dom(html)
+    _assert_plots_drew(dom, [p.div_id for p in PANELS])
+    assert dom.count('<tr class="best">') == 1
+    desc, asc = re.search(r'data-sorted="([^"]*)"', dom).group(1).split("|")
+    assert desc == ",".join(str(n) for n in range(11, -1, -1))  # sorted by "#"
+    assert asc == ",".join(str(n) for n in range(12))
+    sps = _rendered_dom(html, sort_column=COLUMNS.index("samples/s"))
+    desc, _ = re.search(r'data-sorted="([^"]*)"', sps).group(1).split("|")
+    assert desc.split(",")[:6] == ["3", "11", "4", "1", "0", "5"]  # unmeasured ones last
+    shot = ROOT / "reports" / "report-screenshot.png"
+    shot.parent.mkdir(exist_ok=True)
+    shot.unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory() as profile:
+        run = _run_chromium([f"--screenshot={shot}", "--window-size=1400,3000",
+                             html.as_uri()], profile)
+    assert shot.exists() and shot.stat().st_size > 20_000, run.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["empty", "all_oom", "no_baseline"])
+def test_sparse_reports_render_in_chromium(tmp_path: Path, kind: str) -> None:
+    if _chromium() is None:
+        pytest.skip("chromium is not installed and could not be installed")
+    _, html = write_report(write_summary(tmp_path, make_summary(kind)))
+    page = html.read_text()
+    present = [p.div_id for p in PANELS if f'id="{p.div_id}"' in page]
+    assert (kind == "empty") == (not present)
+    _assert_plots_drew(_rendered_dom(html), present)
