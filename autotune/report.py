@@ -117,11 +117,11 @@ def _projection(summary: dict[str, Any]) -> tuple[str, float | None, float | Non
     """
     p = summary.get("projection") or {}
     target = known(summary.get("target_batch_size"))
-    if known(p.get("total_samples")):
-        return f"{p['total_samples']:,} samples", float(p["total_samples"]), None
-    if known(p.get("steps")) and target:
-        samples = float(p["steps"]) * target
-        return f"{p['steps']:,} steps of {int(target):,} samples", samples, None
+    samples, steps = known(p.get("total_samples")), known(p.get("steps"))
+    if samples:
+        return f"{int(samples):,} samples", samples, None
+    if steps and target:
+        return f"{int(steps):,} steps of {int(target):,} samples", steps * target, None
     tokens = known(p.get("total_tokens")) or known(p.get("tokens"))
     if tokens:
         return f"{int(tokens):,} tokens", None, tokens
