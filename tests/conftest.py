@@ -24,3 +24,15 @@ def tiny_spec(tmp_path) -> dict:
     spec = copy.deepcopy(TINY_SPEC)
     spec["output"] = str(tmp_path / "out")
     return spec
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests need CUDA; without it they are skipped, and say so."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
