@@ -114,13 +114,16 @@ def estimate(
     spec: Annotated[Path, typer.Argument(help="model.yaml")],
     device: Annotated[str | None, typer.Option(help='plan for a device, e.g. "A100-80GB"')] = None,
     memory: Annotated[str | None, typer.Option(help="memory limit, e.g. 40GiB")] = None,
+    all_rows: Annotated[bool, typer.Option("--all", help="every config, not only the "
+                                           "largest fitting batch per family")] = False,
 ) -> None:
     """Predicted peak memory per config; no GPU and no weights needed."""
     from autotune.estimate import estimate as run_estimate
     from autotune.estimate import render_estimate
 
     try:
-        render_estimate(run_estimate(spec, device=device, memory=memory), console)
+        render_estimate(run_estimate(spec, device=device, memory=memory), console,
+                        all_rows=all_rows)
     except (AutotuneError, ValueError) as exc:
         _fail(exc)
 

@@ -7,8 +7,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune.config import TrialConfig, Outcome
-from autotune.device import GiB, DeviceSpec, named_device
+from autotune.config import Outcome, TrialConfig
+from autotune.device import DeviceSpec, GiB, named_device
 from autotune.shape import ModelShape
 
 LANDSCAPE_STATUSES = ("ok", "oom", "nan", "error")

@@ -44,6 +44,7 @@ def drive(
     *,
     max_trials: int | None = None,
     deadline: float | None = None,
+    budget_seconds: float | None = None,
     on_record: Callable[[Record, Proposal], None] | None = None,
     on_start: Callable[[Proposal], None] | None = None,
 ) -> list[Record]:
@@ -51,10 +52,15 @@ def drive(
 
     `history` is extended in place (it may hold records of an earlier, resumed search).
     `max_trials` counts trials that ran, not configs pruned by prediction.
+    `budget_seconds` caps the summed trial cost (Outcome.wall_seconds): no trial starts
+    that the mean cost so far says would cross it.
     """
-    ran = sum(1 for r in history if r.outcome.status != "pruned")
-    while max_trials is None or ran < max_trials:
+    costs = [r.outcome.wall_seconds or 0.0 for r in history if r.outcome.status != "pruned"]
+    while max_trials is None or len(costs) < max_trials:
         if deadline is not None and time.time() >= deadline:
+            break
+        if budget_seconds is not None and costs and (
+                sum(costs) + sum(costs) / len(costs) > budget_seconds):
             break
         proposal = strategy.ask(history)
         if proposal is None:
@@ -65,7 +71,7 @@ def drive(
             outcome = executor.run(proposal.config)
             if outcome.predicted_memory_bytes is None:
                 outcome.predicted_memory_bytes = proposal.predicted_memory_bytes
-            ran += 1
+            costs.append(outcome.wall_seconds or 0.0)
         else:
             outcome = pruned_outcome(proposal)
         record = Record(proposal.config, outcome, proposal.reason)

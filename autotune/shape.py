@@ -21,8 +21,15 @@ class ModelShape:
     causal_lm: bool = True
     intermediate_size: int | None = None  # None: 4 x hidden, as in GPT-2/BERT
     name: str = "model"
-    # "eager" materialises the seq x seq attention matrix; "sdpa"/"flash" do not.
-    attn_implementation: str = "eager"
+    # "eager" materialises the seq x seq attention matrix; "sdpa"/"flash_attention_2" do
+    # not; "auto": not known, the memory model decides from the device.
+    attn_implementation: str = "auto"
+    task: str = ""  # causal-lm | masked-lm | sequence-classification; "" = from causal_lm
+
+    @property
+    def has_lm_logits(self) -> bool:
+        """A vocabulary-sized output per token (causal or masked LM), not a class head."""
+        return self.task in ("causal-lm", "masked-lm") if self.task else self.causal_lm
 
     @property
     def ffn_size(self) -> int:
@@ -44,5 +51,6 @@ class ModelShape:
             causal_lm=bool(m.get("causal_lm", True)),
             intermediate_size=m.get("intermediate_size"),
             name=str(m.get("name", "model")),
-            attn_implementation=str(m.get("attn_implementation", "eager")),
+            attn_implementation=str(m.get("attn_implementation", "auto")),
+            task=str(m.get("task", "")),
         )

@@ -7,6 +7,7 @@ is classified here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -52,10 +53,8 @@ def _environment(world_size: int) -> dict[str, str]:
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     proc.wait()
 
 

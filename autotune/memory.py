@@ -1,0 +1,350 @@
+"""Peak memory per rank, predicted from the model's shape before anything runs.
+
+The components follow the seeds' anatomy of training memory: weights, gradients,
+optimizer states, activations (Korthikanti et al. per-layer figures), LM logits, and
+what the runtime itself holds (CUDA context, cuBLAS workspace). ZeRO divides the model
+states over the data-parallel world; offload moves them to host memory.
+
+`MemoryModel.observe` takes each measured trial and refines the prediction (an
+activation scale and a fixed offset fitted to measurements, and per family a line
+through its own points), so predictions for unmeasured configs tighten as a search runs.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from autotune.config import TrialConfig
+from autotune.shape import ModelShape
+
+if TYPE_CHECKING:
+    from autotune.device import DeviceSpec
+
+MiB = 1024**2
+GiB = 1024**3
+
+# Optimizer state bytes per parameter (fp32 states unless 8-bit).
+OPTIMIZER_STATE_BYTES: dict[str, float] = {
+    "adamw_torch": 8, "adamw_torch_fused": 8, "adamw_torch_xla": 8, "adamw_apex_fused": 8,
+    "adamw_hf": 8, "adamw_anyprecision": 8, "adamw_torch_npu_fused": 8, "lion_32bit": 4,
+    "adamw_bnb_8bit": 2, "adamw_8bit": 2, "paged_adamw_8bit": 2, "lion_8bit": 1,
+    "paged_lion_8bit": 1, "rmsprop_bnb_8bit": 1, "rmsprop": 4, "adagrad": 4,
+    # Trainer's `sgd` is torch SGD without momentum: no state (with momentum it is 4).
+    "sgd": 0,
+}
+DEFAULT_STATE_BYTES = 8  # an optimizer we have no entry for: assume Adam-like
+
+CUDA_RUNTIME_BYTES = 768 * MiB  # CUDA context + cuBLAS/cuDNN workspaces (seed 003: ~0.5-1 GiB)
+CPU_RUNTIME_BYTES = 64 * MiB  # allocator slack of a CPU trial beyond its tensors
+# The caching allocator rounds and fragments: the reserved peak runs a few percent over
+# the tensors live at the peak.
+FRAGMENTATION = 0.05
+# Knobs of a family (precision, optim, checkpointing, ZeRO stage, offload) by how much
+# they change what the model-state accounting gets wrong.
+_KNOB_WEIGHTS = (2, 1, 1, 2, 2)
+COMPONENTS = ("weights", "gradients", "optimizer", "activations", "logits", "runtime")
+
+
+@dataclass
+class MemoryEstimate:
+    components: dict[str, int]  # on the device, per rank
+    host_bytes: int  # offloaded model states (per rank) that live in host RAM
+    calibrated: bool = False
+    known_oom: bool = False  # a measured OOM at this batch or a smaller one of the family
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.components.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"components": self.components, "host_bytes": self.host_bytes,
+                "total_bytes": self.total_bytes, "calibrated": self.calibrated,
+                "known_oom": self.known_oom}
+
+
+def _compute_bytes(precision: str) -> int:
+    return 2 if precision in ("fp16", "bf16") else 4
+
+
+def _adafactor_state_bytes(shape: ModelShape) -> float:
+    """Adafactor keeps a row and a column factor per matrix (no first moment by default)."""
+    h, f = shape.hidden_size, shape.ffn_size
+    per_layer = (h + 3 * h) + (h + h) + (h + f) + (f + h)
+    return 4.0 * (shape.num_layers * per_layer + shape.vocab_size + h + shape.seq_len)
+
+
+@dataclass
+class MemoryModel:
+    shape: ModelShape
+    device: DeviceSpec
+    world_size: int = 1
+    # Calibration state (see observe / observe_oom).
+    _points: dict[tuple, dict[int, int]] = field(default_factory=dict)
+    _oom_at: dict[tuple, int] = field(default_factory=dict)
+    _act_scale: float = 1.0
+    _family_resid: dict[tuple, float] = field(default_factory=dict)
+    _offsets: dict[tuple, float] = field(default_factory=dict)
+    _oom_resid: dict[tuple, float] = field(default_factory=dict)  # lower bounds from OOMs
+    _cache: dict[TrialConfig, tuple[float, float]] = field(default_factory=dict)
+
+    # ----------------------------------------------------------------- physics
+    def _model_states(self, c: TrialConfig) -> tuple[dict[str, float], float]:
+        """(device bytes by component, host bytes) of weights, gradients and optimizer."""
+        p, n = float(self.shape.num_parameters), max(1, self.world_size)
+        mixed = c.precision in ("fp16", "bf16")
+        if c.optim in ("adafactor",):
+            state = _adafactor_state_bytes(self.shape)
+        else:
+            state = OPTIMIZER_STATE_BYTES.get(c.optim, DEFAULT_STATE_BYTES) * p
+        # The seeds' accounting, under Trainer AMP and DeepSpeed alike: fp32 weights plus
+        # half copies under mixed precision, fp32 gradients, the optimizer's states; ZeRO
+        # divides states / +gradients / +weights over the world. (DeepSpeed itself keeps
+        # 16-bit weights and the fp32 copy in the optimizer partition, about 2 bytes/param
+        # less at stages 1-2; calibration absorbs that from the first measured trial.)
+        weights = 4 * p + (2 * p if mixed else 0)
+        grads, optim = 4 * p, state
+        if c.zero_stage >= 1:
+            optim /= n
+        if c.zero_stage >= 2:
+            grads /= n
+        if c.zero_stage >= 3:
+            weights /= n
+        host = 0.0
+        if c.offload in ("optimizer", "optimizer+param"):
+            # The CPU optimizer owns the states. (DeepSpeed also moves its fp32 master
+            # partition there; what that saves depends on the stage and calibration sees it.)
+            host += optim
+            optim = 0.0
+        if c.offload == "optimizer+param":
+            host += weights
+            weights = 0.0
+        if c.zero_stage >= 3:
+            # The layers being computed are gathered whole on every rank.
+            weights += 2 * self._layer_params() * _compute_bytes(c.precision)
+        return {"weights": weights, "gradients": grads, "optimizer": optim}, host
+
+    def _layer_params(self) -> float:
+        h, f = self.shape.hidden_size, self.shape.ffn_size
+        return 4 * h * h + 2 * h * f
+
+    def activation_bytes_per_sample(self, c: TrialConfig) -> float:
+        """Korthikanti et al.: s*h*(34 + 5*a*s/h) bytes per layer in 16-bit; the a*s^2
+        term (attention scores, softmax, dropout mask) only where attention is eager."""
+        s, h, a, layers = (self.shape.seq_len, self.shape.hidden_size,
+                           self.shape.num_attention_heads, self.shape.num_layers)
+        scale = _compute_bytes(c.precision) / 2
+        mlp = 34 * (1 + (self.shape.ffn_size / (4 * h) - 1) * 16 / 34)  # 16 of 34 scale with ffn
+        quadratic = 5 * a * s / h if self.materialises_attention() else 0.0
+        per_layer = s * h * (mlp + quadratic) * scale
+        if c.gradient_checkpointing:
+            # Layer inputs kept for every layer, plus one layer recomputed in full.
+            return layers * s * h * _compute_bytes(c.precision) + per_layer
+        return layers * per_layer
+
+    def logits_bytes_per_sample(self, c: TrialConfig) -> float:
+        """LM heads: the logits in compute precision, their fp32 upcast for the loss and
+        its gradient; classification heads are negligible."""
+        if not self.shape.has_lm_logits:
+            return 0.0
+        return self.shape.seq_len * self.shape.vocab_size * (_compute_bytes(c.precision) + 8)
+
+    def materialises_attention(self) -> bool:
+        """Eager attention keeps the seq x seq scores; SDPA/flash kernels do not. Where the
+        shape does not say ("auto"), assume flash kernels exist from Ampere (8.0) on, and
+        that older GPUs materialise the scores."""
+        attn = self.shape.attn_implementation
+        if attn == "auto":
+            return self.device.is_cuda and (self.device.compute_capability or (0, 0)) < (8, 0)
+        return attn == "eager"
+
+    def _runtime(self, c: TrialConfig) -> float:
+        return float(CUDA_RUNTIME_BYTES if self.device.is_cuda else CPU_RUNTIME_BYTES)
+
+    def physics(self, c: TrialConfig) -> MemoryEstimate:
+        states, host = self._model_states(c)
+        b = c.per_device_train_batch_size
+        comps = states | {"activations": b * self.activation_bytes_per_sample(c),
+                          "logits": b * self.logits_bytes_per_sample(c)}
+        slack = FRAGMENTATION * sum(comps.values()) if self.device.is_cuda else 0.0
+        comps["runtime"] = self._runtime(c) + slack
+        return MemoryEstimate({k: int(comps[k]) for k in COMPONENTS}, int(host))
+
+    # ------------------------------------------------------------- calibrated
+    def predict(self, c: TrialConfig) -> MemoryEstimate:
+        est = self.physics(c)
+        fam, b = c.family(), c.per_device_train_batch_size
+        oom_at = self._oom_at.get(fam)
+        est.known_oom = oom_at is not None and b >= oom_at
+        if not self._points and not self._oom_resid:
+            return est
+        est.calibrated = bool(self._points)
+        target = self._calibrated(c, est.total_bytes, self._per_sample(c))
+        est.components["runtime"] = int(est.components["runtime"] + target - est.total_bytes)
+        return est
+
+    def predict_total(self, c: TrialConfig) -> float:
+        """`predict(c).total_bytes`, memoising the physics: a strategy asks this for every
+        candidate after every trial."""
+        cached = self._cache.get(c)
+        if cached is None:
+            cached = self._cache[c] = (float(self.physics(c).total_bytes), self._per_sample(c))
+        total, per_sample = cached
+        return self._calibrated(c, total, per_sample)
+
+    def known_oom(self, c: TrialConfig) -> bool:
+        oom_at = self._oom_at.get(c.family())
+        return oom_at is not None and c.per_device_train_batch_size >= oom_at
+
+    def is_measured(self, c: TrialConfig) -> bool:
+        """Whether the family has measured points, so its prediction is its own line."""
+        return c.family() in self._points
+
+    def extrapolated_bytes(self, c: TrialConfig) -> float:
+        """How much of the prediction is not pinned by a measurement: the activations
+        between `c` and its family's nearest measured batch, or everything when the family
+        has none. Headroom for error scales with it."""
+        points = self._points.get(c.family())
+        if not points:
+            return self.predict_total(c)
+        b = c.per_device_train_batch_size
+        nearest = min(points, key=lambda p: abs(p - b))
+        return abs(b - nearest) * self._act_scale * self._per_sample(c)
+
+    def _per_sample(self, c: TrialConfig) -> float:
+        return self.activation_bytes_per_sample(c) + self.logits_bytes_per_sample(c)
+
+    def _calibrated(self, c: TrialConfig, physics_total: float, per_sample: float) -> float:
+        b = c.per_device_train_batch_size
+        points = self._points.get(c.family(), {})
+        if len(points) >= 2:
+            slope, intercept = _line(points)
+            slope = max(slope, 0.5 * self._act_scale * per_sample)
+            return intercept + slope * b
+        if len(points) == 1:
+            (b1, m1), = points.items()
+            return m1 + self._act_scale * per_sample * (b - b1)
+        static = physics_total - b * per_sample
+        offset = self._neighbour_offset(c.family())
+        offset = max(offset, self._oom_resid.get(c.family(), offset))
+        return static + self._act_scale * b * per_sample + offset
+
+    def _neighbour_offset(self, fam: tuple) -> float:
+        """The residual of the measured families most like `fam` (most knobs in common):
+        the physics misses different things under ZeRO, offload or 8-bit states, and the
+        nearest measurements know best what."""
+        cached = self._offsets.get(fam)
+        if cached is not None:
+            return cached
+        if not self._family_resid:
+            return 0.0
+        shared = {f: sum(w for a, b, w in zip(f, fam, _KNOB_WEIGHTS, strict=True) if a == b)
+                  for f in self._family_resid}
+        # The closest families, and those one knob further, so that one odd family
+        # (say, the only one with offload) does not decide alone.
+        most = max(shared.values())
+        value = statistics.median(r for f, r in self._family_resid.items()
+                                  if shared[f] >= most - 1)
+        self._offsets[fam] = value
+        return value
+
+    def observe(self, c: TrialConfig, measured_bytes: int | None) -> None:
+        """A trial that ran: its measured peak (device, per rank) refines the model."""
+        if not measured_bytes:
+            return
+        self._points.setdefault(c.family(), {})[c.per_device_train_batch_size] = measured_bytes
+        self._refit()
+
+    def observe_oom(self, c: TrialConfig, limit_bytes: int) -> None:
+        """A trial that ran out of memory: larger batches of its family will too, and if the
+        family has no measurement, its offset is at least what reaches the limit."""
+        fam, b = c.family(), c.per_device_train_batch_size
+        self._oom_at[fam] = min(b, self._oom_at.get(fam, b))
+        if fam not in self._points:
+            per_sample = self._per_sample(c)
+            static = self.physics(c).total_bytes - b * per_sample
+            floor = limit_bytes - (static + self._act_scale * b * per_sample)
+            self._oom_resid[fam] = max(floor, self._oom_resid.get(fam, floor))
+
+    def _refit(self) -> None:
+        ratios = []
+        for fam, points in self._points.items():
+            if len(points) < 2:
+                continue
+            slope, _ = _line(points)
+            probe = TrialConfig(1, 1, *fam)
+            per_sample = self._per_sample(probe)
+            if per_sample > 0 and slope > 0:
+                ratios.append(slope / per_sample)
+        if ratios:
+            self._act_scale = statistics.median(ratios)
+        self._family_resid, self._offsets = {}, {}
+        for fam, points in self._points.items():
+            residuals = []
+            for b, m in points.items():
+                c = TrialConfig(b, 1, *fam)
+                per_sample = self._per_sample(c)
+                static = self.physics(c).total_bytes - b * per_sample
+                residuals.append(m - (static + self._act_scale * b * per_sample))
+            self._family_resid[fam] = statistics.median(residuals)
+
+
+def _line(points: dict[int, int]) -> tuple[float, float]:
+    """Least-squares slope and intercept through (batch, bytes) points."""
+    xs, ys = list(points), list(points.values())
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var if var else 0.0
+    return slope, my - slope * mx
+
+
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+_HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model")
+_HEAD_KEYS = ("num_attention_heads", "n_head")
+_FFN_KEYS = ("intermediate_size", "n_inner", "ffn_dim")
+
+
+def _first(cfg: Any, keys: tuple[str, ...]) -> Any:
+    for k in keys:
+        v = getattr(cfg, k, None)
+        if v is not None:
+            return v
+    return None
+
+
+def count_parameters(hf_config: Any, task: str = "causal-lm") -> tuple[int, str]:
+    """Parameters of the model the config describes, built on the meta device (no weights
+    allocated, so a 70B model counts in seconds), and the attention implementation
+    transformers resolves for it."""
+    import torch
+    import transformers
+
+    from autotune.model_builder import AUTO_CLASSES
+
+    auto = getattr(transformers, AUTO_CLASSES[task])
+    with torch.device("meta"):
+        model = auto.from_config(hf_config)
+    n = sum(p.numel() for p in model.parameters())
+    attn = getattr(model.config, "_attn_implementation", None) or "eager"
+    return n, str(attn)
+
+
+def shape_from_hf_config(hf_config: Any, seq_len: int, task: str = "causal-lm",
+                         attn_implementation: str | None = None) -> ModelShape:
+    if attn_implementation:
+        hf_config._attn_implementation = attn_implementation
+    n_params, resolved = count_parameters(hf_config, task)
+    return ModelShape(
+        num_parameters=n_params,
+        num_layers=int(_first(hf_config, _LAYER_KEYS) or 1),
+        hidden_size=int(_first(hf_config, _HIDDEN_KEYS) or 1),
+        num_attention_heads=int(_first(hf_config, _HEAD_KEYS) or 1),
+        vocab_size=int(getattr(hf_config, "vocab_size", 0) or 0),
+        seq_len=int(seq_len),
+        causal_lm=task == "causal-lm",
+        task=task,
+        intermediate_size=_first(hf_config, _FFN_KEYS),
+        name=str(getattr(hf_config, "name_or_path", "") or hf_config.model_type),
+        attn_implementation=attn_implementation or resolved,
+    )
