@@ -330,6 +330,24 @@ def count_parameters(hf_config: Any, task: str = "causal-lm") -> tuple[int, str]
     return n, str(attn)
 
 
+def shape_from_model(model: Any, seq_len: int, task: str = "causal-lm") -> ModelShape | None:
+    """The shape of a built model (a factory's, whose config the spec does not give), so a
+    search can predict memory from its first trial on."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or _first(cfg, _LAYER_KEYS) is None or _first(cfg, _HIDDEN_KEYS) is None:
+        return None
+    return ModelShape(
+        num_parameters=sum(p.numel() for p in model.parameters()),
+        num_layers=int(_first(cfg, _LAYER_KEYS)),
+        hidden_size=int(_first(cfg, _HIDDEN_KEYS)),
+        num_attention_heads=int(_first(cfg, _HEAD_KEYS) or 1),
+        vocab_size=int(getattr(cfg, "vocab_size", 0) or 0),
+        seq_len=int(seq_len), causal_lm=task == "causal-lm", task=task,
+        intermediate_size=_first(cfg, _FFN_KEYS),
+        name=str(getattr(cfg, "model_type", "model")),
+        attn_implementation=str(getattr(cfg, "_attn_implementation", None) or "auto"))
+
+
 def shape_from_hf_config(hf_config: Any, seq_len: int, task: str = "causal-lm",
                          attn_implementation: str | None = None) -> ModelShape:
     if attn_implementation:
@@ -348,3 +366,17 @@ def shape_from_hf_config(hf_config: Any, seq_len: int, task: str = "causal-lm",
         name=str(getattr(hf_config, "name_or_path", "") or hf_config.model_type),
         attn_implementation=attn_implementation or resolved,
     )
+
+
+def leave_one_out_errors(shape: ModelShape, device: DeviceSpec, world_size: int,
+                         measured: list[tuple[TrialConfig, int]]) -> list[float]:
+    """Relative error of the calibrated prediction for each measured config, calibrated on
+    all the others: how well measurements of some configs predict an unmeasured one."""
+    errors = []
+    for i, (config, actual) in enumerate(measured):
+        model = MemoryModel(shape, device, world_size)
+        for j, (other, bytes_) in enumerate(measured):
+            if j != i:
+                model.observe(other, bytes_)
+        errors.append(abs(model.predict_total(config) - actual) / actual)
+    return errors

@@ -95,6 +95,9 @@ def run_trial(
                     _kill_group(proc)
         log_tail = log_path.read_text(errors="replace")[-STDERR_TAIL_CHARS:]
         outcome = _classify(proc.returncode, timed_out, result_path, log_tail, timeout_s)
+        shape_path = result_path.with_name("shape.json")
+        if shape_path.is_file():
+            outcome.extra["shape"] = json.loads(shape_path.read_text())
     outcome.wall_seconds = time.time() - started
     return outcome
 

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -125,6 +126,8 @@ def run(request: dict[str, Any], result_path: str) -> dict[str, Any]:
     result: dict[str, Any] = {}
     try:
         model = build_model(spec["model"], request["config"])
+        if not request.get("shape"):
+            _report_shape(model, spec, result_path)
         n_steps = measure["warmup_steps"] + measure["steps"]
         samples = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * n_steps
         dataset = build_dataset(spec, model, samples, seed=request.get("seed", 0))
@@ -157,6 +160,17 @@ def run(request: dict[str, Any], result_path: str) -> dict[str, Any]:
         achieved = flops * result["tokens_per_second"]
         result["extra"]["mfu"] = achieved / (dev.peak_flops[cfg.precision] * world)
     return result
+
+
+def _report_shape(model, spec: dict[str, Any], result_path: str) -> None:
+    """A factory model's shape, written beside the result before training can run out of
+    memory, so even an OOM trial teaches the search the model's size."""
+    from autotune.memory import shape_from_model
+
+    shape = shape_from_model(model, spec["data"]["seq_len"], spec["model"].get("task",
+                                                                               "causal-lm"))
+    if shape is not None:
+        Path(result_path).with_name("shape.json").write_text(json.dumps(shape.to_dict()))
 
 
 def _measure(durations, measure, cfg, world, spec, model, trainer) -> dict[str, Any]:

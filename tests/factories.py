@@ -23,6 +23,13 @@ def tiny_gpt2(config=None):
     return GPT2LMHeadModel(config or GPT2Config(**TINY))
 
 
+def gpt2_64(config=None):
+    """GPT-2 2x64, vocab 8192: the CLI test's model, hidden from the memory model so the
+    search must find the budget by probing (an OOM trial)."""
+    return GPT2LMHeadModel(config or GPT2Config(n_layer=2, n_embd=64, n_head=2,
+                                                vocab_size=8192, n_positions=256))
+
+
 class _Misbehaving(GPT2LMHeadModel):
     action: str = "crash"
     bad_batch: int = 8

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -21,11 +20,17 @@ SPACE = {"per_device_train_batch_size": "auto", "precision": ["fp32", "bf16"],
          "zero_stage": [0, 2], "offload": ["none"]}
 
 
-def _spec(tmp_path: Path, n_trials: int, **extra) -> Path:
+GPT2_64 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 8192,
+           "n_positions": 256}
+
+
+def _spec(tmp_path: Path, n_trials: int, *, predict: bool = False, **extra) -> Path:
+    """With `predict`, the model is given as a config, so the memory model knows its shape;
+    without, it comes from a factory and the search can only probe the budget."""
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE))
+    model = ({"config": GPT2_64} if predict else {"factory": "tests.factories:gpt2_64"})
     spec = {
-        "model": {"config": {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 2,
-                             "vocab_size": 8192, "n_positions": 256}},
+        "model": model,
         "data": {"seq_len": 256},
         "target_batch_size": 16,
         # Measured here: b8 grows RSS by ~350 MiB, b16 by ~600 MiB: b16 is a budget OOM.
@@ -81,7 +86,7 @@ def test_search_end_to_end_then_resume(tmp_path):
     assert len(configs) == len(set(configs)), "a config ran twice"
     assert [(t["number"], t["config"]) for t in trials[:len(before)]] == before
     ran = [t for t in trials if t["outcome"]["status"] != "pruned"]
-    assert len(ran) == 8
+    assert len(trials) > len(before) and len(ran) <= 8  # it may stop early when nothing pays
 
     # 3) what the search had to show
     statuses = {t["outcome"]["status"] for t in ran}
@@ -95,3 +100,26 @@ def test_search_end_to_end_then_resume(tmp_path):
     assert summary["baseline"]["config"]["precision"] == "fp32"
     assert (out / "training_args.json").exists() and (out / "report.md").exists()
     assert "samples/s" in text
+
+
+def test_search_with_memory_model_prunes_instead_of_running_oom(tmp_path):
+    """Same search, model given by config: configs predicted over the budget are recorded
+    as pruned (with the figure and the limit) and none runs out of memory."""
+    spec = _spec(tmp_path, n_trials=3, predict=True)
+    proc = _cli("search", str(spec))
+    text = proc.communicate(timeout=900)[0]
+    assert proc.returncode == 0, text
+    trials = _trials(tmp_path / "out")
+    ran = [t for t in trials if t["outcome"]["status"] != "pruned"]
+    pruned = [t for t in trials if t["outcome"]["status"] == "pruned"]
+    assert len(ran) == 3 and not any(t["outcome"]["status"] == "oom" for t in ran)
+    assert pruned and all(t["config"]["per_device_train_batch_size"] == 16 for t in pruned)
+    assert all("GiB limit" in t["reason"] and t["outcome"]["predicted_memory_bytes"]
+               for t in pruned)
+    assert all(t["outcome"]["predicted_memory_bytes"] for t in ran)
+    study = optuna.load_study(
+        study_name=optuna.get_all_study_summaries(
+            f"sqlite:///{tmp_path / 'out' / 'study.db'}")[0].study_name,
+        storage=f"sqlite:///{tmp_path / 'out' / 'study.db'}")
+    states = {t.state for t in study.trials}
+    assert optuna.trial.TrialState.PRUNED in states

@@ -22,6 +22,7 @@ import numpy as np
 
 from autotune.config import TrialConfig
 from autotune.memory import GiB, MemoryModel
+from autotune.shape import ModelShape
 from autotune.strategies.base import Proposal, Record, SearchContext, Strategy
 from autotune.strategies.surrogate import ThroughputModel, expected_improvement
 
@@ -55,6 +56,13 @@ class AutotuneStrategy(Strategy):
 
     # ---------------------------------------------------------------- memory
     def _observe(self, history: Sequence[Record]) -> None:
+        if self.memory is None:
+            learned = next((r.outcome.extra["shape"] for r in history
+                            if r.outcome.extra.get("shape")), None)
+            if learned is not None:  # a factory model: its first trial told us its shape
+                self.memory = MemoryModel(ModelShape(**learned), self.ctx.device,
+                                          self.ctx.world_size)
+                self._seen = 0
         for r in history[self._seen:]:
             if self.memory is None:
                 continue

@@ -1,0 +1,129 @@
+"""Strategies on landscapes: small ones built here, and the shipped ones."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autotune.bench import run_bench, run_one, summarise, verdicts
+from autotune.landscape import load_landscape
+
+LANDSCAPES = Path(__file__).resolve().parents[2] / "shared" / "landscapes"
+SHIPPED = sorted(p for p in LANDSCAPES.glob("*/") if (p / "meta.json").is_file()) \
+    if LANDSCAPES.is_dir() else []
+
+FIELDS = ["per_device_train_batch_size", "gradient_accumulation_steps", "precision", "optim",
+          "gradient_checkpointing", "zero_stage", "offload", "status", "samples_per_second",
+          "peak_memory_gib", "seconds"]
+
+
+def make_landscape(root: Path, name: str, *, device="A100-80GB", memory_gib=16.0,
+                   all_oom=False, bf16_errors=False) -> Path:
+    """A small synthetic landscape: memory linear in batch, throughput saturating."""
+    folder = root / name
+    folder.mkdir()
+    meta = {"simulated": True, "description": "test",
+            "model": {"name": "toy", "num_parameters": 100_000_000, "num_layers": 12,
+                      "hidden_size": 768, "num_attention_heads": 12, "vocab_size": 32000,
+                      "causal_lm": True, "seq_len": 512},
+            "device": {"name": device, "memory_gib": memory_gib, "count": 1},
+            "world_size": 1, "target_effective_batch_size": 32}
+    (folder / "meta.json").write_text(json.dumps(meta))
+    rows = []
+    for b, p, o, ck in itertools.product([1, 2, 4, 8, 16, 32], ["fp32", "bf16"],
+                                         ["adamw_torch", "adamw_bnb_8bit"], [False, True]):
+        mixed = p == "bf16"
+        mem = (1.8 if mixed else 1.6) - (0.6 if o == "adamw_bnb_8bit" else 0) + b * (
+            0.1 if ck else 0.6) * (0.5 if mixed else 1)
+        sps = (30 if mixed else 10) * b / (b + 2) * (0.75 if ck else 1) * (
+            1.01 if o == "adamw_bnb_8bit" else 1)
+        status = "oom" if (all_oom or mem > memory_gib * 0.97) else "ok"
+        if bf16_errors and mixed:
+            status = "error"
+        rows.append({"per_device_train_batch_size": b, "gradient_accumulation_steps": 32 // b,
+                     "precision": p, "optim": o, "gradient_checkpointing": str(ck).lower(),
+                     "zero_stage": 0, "offload": "none", "status": status,
+                     "samples_per_second": sps if status == "ok" else 0,
+                     "peak_memory_gib": mem if status == "ok" else memory_gib * 0.97,
+                     "seconds": 30 if status == "ok" else 12})
+    with (folder / "trials.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+    return folder
+
+
+def test_autotune_finds_the_best_without_oom(tmp_path):
+    path = make_landscape(tmp_path, "toy", memory_gib=4.0)
+    land = load_landscape(path)
+    best_cfg, _ = land.best()
+    rec = run_one(land, "autotune", 0, budget_fraction=0.5)
+    assert rec["quality"] >= 0.98, rec
+    assert rec["ooms"] <= 1
+    assert rec["cost_fraction"] < 0.5
+    assert rec["speedup"] > 1.5  # bf16 beats the fp32 baseline by far in this table
+
+
+def test_every_config_oom_ends_cleanly(tmp_path):
+    land = load_landscape(make_landscape(tmp_path, "all-oom", all_oom=True))
+    for name in ("autotune", "random", "tpe", "halving", "deepspeed"):
+        rec = run_one(land, name, 0, budget_fraction=0.05)
+        assert rec["quality"] == 0.0 and rec["speedup"] is None
+        assert rec["cost_fraction"] <= 0.05 + 30 / land.grid_seconds()
+
+
+def test_bf16_unavailable_on_v100_is_never_run(tmp_path):
+    land = load_landscape(make_landscape(tmp_path, "v100", device="V100-16GB",
+                                         bf16_errors=True))
+    from autotune.bench import context
+    from autotune.loop import drive
+    from autotune.replay import ReplayExecutor
+    from autotune.strategies.registry import make_strategy
+
+    history = []
+    drive(make_strategy("autotune", context(land, 0)), ReplayExecutor(land), history,
+          budget_seconds=0.5 * land.grid_seconds())
+    assert history and all(r.config.precision != "bf16" for r in history)
+    best = max((r for r in history if r.outcome.ok), key=lambda r: r.outcome.samples_per_second)
+    assert best.outcome.samples_per_second >= 0.98 * land.best()[1].samples_per_second
+
+
+def test_bench_records_have_the_documented_keys(tmp_path):
+    path = make_landscape(tmp_path, "toy", memory_gib=4.0)
+    records = run_bench([path], budget_fraction=0.2, repeats=2)
+    keys = {"landscape", "strategy", "repeat", "quality", "cost_fraction", "trials", "ooms",
+            "speedup"}
+    assert {r["strategy"] for r in records} == {"autotune", "random", "tpe", "halving",
+                                                "deepspeed"}
+    assert all(keys <= set(r) for r in records)
+    rows = summarise(records)
+    assert len(rows) == 5 and all(r["repeats"] == 2 for r in rows)
+    assert len(verdicts(records, rows)) == 4
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SHIPPED, reason="needs ../shared/landscapes")
+def test_bench_cli_meets_targets_on_shipped_landscapes(tmp_path):
+    """The issue's bar: quality >= 0.98 at <= 3% of the grid with <= 2 OOMs (median of 5),
+    and better than every baseline at equal cost, on every shipped landscape."""
+    out = tmp_path / "bench.json"
+    args = [sys.executable, "-m", "autotune", "bench", "--json", str(out)]
+    for p in SHIPPED:
+        args += ["--landscape", str(p)]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = json.loads(out.read_text())
+    rows = summarise(records)
+    for row in rows:
+        if row["strategy"] == "autotune":
+            assert row["quality"] >= 0.98, row
+            assert row["cost_fraction"] <= 0.03, row
+            assert row["ooms"] <= 2, row
+    for v in verdicts(records, rows):
+        assert v["beats"], v
