@@ -21,7 +21,7 @@ def search(spec_or_path: Any, *, address: str | None = None, **overrides: Any) -
 
 def estimate(spec_or_path: Any, *, device: str | None = None, memory: str | None = None):
     """Predicted peak memory per config, without running anything."""
-    from autotune.estimate import estimate as _estimate
+    from autotune.estimation import estimate as _estimate
 
     return _estimate(spec_or_path, device=device, memory=memory)
 

@@ -118,8 +118,8 @@ def estimate(
                                            "largest fitting batch per family")] = False,
 ) -> None:
     """Predicted peak memory per config; no GPU and no weights needed."""
-    from autotune.estimate import estimate as run_estimate
-    from autotune.estimate import render_estimate
+    from autotune.estimation import estimate as run_estimate
+    from autotune.estimation import render_estimate
 
     try:
         render_estimate(run_estimate(spec, device=device, memory=memory), console,
@@ -149,12 +149,29 @@ def bench(
 
 
 @app.command()
-def report(output_dir: Annotated[Path, typer.Argument(help="a search's output folder")]) -> None:
-    """Regenerate report.md and report.html from summary.json."""
+def report(
+    source: Annotated[str, typer.Argument(help="a search's output folder, or an Optuna "
+                                          "storage URL holding its study")],
+    study_name: Annotated[str | None, typer.Option(help="study in the storage")] = None,
+    output: Annotated[Path | None, typer.Option(help="where to write, for a storage URL "
+                                                "(default ./autotune-report)")] = None,
+) -> None:
+    """Regenerate report.md and report.html, from summary.json or from the study storage."""
+    import json
+
     from autotune.report import write_report
 
     try:
-        md, html = write_report(output_dir)
+        if "://" in source:
+            from autotune.study import summary_from_storage
+
+            summary = summary_from_storage(source, study_name)
+            folder = output or Path("autotune-report")
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        else:
+            folder = Path(source)
+        md, html = write_report(folder)
     except (AutotuneError, FileNotFoundError) as exc:
         _fail(exc)
     console.print(f"wrote {md} and {html}")

@@ -22,8 +22,9 @@ from autotune.shape import ModelShape
 from autotune.space import SpaceResult, build_space
 from autotune.spec import Spec, load_spec, parse_duration
 from autotune.strategies.base import Proposal, Record, SearchContext
-from autotune.study import load_history, open_study, record_trial
+from autotune.study import load_history, open_study, record_trial, save_summary
 
+WALL_KEY = "autotune_wall_seconds"
 CPU_BUDGET_SHARE = 0.5  # default trial budget on CPU: half the RAM free when the search starts
 
 
@@ -132,14 +133,16 @@ class SearchResult:
         }
 
     def _components(self, config: TrialConfig) -> dict[str, int] | None:
+        """The winner's memory by component, from the model calibrated on every trial."""
         if self.shape is None:
             return None
-        try:
-            from autotune.memory import MemoryModel
-        except ImportError:
-            return None
-        return dict(MemoryModel(self.shape, self.device, self.spec.world_size)
-                    .predict(config).components)
+        from autotune.memory import MemoryModel
+
+        model = MemoryModel(self.shape, self.device, self.spec.world_size)
+        for t in self.trials:
+            if t.outcome.ok:
+                model.observe(t.config, t.outcome.peak_memory_bytes)
+        return dict(model.predict(config).components)
 
 
 def memory_limit(spec: Spec, device: DeviceSpec) -> int:
@@ -232,8 +235,11 @@ def run_search(
             executor.close()
     result = _result(spec, device, limit, history, numbers, output, shape, space, study_name,
                      storage)
-    result.wall_seconds = time.time() - started
+    # Wall time over every session of this study: a resumed search adds to it.
+    result.wall_seconds = study.user_attrs.get(WALL_KEY, 0.0) + time.time() - started
+    study.set_user_attr(WALL_KEY, result.wall_seconds)
     write_outputs(result)
+    save_summary(study, result.summary())
     return result
 
 

@@ -16,7 +16,7 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
 from autotune.config import Outcome, TrialConfig
-from autotune.errors import SpecError
+from autotune.errors import AutotuneError, SpecError
 from autotune.strategies.base import Record
 
 if TYPE_CHECKING:
@@ -80,3 +80,30 @@ def load_history(study: optuna.Study) -> list[Record]:
             history.append(Record(TrialConfig.from_dict(attrs["config"]),
                                   Outcome.from_dict(attrs["outcome"]), attrs.get("reason", "")))
     return history
+
+
+SUMMARY_KEY = "autotune_summary"
+
+
+def save_summary(study: optuna.Study, summary: dict[str, Any]) -> None:
+    """Keep the search's summary in the study too, so a report can be rebuilt from the
+    storage alone (a shared database, no output folder at hand)."""
+    study.set_user_attr(SUMMARY_KEY, json.loads(json.dumps(summary, default=str)))
+
+
+def summary_from_storage(storage: str, study_name: str | None = None) -> dict[str, Any]:
+    names = optuna.get_all_study_names(storage)
+    if study_name is None:
+        if len(names) != 1:
+            raise AutotuneError(f"{storage} holds {len(names)} studies "
+                                f"({', '.join(names) or 'none'}); name one with --study-name")
+        study_name = names[0]
+    elif study_name not in names:
+        raise AutotuneError(f"--study-name: {study_name!r} is not in {storage}; "
+                            f"there: {', '.join(names) or 'none'}")
+    summary = optuna.load_study(study_name=study_name, storage=storage).user_attrs.get(
+        SUMMARY_KEY)
+    if summary is None:
+        raise AutotuneError(f"study {study_name!r} has no autotune summary yet (its search "
+                            "has not finished once)")
+    return summary

@@ -137,3 +137,47 @@ def test_uncalibrated_model_classifies_landscape_oom(name):
     accuracy = classification_accuracy(land, MemoryModel(land.shape, land.device,
                                                          land.world_size))
     assert accuracy >= 0.95
+
+
+def _bert_spec(tmp_path):
+    return {"model": {"config": {"model_type": "bert", "num_hidden_layers": 24,
+                                 "hidden_size": 1024, "num_attention_heads": 16,
+                                 "intermediate_size": 4096},
+                      "task": "sequence-classification"},
+            "data": {"seq_len": 512}, "target_batch_size": 64, "output": str(tmp_path)}
+
+
+def test_estimate_plans_for_a_device_that_is_not_here(tmp_path):
+    import autotune
+
+    v100 = autotune.estimate(_bert_spec(tmp_path), device="V100-16GB")
+    assert v100.device.name == "V100-16GB" and v100.limit_bytes == 16 * GiB
+    assert {r.config.precision for r in v100.rows} == {"fp32", "fp16"}  # no bf16/tf32 there
+    fits = {r.config: r.fits for r in v100.rows}
+    assert fits[TrialConfig(1, 64, "fp16")] and not fits[TrialConfig(64, 1, "fp32")]
+    small = autotune.estimate(_bert_spec(tmp_path), device="V100-16GB", memory="4GiB")
+    assert small.limit_bytes == 4 * GiB
+    assert sum(r.fits for r in small.rows) < sum(r.fits for r in v100.rows)
+    picked = v100.largest_fitting()
+    assert len({r.config.family() for r in picked}) == len(picked)
+
+
+def test_estimate_cli_prints_components_and_rejects_bad_input(tmp_path):
+    import subprocess
+    import sys
+
+    import yaml
+
+    path = tmp_path / "bert.yaml"
+    path.write_text(yaml.safe_dump(_bert_spec(tmp_path)))
+    ok = subprocess.run([sys.executable, "-m", "autotune", "estimate", str(path), "--device",
+                         "A100-80GB"], capture_output=True, text=True, timeout=300,
+                        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    assert ok.returncode == 0, ok.stderr
+    assert "335.1M parameters" in ok.stdout and "activ" in ok.stdout and "fits" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "autotune", "estimate", str(path), "--memory",
+                          "lots"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "--memory" in (bad.stdout + bad.stderr)
+    unknown = subprocess.run([sys.executable, "-m", "autotune", "estimate", str(path),
+                              "--device", "Z80"], capture_output=True, text=True, timeout=300)
+    assert unknown.returncode != 0 and "known:" in (unknown.stdout + unknown.stderr)

@@ -328,13 +328,27 @@ def test_report_renders_in_chromium(tmp_path: Path) -> None:
     sps = _rendered_dom(html, sort_column=COLUMNS.index("samples/s"))
     desc, _ = re.search(r'data-sorted="([^"]*)"', sps).group(1).split("|")
     assert desc.split(",")[:6] == ["3", "11", "4", "1", "0", "5"]  # unmeasured ones last
-    shot = ROOT / "reports" / "report-screenshot.png"
+    screenshot(html, tmp_path / "shot.png")
+
+
+def screenshot(html: Path, shot: Path) -> None:
+    """Headless Chromium's picture of the page (after its scripts ran)."""
     shot.parent.mkdir(exist_ok=True)
     shot.unlink(missing_ok=True)
     with tempfile.TemporaryDirectory() as profile:
         run = _run_chromium([f"--screenshot={shot}", "--window-size=1400,3000",
                              html.as_uri()], profile)
     assert shot.exists() and shot.stat().st_size > 20_000, run.stderr[-2000:]
+
+
+def check_real_report(html: Path, shot: Path) -> None:
+    """For a report written by a real search: no script errors, every panel present drew,
+    and a screenshot to look at."""
+    page = html.read_text()
+    present = [p.div_id for p in PANELS if f'id="{p.div_id}"' in page]
+    assert present
+    _assert_plots_drew(_rendered_dom(html), present)
+    screenshot(html, shot)
 
 
 @pytest.mark.slow

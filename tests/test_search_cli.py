@@ -123,3 +123,19 @@ def test_search_with_memory_model_prunes_instead_of_running_oom(tmp_path):
         storage=f"sqlite:///{tmp_path / 'out' / 'study.db'}")
     states = {t.state for t in study.trials}
     assert optuna.trial.TrialState.PRUNED in states
+
+    # The report can be rebuilt from the study storage alone.
+    rebuilt = tmp_path / "from-storage"
+    proc = _cli("report", f"sqlite:///{tmp_path / 'out' / 'study.db'}", "--output", str(rebuilt))
+    text = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 0, text
+    assert (rebuilt / "report.html").is_file() and (rebuilt / "report.md").is_file()
+    assert json.loads((rebuilt / "summary.json").read_text())["trials"] == trials
+
+    # The report of this real search renders in headless Chromium, every plot drawn.
+    from tests.test_report import ROOT, _chromium, check_real_report
+
+    if _chromium() is None:
+        pytest.skip("chromium is not installed and could not be installed")
+    check_real_report(tmp_path / "out" / "report.html",
+                      ROOT / "reports" / "test-search-report.png")

@@ -1,0 +1,53 @@
+"""GPU-only paths (skipped without CUDA; run with `pytest -m gpu` on a GPU machine).
+
+Written without a GPU at hand: they have not run yet (see the README's results)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from autotune.config import TrialConfig
+from autotune.device import local_device
+from autotune.trial import run_trial
+from tests.conftest import TINY_SPEC
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+
+BIG = {"model": {"config": {"model_type": "gpt2", "n_layer": 12, "n_embd": 1024,
+                            "n_head": 16, "vocab_size": 50257, "n_positions": 1024}},
+       "data": {"seq_len": 1024}, "target_batch_size": 4096,
+       "measure": {"warmup_steps": 1, "steps": 2}}
+
+
+def _spec(tmp_path, base=TINY_SPEC) -> dict:
+    from autotune.spec import load_spec
+
+    spec = copy.deepcopy(base) | {"output": str(tmp_path)}
+    return load_spec(spec).model_dump()
+
+
+def test_cuda_oom_is_an_oom_outcome(tmp_path):
+    out = run_trial(_spec(tmp_path, BIG), TrialConfig(4096, 1), timeout_s=600)
+    assert out.status == "oom", out.error
+
+
+@pytest.mark.parametrize("precision,optim", [("bf16", "adamw_torch_fused"),
+                                             ("fp16", "adamw_torch"), ("tf32", "adamw_torch")])
+def test_mixed_precision_and_fused_trials_run(tmp_path, precision, optim):
+    dev = local_device()
+    if precision in ("bf16", "tf32") and not dev.supports_bf16():
+        pytest.skip("needs compute capability 8.0+")
+    out = run_trial(_spec(tmp_path), TrialConfig(4, 4, precision, optim), timeout_s=600)
+    assert out.ok, out.error
+    assert out.peak_memory_bytes and out.extra.get("allocator_peak_reserved")
+    assert out.extra.get("nvml_overhead") is not None
+    if dev.peak_flops.get(precision):
+        assert 0 < out.extra["mfu"] < 1
+
+
+def test_deepspeed_zero2_trial_on_gpu(tmp_path):
+    out = run_trial(_spec(tmp_path), TrialConfig(4, 4, "fp32", "adamw_torch", False, 2),
+                    timeout_s=600)
+    assert out.ok, out.error
