@@ -295,10 +295,10 @@ SORT_PROBE = """<script>
 
 def _rendered_dom(html: Path, sort_column: int = 0) -> str:
     """The page's DOM after its scripts ran, asserting no script raised or logged an error."""
-    probed = html.with_name("probed.html")
     page = html.read_text().replace("<head>", "<head>" + ERROR_PROBE, 1)
-    probed.write_text(page.replace("</body>", SORT_PROBE % sort_column + "</body>", 1))
     with tempfile.TemporaryDirectory() as profile:
+        probed = Path(profile) / "probed.html"  # the page is self-contained: any folder does
+        probed.write_text(page.replace("</body>", SORT_PROBE % sort_column + "</body>", 1))
         run = _run_chromium(["--dump-dom", probed.as_uri()], profile)
     assert run.returncode == 0 and "</html>" in run.stdout, run.stderr[-2000:]
     assert "data-jserrors=" not in run.stdout, re.findall(r'data-jserrors="[^"]*"', run.stdout)
