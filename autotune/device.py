@@ -27,11 +27,15 @@ class DeviceSpec:
         return self.kind == "cuda"
 
     def supports_bf16(self) -> bool:
-        # bf16 tensor cores arrived with Ampere (8.0); PyTorch on CPU runs bf16 too.
-        return not self.is_cuda or (self.compute_capability or (0, 0)) >= (8, 0)
+        # bf16 tensor cores arrived with Ampere (8.0); PyTorch on CPU runs bf16 too. A GPU
+        # whose capability is not known (a landscape's device we have no entry for) is
+        # given the benefit of the doubt: trying costs one trial, ruling out may cost the best.
+        cc = self.compute_capability
+        return not self.is_cuda or cc is None or cc >= (8, 0)
 
     def supports_tf32(self) -> bool:
-        return self.is_cuda and (self.compute_capability or (0, 0)) >= (8, 0)
+        cc = self.compute_capability
+        return self.is_cuda and (cc is None or cc >= (8, 0))
 
     def supports_fp16(self) -> bool:
         # Trainer refuses fp16 mixed precision without CUDA (no GradScaler path on CPU).
@@ -52,6 +56,14 @@ KNOWN_DEVICES: dict[str, tuple[float, tuple[int, int], dict[str, float]]] = {
                                "bf16": 312 * T}),
     "A100-80GB": (80, (8, 0), {"fp32": 19.5 * T, "tf32": 156 * T, "fp16": 312 * T,
                                "bf16": 312 * T}),
+    "A6000-48GB": (48, (8, 6), {"fp32": 38.7 * T, "tf32": 77.4 * T, "fp16": 155 * T,
+                                "bf16": 155 * T}),
+    "RTX3090-24GB": (24, (8, 6), {"fp32": 35.6 * T, "tf32": 35.6 * T, "fp16": 71 * T,
+                                  "bf16": 71 * T}),
+    "RTX4090-24GB": (24, (8, 9), {"fp32": 82.6 * T, "tf32": 82.6 * T, "fp16": 165 * T,
+                                  "bf16": 165 * T}),
+    "L40S-48GB": (48, (8, 9), {"fp32": 91.6 * T, "tf32": 183 * T, "fp16": 362 * T,
+                               "bf16": 362 * T}),
     "H100-80GB": (80, (9, 0), {"fp32": 67 * T, "tf32": 495 * T, "fp16": 989 * T,
                                "bf16": 989 * T}),
     "H200-141GB": (141, (9, 0), {"fp32": 67 * T, "tf32": 495 * T, "fp16": 989 * T,
@@ -76,11 +88,13 @@ def _match_known(name: str) -> str | None:
     if norm in KNOWN_DEVICES:
         return norm
     size = re.search(r"(\d+)GB", norm)
-    for key in KNOWN_DEVICES:
+    # Longest model names first, so "L40S" is not taken for an "L4".
+    keys = sorted(KNOWN_DEVICES, key=lambda k: -len(k.split("-")[0]))
+    for key in keys:
         model = key.split("-")[0]
         if model in norm and (size is None or key.endswith(f"-{size.group(1)}GB")):
             return key
-    for key in KNOWN_DEVICES:  # a size we do not list: keep the model's rules
+    for key in keys:  # a size we do not list: keep the model's rules
         if key.split("-")[0] in norm:
             return key
     return None
