@@ -41,9 +41,6 @@ CPU_RUNTIME_BYTES = 64 * MiB  # allocator slack of a CPU trial beyond its tensor
 # The caching allocator rounds and fragments: the reserved peak runs a few percent over
 # the tensors live at the peak.
 FRAGMENTATION = 0.05
-# Knobs of a family (precision, optim, checkpointing, ZeRO stage, offload) by how much
-# they change what the model-state accounting gets wrong.
-_KNOB_WEIGHTS = (2, 1, 1, 2, 2)
 COMPONENTS = ("weights", "gradients", "optimizer", "activations", "logits", "runtime")
 
 
@@ -86,6 +83,7 @@ class MemoryModel:
     _act_scale: float = 1.0
     _family_resid: dict[tuple, float] = field(default_factory=dict)
     _offsets: dict[tuple, float] = field(default_factory=dict)
+    _effects: tuple[float, dict] | None = None
     _oom_resid: dict[tuple, float] = field(default_factory=dict)  # lower bounds from OOMs
     _cache: dict[TrialConfig, tuple[float, float]] = field(default_factory=dict)
 
@@ -144,11 +142,14 @@ class MemoryModel:
         return layers * per_layer
 
     def logits_bytes_per_sample(self, c: TrialConfig) -> float:
-        """LM heads: the logits in compute precision, their fp32 upcast for the loss and
-        its gradient; classification heads are negligible."""
+        """LM heads: the logits in compute precision, their fp32 upcast for the loss (a
+        no-op when they already are fp32) and the log-softmax the loss keeps for backward;
+        classification heads are negligible."""
         if not self.shape.has_lm_logits:
             return 0.0
-        return self.shape.seq_len * self.shape.vocab_size * (_compute_bytes(c.precision) + 8)
+        cb = _compute_bytes(c.precision)
+        per_token = cb + (4 if cb < 4 else 0) + 4
+        return self.shape.seq_len * self.shape.vocab_size * per_token
 
     def materialises_attention(self) -> bool:
         """Eager attention keeps the seq x seq scores; SDPA/flash kernels do not. Where the
@@ -231,21 +232,20 @@ class MemoryModel:
         return static + self._act_scale * b * per_sample + offset
 
     def _neighbour_offset(self, fam: tuple) -> float:
-        """The residual of the measured families most like `fam` (most knobs in common):
-        the physics misses different things under ZeRO, offload or 8-bit states, and the
-        nearest measurements know best what."""
+        """What the physics misses for an unmeasured family, as the sum of what each of its
+        knob values missed in the measured families (ridge-regularised additive effects of
+        precision, optimizer, checkpointing and ZeRO stage with offload): a ZeRO/offload
+        accounting error learned under bf16 carries over to fp32, and a value never
+        measured contributes nothing."""
         cached = self._offsets.get(fam)
         if cached is not None:
             return cached
         if not self._family_resid:
             return 0.0
-        shared = {f: sum(w for a, b, w in zip(f, fam, _KNOB_WEIGHTS, strict=True) if a == b)
-                  for f in self._family_resid}
-        # The closest families, and those one knob further, so that one odd family
-        # (say, the only one with offload) does not decide alone.
-        most = max(shared.values())
-        value = statistics.median(r for f, r in self._family_resid.items()
-                                  if shared[f] >= most - 1)
+        if self._effects is None:
+            self._effects = _additive_effects(self._family_resid)
+        intercept, effects = self._effects
+        value = intercept + sum(effects.get(level, 0.0) for level in _levels(fam))
         self._offsets[fam] = value
         return value
 
@@ -279,7 +279,7 @@ class MemoryModel:
                 ratios.append(slope / per_sample)
         if ratios:
             self._act_scale = statistics.median(ratios)
-        self._family_resid, self._offsets = {}, {}
+        self._family_resid, self._offsets, self._effects = {}, {}, None
         for fam, points in self._points.items():
             residuals = []
             for b, m in points.items():
@@ -288,6 +288,35 @@ class MemoryModel:
                 static = self.physics(c).total_bytes - b * per_sample
                 residuals.append(m - (static + self._act_scale * b * per_sample))
             self._family_resid[fam] = statistics.median(residuals)
+
+
+def _levels(fam: tuple) -> list[tuple]:
+    precision, optim, ckpt, zero, offload = fam
+    return [("precision", precision), ("optim", optim), ("ckpt", ckpt),
+            ("zero", (zero, offload))]
+
+
+RIDGE = 1.0  # in units of one family's residual: a value seen once is shrunk by half
+
+
+def _additive_effects(residuals: dict[tuple, float]) -> tuple[float, dict]:
+    """Intercept plus per-knob-value effects fitted to per-family residuals (ridge)."""
+    import numpy as np
+
+    fams = list(residuals)
+    levels = sorted({lv for f in fams for lv in _levels(f)}, key=repr)
+    index = {lv: i + 1 for i, lv in enumerate(levels)}
+    X = np.zeros((len(fams), len(levels) + 1))
+    X[:, 0] = 1.0
+    for r, f in enumerate(fams):
+        for lv in _levels(f):
+            X[r, index[lv]] = 1.0
+    scale = GiB
+    y = np.array([residuals[f] for f in fams]) / scale
+    penalty = np.eye(len(levels) + 1) * RIDGE
+    penalty[0, 0] = 1e-9  # the intercept is not shrunk
+    beta = np.linalg.solve(X.T @ X + penalty, X.T @ y)
+    return float(beta[0] * scale), {lv: float(beta[index[lv]] * scale) for lv in levels}
 
 
 def _line(points: dict[int, int]) -> tuple[float, float]:
