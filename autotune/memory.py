@@ -41,6 +41,10 @@ CPU_RUNTIME_BYTES = 64 * MiB  # allocator slack of a CPU trial beyond its tensor
 # The caching allocator rounds and fragments: the reserved peak runs a few percent over
 # the tensors live at the peak.
 FRAGMENTATION = 0.05
+# A CPU trial's peak RSS growth ran 1.6-3.6x (median 2.3x) the bytes of its tensors over
+# 40 trials (benchmarks/memory_accuracy.txt): malloc arenas keep freed blocks and CPU
+# kernels keep fp32 intermediates. Uncalibrated CPU predictions use the median.
+CPU_OVERHEAD_FACTOR = 1.3
 COMPONENTS = ("weights", "gradients", "optimizer", "activations", "logits", "runtime")
 
 
@@ -168,7 +172,7 @@ class MemoryModel:
         b = c.per_device_train_batch_size
         comps = states | {"activations": b * self.activation_bytes_per_sample(c),
                           "logits": b * self.logits_bytes_per_sample(c)}
-        slack = FRAGMENTATION * sum(comps.values()) if self.device.is_cuda else 0.0
+        slack = self._slack_factor() * sum(comps.values())
         comps["runtime"] = self._runtime(c) + slack
         return MemoryEstimate({k: int(comps[k]) for k in COMPONENTS}, int(host))
 
@@ -213,8 +217,13 @@ class MemoryModel:
         nearest = min(points, key=lambda p: abs(p - b))
         return abs(b - nearest) * self._act_scale * self._per_sample(c)
 
+    def _slack_factor(self) -> float:
+        return FRAGMENTATION if self.device.is_cuda else CPU_OVERHEAD_FACTOR
+
     def _per_sample(self, c: TrialConfig) -> float:
-        return self.activation_bytes_per_sample(c) + self.logits_bytes_per_sample(c)
+        """Bytes that grow with each sample of the micro-batch, allocator slack included."""
+        raw = self.activation_bytes_per_sample(c) + self.logits_bytes_per_sample(c)
+        return raw * (1 + self._slack_factor())
 
     def _calibrated(self, c: TrialConfig, physics_total: float, per_sample: float) -> float:
         b = c.per_device_train_batch_size

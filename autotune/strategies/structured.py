@@ -102,36 +102,48 @@ class AutotuneStrategy(Strategy):
 
     # -------------------------------------------------------------- baseline
     def _baseline(self, history: Sequence[Record], oom_at: dict[tuple, int]) -> Proposal | None:
+        """auto_find_batch_size's batch: the largest of target, target/2, ... that runs.
+
+        It starts at the largest batch predicted to fit; once a baseline trial has run and
+        calibrated the model, the next larger batch is tried too if it is now predicted to
+        fit, so a cautious first prediction does not understate the baseline."""
         tried = {r.config: r for r in history if r.reason == "baseline"}
-        if any(r.outcome.ok or r.outcome.status == "pruned" for r in tried.values()):
-            return None
-        per_rank = self.ctx.target_batch_size // self.ctx.world_size
-        halving = []
-        b = per_rank
-        while b >= 1:
-            halving.append(b)
-            if b % 2:
-                break
-            b //= 2
-        pool = {c.per_device_train_batch_size: c for c in self.ctx.candidates
-                if c.family() == BASELINE_FAMILY}
-        if not pool:
+        if any(r.outcome.status == "pruned" for r in tried.values()):
             return None
         if any(r.outcome.status in FAILED_STATUSES for r in tried.values()):
             return None  # the baseline itself fails: nothing to compare against
-        for b in halving:
-            c = pool.get(b)
-            if c is None or c in tried:
-                continue
-            ok, why = self.fits(c, oom_at)
-            if ok:
-                return Proposal(c, "baseline", predicted_memory_bytes=self._int(c))
-        smallest = pool[min(pool)]
-        if smallest in tried:
+        pool = {c.per_device_train_batch_size: c for c in self.ctx.candidates
+                if c.family() == BASELINE_FAMILY}
+        halving = [b for b in self._halving() if b in pool]
+        if not halving:
             return None
-        ok, why = self.fits(smallest, oom_at)
-        return Proposal(smallest, "baseline", run=False, predicted_memory_bytes=self._int(smallest)
-                        ) if not ok else None
+        ok_batches = [c.per_device_train_batch_size for c, r in tried.items() if r.outcome.ok]
+        if ok_batches:
+            larger = [b for b in halving if b > max(ok_batches)]
+            if not larger:
+                return None
+            c = pool[min(larger)]  # the next batch up from the largest that ran
+            if c in tried or not self.fits(c, oom_at)[0]:
+                return None
+            return Proposal(c, "baseline", predicted_memory_bytes=self._int(c))
+        for b in halving:
+            c = pool[b]
+            if c not in tried and self.fits(c, oom_at)[0]:
+                return Proposal(c, "baseline", predicted_memory_bytes=self._int(c))
+        smallest = pool[halving[-1]]
+        if smallest in tried or self.fits(smallest, oom_at)[0]:
+            return None
+        return Proposal(smallest, "baseline", run=False,
+                        predicted_memory_bytes=self._int(smallest))
+
+    def _halving(self) -> list[int]:
+        b, out = self.ctx.target_batch_size // self.ctx.world_size, []
+        while b >= 1:
+            out.append(b)
+            if b % 2:
+                break
+            b //= 2
+        return out
 
     def _int(self, c: TrialConfig) -> int | None:
         pred = self.predicted(c)
