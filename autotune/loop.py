@@ -53,14 +53,14 @@ def drive(
     `history` is extended in place (it may hold records of an earlier, resumed search).
     `max_trials` counts trials that ran, not configs pruned by prediction.
     `budget_seconds` caps the summed trial cost (Outcome.wall_seconds): no trial starts
-    that the mean cost so far says would cross it.
+    that would cross it if it cost as much as the costliest trial so far.
     """
     costs = [r.outcome.wall_seconds or 0.0 for r in history if r.outcome.status != "pruned"]
     while max_trials is None or len(costs) < max_trials:
         if deadline is not None and time.time() >= deadline:
             break
         if budget_seconds is not None and costs and (
-                sum(costs) + sum(costs) / len(costs) > budget_seconds):
+                sum(costs) + max(costs) > budget_seconds):
             break
         proposal = strategy.ask(history)
         if proposal is None:
