@@ -4,6 +4,8 @@ For each model shape, runs every config as a real trial, then predicts each one 
 the model calibrated on the others (leave-one-out) and prints the relative errors.
 
     .venv/bin/python benchmarks/memory_accuracy.py [--quick]
+    .venv/bin/python benchmarks/memory_accuracy.py --from benchmarks/memory_accuracy.txt
+        (re-predict the recorded measurements with the current model; runs no trial)
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 from autotune.config import TrialConfig
 from autotune.device import local_device
@@ -64,10 +67,38 @@ def measure(name: str, quick: bool) -> tuple[list[float], list[tuple]]:
     return errors, rows
 
 
+def replay(path: str) -> None:
+    """Leave-one-out errors of the current model on measurements recorded earlier."""
+    import re
+
+    by_shape: dict[str, list[tuple[TrialConfig, int]]] = {}
+    shape_name = None
+    for line in Path(path).read_text().splitlines():
+        if line.strip() in SHAPES:
+            shape_name = line.strip()
+            continue
+        m = re.match(r"\s+(b\d+x\d+ .*?)\s+measured\s+([\d.]+) MiB", line)
+        if m and shape_name:
+            cfg = next(c for c in configs(False) if c.label() == m.group(1).strip())
+            by_shape.setdefault(shape_name, []).append((cfg, int(float(m.group(2)) * 2**20)))
+    all_errors = []
+    for name, measured in by_shape.items():
+        shape = model_shape(load_spec(spec_for(*SHAPES[name])))
+        errors = leave_one_out_errors(shape, local_device(), 1, measured)
+        all_errors += errors
+        print(f"{name}: median calibrated error {statistics.median(errors):.1%}")
+    print(f"overall: {len(all_errors)} recorded trials, median calibrated (leave-one-out) "
+          f"relative error {statistics.median(all_errors):.1%}, max {max(all_errors):.1%}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="two shapes, six configs each")
+    ap.add_argument("--from", dest="recorded", help="re-predict a recorded output, run nothing")
     args = ap.parse_args()
+    if args.recorded:
+        replay(args.recorded)
+        return
     names = list(SHAPES)[:2] if args.quick else list(SHAPES)
     all_errors = []
     for name in names:
