@@ -16,29 +16,23 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from autotune.config import TrialConfig
+from autotune.config import BASELINE_FAMILY, TrialConfig, halving_batches
 from autotune.landscape import Landscape, load_landscape
 from autotune.loop import drive
 from autotune.replay import ReplayExecutor
 from autotune.space import device_rule
 from autotune.strategies.base import Record, SearchContext
 from autotune.strategies.registry import STRATEGIES, make_strategy
-from autotune.strategies.structured import BASELINE_FAMILY
 
 DEFAULT_BUDGET_FRACTION = 0.03
 
 
 def baseline_config(land: Landscape) -> TrialConfig | None:
     """The table's auto_find_batch_size config: fp32 AdamW, largest halved batch that ran."""
-    b = land.target_batch_size // land.world_size
-    while b >= 1:
-        for c, o in land.table.items():
-            if c.family() == BASELINE_FAMILY and c.per_device_train_batch_size == b and o.ok:
-                return c
-        if b % 2:
-            break
-        b //= 2
-    return None
+    ok = {c.per_device_train_batch_size: c for c, o in land.table.items()
+          if c.family() == BASELINE_FAMILY and o.ok}
+    per_rank = land.target_batch_size // land.world_size
+    return next((ok[b] for b in halving_batches(per_rank) if b in ok), None)
 
 
 # Generic search runs over the raw space, as a user would set it up; configs the device
@@ -90,7 +84,7 @@ def run_one(land: Landscape, strategy_name: str, seed: int,
         "strategy": strategy_name,
         "repeat": seed,
         "quality": (found_sps or 0.0) / best_table[1].samples_per_second if best_table else 0.0,
-        "cost_fraction": executor.spent_seconds / land.grid_seconds(),
+        "cost_fraction": trajectory[-1][0] if trajectory else 0.0,
         "trials": sum(1 for r in history if r.outcome.status != "pruned"),
         "ooms": sum(1 for r in history if r.outcome.is_oom),
         "pruned": sum(1 for r in history if r.outcome.status == "pruned"),

@@ -14,6 +14,22 @@ OFFLOADS: tuple[str, ...] = ("none", "optimizer", "optimizer+param")
 STATUSES: tuple[str, ...] = ("ok", "oom", "nan", "error", "timeout", "crashed", "pruned")
 
 
+# Trainer defaults: fp32, adamw_torch, no checkpointing, no DeepSpeed. With
+# auto_find_batch_size this is the baseline every search is compared against.
+BASELINE_FAMILY = ("fp32", "adamw_torch", False, 0, "none")
+
+
+def halving_batches(per_rank: int) -> list[int]:
+    """The batches auto_find_batch_size tries: per_rank, per_rank/2, ... while it divides."""
+    out, b = [], per_rank
+    while b >= 1:
+        out.append(b)
+        if b % 2:
+            break
+        b //= 2
+    return out
+
+
 @dataclass(frozen=True, order=True)
 class TrialConfig:
     """One point of the search space.

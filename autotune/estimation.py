@@ -7,7 +7,6 @@ device can be one the user plans to rent (`--device A100-80GB`) or a bare limit.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import TrialConfig
@@ -62,7 +61,7 @@ def estimate(spec_or_path: Any, *, device: str | None = None,
     """Every config of the spec's space with its predicted memory and whether it fits."""
     from autotune.search import model_shape
 
-    spec = load_spec(spec_or_path if not isinstance(spec_or_path, Path) else str(spec_or_path))
+    spec = load_spec(spec_or_path)
     dev = named_device(device, spec.world_size) if device else local_device()
     shape = model_shape(spec)
     if shape is None:

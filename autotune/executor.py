@@ -30,15 +30,23 @@ class RayExecutor(Executor):
     def __init__(self, spec: dict[str, Any], *, address: str | None = None,
                  gpus_per_trial: int = 0, trial_kwargs: dict[str, Any] | None = None) -> None:
         self.spec, self.gpus, self.kwargs = spec, gpus_per_trial, trial_kwargs or {}
-        self._owns_ray = not ray.is_initialized()
-        if self._owns_ray:
-            init: dict[str, Any] = {"address": address, "include_dashboard": False,
-                                    "log_to_driver": False, "logging_level": logging.WARNING}
-            if address is None:  # embedded: a CPU slot per core, plus the trial's own
-                init |= {"num_cpus": max(2, os.cpu_count() or 2)}
-            ray.init(**init)
+        self.address = address
+        self._owns_ray = False
+
+    def _connect(self) -> None:
+        """Ray starts (or is joined) at the first trial, so a resumed search with nothing
+        left to run, or one that stops at once, does not pay for it."""
+        if ray.is_initialized():
+            return
+        init: dict[str, Any] = {"address": self.address, "include_dashboard": False,
+                                "log_to_driver": False, "logging_level": logging.WARNING}
+        if self.address is None:  # embedded: a CPU slot per core, plus the trial's own
+            init |= {"num_cpus": max(2, os.cpu_count() or 2)}
+        ray.init(**init)
+        self._owns_ray = True
 
     def run(self, config: TrialConfig) -> Outcome:
+        self._connect()
         task = _trial_task.options(num_cpus=1, num_gpus=self.gpus)
         ref = task.remote(self.spec, config.to_dict(), self.kwargs)
         try:

@@ -5,9 +5,10 @@ optimizer states, activations (Korthikanti et al. per-layer figures), LM logits,
 what the runtime itself holds (CUDA context, cuBLAS workspace). ZeRO divides the model
 states over the data-parallel world; offload moves them to host memory.
 
-`MemoryModel.observe` takes each measured trial and refines the prediction (an
-activation scale and a fixed offset fitted to measurements, and per family a line
-through its own points), so predictions for unmeasured configs tighten as a search runs.
+`MemoryModel.observe` takes each measured trial and refines the prediction: per family
+a line through its own points; elsewhere an activation scale fitted to measured slopes
+and what the physics missed, fitted as additive effects of each knob value. Predictions
+for unmeasured configs tighten as a search runs.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from autotune.config import TrialConfig
 from autotune.shape import ModelShape
@@ -96,7 +99,7 @@ class MemoryModel:
         """(device bytes by component, host bytes) of weights, gradients and optimizer."""
         p, n = float(self.shape.num_parameters), max(1, self.world_size)
         mixed = c.precision in ("fp16", "bf16")
-        if c.optim in ("adafactor",):
+        if c.optim == "adafactor":
             state = _adafactor_state_bytes(self.shape)
         else:
             state = OPTIMIZER_STATE_BYTES.get(c.optim, DEFAULT_STATE_BYTES) * p
@@ -164,34 +167,28 @@ class MemoryModel:
             return self.device.is_cuda and (self.device.compute_capability or (0, 0)) < (8, 0)
         return attn == "eager"
 
-    def _runtime(self, c: TrialConfig) -> float:
-        return float(CUDA_RUNTIME_BYTES if self.device.is_cuda else CPU_RUNTIME_BYTES)
-
     def physics(self, c: TrialConfig) -> MemoryEstimate:
         states, host = self._model_states(c)
         b = c.per_device_train_batch_size
         comps = states | {"activations": b * self.activation_bytes_per_sample(c),
                           "logits": b * self.logits_bytes_per_sample(c)}
         slack = self._slack_factor() * sum(comps.values())
-        comps["runtime"] = self._runtime(c) + slack
+        runtime = CUDA_RUNTIME_BYTES if self.device.is_cuda else CPU_RUNTIME_BYTES
+        comps["runtime"] = runtime + slack
         return MemoryEstimate({k: int(comps[k]) for k in COMPONENTS}, int(host))
 
     # ------------------------------------------------------------- calibrated
     def predict(self, c: TrialConfig) -> MemoryEstimate:
+        """The calibrated prediction by component; what calibration adds or removes is
+        booked under runtime, the one component no formula pins down."""
         est = self.physics(c)
-        fam, b = c.family(), c.per_device_train_batch_size
-        oom_at = self._oom_at.get(fam)
-        est.known_oom = oom_at is not None and b >= oom_at
-        if not self._points and not self._oom_resid:
-            return est
-        est.calibrated = bool(self._points)
-        target = self._calibrated(c, est.total_bytes, self._per_sample(c))
-        est.components["runtime"] = int(est.components["runtime"] + target - est.total_bytes)
+        est.known_oom, est.calibrated = self.known_oom(c), bool(self._points)
+        est.components["runtime"] += int(self.predict_total(c)) - est.total_bytes
         return est
 
     def predict_total(self, c: TrialConfig) -> float:
-        """`predict(c).total_bytes`, memoising the physics: a strategy asks this for every
-        candidate after every trial."""
+        """The calibrated peak alone, memoising the physics: a strategy asks this for every
+        candidate after every trial. (Uncalibrated, it equals the physics.)"""
         cached = self._cache.get(c)
         if cached is None:
             cached = self._cache[c] = (float(self.physics(c).total_bytes), self._per_sample(c))
@@ -201,10 +198,6 @@ class MemoryModel:
     def known_oom(self, c: TrialConfig) -> bool:
         oom_at = self._oom_at.get(c.family())
         return oom_at is not None and c.per_device_train_batch_size >= oom_at
-
-    def is_measured(self, c: TrialConfig) -> bool:
-        """Whether the family has measured points, so its prediction is its own line."""
-        return c.family() in self._points
 
     def extrapolated_bytes(self, c: TrialConfig) -> float:
         """How much of the prediction is not pinned by a measurement: the activations
@@ -310,8 +303,6 @@ RIDGE = 1.0  # in units of one family's residual: a value seen once is shrunk by
 
 def _additive_effects(residuals: dict[tuple, float]) -> tuple[float, dict]:
     """Intercept plus per-knob-value effects fitted to per-family residuals (ridge)."""
-    import numpy as np
-
     fams = list(residuals)
     levels = sorted({lv for f in fams for lv in _levels(f)}, key=repr)
     index = {lv: i + 1 for i, lv in enumerate(levels)}
@@ -368,22 +359,28 @@ def count_parameters(hf_config: Any, task: str = "causal-lm") -> tuple[int, str]
     return n, str(attn)
 
 
+def _shape(cfg: Any, num_parameters: int, seq_len: int, task: str, name: str,
+           attn_implementation: str) -> ModelShape:
+    return ModelShape(
+        num_parameters=int(num_parameters),
+        num_layers=int(_first(cfg, _LAYER_KEYS) or 1),
+        hidden_size=int(_first(cfg, _HIDDEN_KEYS) or 1),
+        num_attention_heads=int(_first(cfg, _HEAD_KEYS) or 1),
+        vocab_size=int(getattr(cfg, "vocab_size", 0) or 0),
+        seq_len=int(seq_len), causal_lm=task == "causal-lm", task=task,
+        intermediate_size=_first(cfg, _FFN_KEYS), name=name,
+        attn_implementation=attn_implementation)
+
+
 def shape_from_model(model: Any, seq_len: int, task: str = "causal-lm") -> ModelShape | None:
     """The shape of a built model (a factory's, whose config the spec does not give), so a
     search can predict memory from its first trial on."""
     cfg = getattr(model, "config", None)
     if cfg is None or _first(cfg, _LAYER_KEYS) is None or _first(cfg, _HIDDEN_KEYS) is None:
         return None
-    return ModelShape(
-        num_parameters=sum(p.numel() for p in model.parameters()),
-        num_layers=int(_first(cfg, _LAYER_KEYS)),
-        hidden_size=int(_first(cfg, _HIDDEN_KEYS)),
-        num_attention_heads=int(_first(cfg, _HEAD_KEYS) or 1),
-        vocab_size=int(getattr(cfg, "vocab_size", 0) or 0),
-        seq_len=int(seq_len), causal_lm=task == "causal-lm", task=task,
-        intermediate_size=_first(cfg, _FFN_KEYS),
-        name=str(getattr(cfg, "model_type", "model")),
-        attn_implementation=str(getattr(cfg, "_attn_implementation", None) or "auto"))
+    return _shape(cfg, sum(p.numel() for p in model.parameters()), seq_len, task,
+                  str(getattr(cfg, "model_type", "model")),
+                  str(getattr(cfg, "_attn_implementation", None) or "auto"))
 
 
 def shape_from_hf_config(hf_config: Any, seq_len: int, task: str = "causal-lm",
@@ -391,19 +388,8 @@ def shape_from_hf_config(hf_config: Any, seq_len: int, task: str = "causal-lm",
     if attn_implementation:
         hf_config._attn_implementation = attn_implementation
     n_params, resolved = count_parameters(hf_config, task)
-    return ModelShape(
-        num_parameters=n_params,
-        num_layers=int(_first(hf_config, _LAYER_KEYS) or 1),
-        hidden_size=int(_first(hf_config, _HIDDEN_KEYS) or 1),
-        num_attention_heads=int(_first(hf_config, _HEAD_KEYS) or 1),
-        vocab_size=int(getattr(hf_config, "vocab_size", 0) or 0),
-        seq_len=int(seq_len),
-        causal_lm=task == "causal-lm",
-        task=task,
-        intermediate_size=_first(hf_config, _FFN_KEYS),
-        name=str(getattr(hf_config, "name_or_path", "") or hf_config.model_type),
-        attn_implementation=attn_implementation or resolved,
-    )
+    name = str(getattr(hf_config, "name_or_path", "") or hf_config.model_type)
+    return _shape(hf_config, n_params, seq_len, task, name, attn_implementation or resolved)
 
 
 def leave_one_out_errors(shape: ModelShape, device: DeviceSpec, world_size: int,

@@ -20,11 +20,8 @@ class ReplayExecutor(Executor):
     def __init__(self, landscape: Landscape | str | Path) -> None:
         self.landscape = (landscape if isinstance(landscape, Landscape)
                           else load_landscape(landscape))
-        self.spent_seconds = 0.0
-        self.calls = 0
 
     def run(self, config: TrialConfig) -> Outcome:
-        self.calls += 1
         found = self.landscape.table.get(config)
         if found is None:
             return Outcome(status="error", wall_seconds=0.0,
@@ -32,5 +29,4 @@ class ReplayExecutor(Executor):
         outcome = dataclasses.replace(found, extra=dict(found.extra))
         if not outcome.ok:
             outcome.error = outcome.error or f"{outcome.status} (replayed)"
-        self.spent_seconds += outcome.wall_seconds or 0.0
         return outcome

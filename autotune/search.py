@@ -239,8 +239,7 @@ def run_search(
     # Wall time over every session of this study: a resumed search adds to it.
     result.wall_seconds = study.user_attrs.get(WALL_KEY, 0.0) + time.time() - started
     study.set_user_attr(WALL_KEY, result.wall_seconds)
-    write_outputs(result)
-    save_summary(study, result.summary())
+    save_summary(study, write_outputs(result))
     return result
 
 
@@ -252,14 +251,17 @@ def _result(spec, device, limit, history, numbers, output, shape, space: SpaceRe
                         pruned_by_rules=space.pruned, study_name=study_name, storage=storage)
 
 
-def write_outputs(result: SearchResult) -> None:
-    """Exports, summary.json and the report; nothing here reruns anything."""
+def write_outputs(result: SearchResult) -> dict[str, Any]:
+    """Exports, summary.json and the report; nothing here reruns anything. Returns the
+    summary written."""
     if result.best is not None:
         result.exports = export_config(result.best.config, result.output,
                                        on_cpu=not result.device.is_cuda,
                                        world_size=result.spec.world_size)
-    (result.output / "summary.json").write_text(
-        json.dumps(result.summary(), indent=2, default=str) + "\n")
+    summary = result.summary()
+    (result.output / "summary.json").write_text(json.dumps(summary, indent=2, default=str)
+                                                + "\n")
     from autotune.report import write_report
 
     write_report(result.output)
+    return summary

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from autotune.config import TrialConfig
 from autotune.device import local_device
-from autotune.memory import MemoryModel, leave_one_out_errors
+from autotune.memory import CPU_RUNTIME_BYTES, MemoryModel, leave_one_out_errors
 from autotune.search import model_shape
 from autotune.spec import load_spec
 from autotune.trial import run_trial
@@ -81,14 +81,21 @@ def replay(path: str) -> None:
         if m and shape_name:
             cfg = next(c for c in configs(False) if c.label() == m.group(1).strip())
             by_shape.setdefault(shape_name, []).append((cfg, int(float(m.group(2)) * 2**20)))
-    all_errors = []
+    all_errors, ratios = [], []
+    device = local_device()
     for name, measured in by_shape.items():
         shape = model_shape(load_spec(spec_for(*SHAPES[name])))
-        errors = leave_one_out_errors(shape, local_device(), 1, measured)
+        errors = leave_one_out_errors(shape, device, 1, measured)
         all_errors += errors
+        for cfg, actual in measured:  # RSS growth beyond the fixed runtime, per tensor byte
+            phys = MemoryModel(shape, device).physics(cfg)
+            tensors = phys.total_bytes - phys.components["runtime"]
+            ratios.append((actual - CPU_RUNTIME_BYTES) / tensors)
         print(f"{name}: median calibrated error {statistics.median(errors):.1%}")
     print(f"overall: {len(all_errors)} recorded trials, median calibrated (leave-one-out) "
           f"relative error {statistics.median(all_errors):.1%}, max {max(all_errors):.1%}")
+    print(f"RSS growth / tensor bytes: median {statistics.median(ratios):.2f}x, "
+          f"range {min(ratios):.2f}-{max(ratios):.2f}x")
 
 
 def main() -> None:

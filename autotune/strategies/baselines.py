@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from autotune.config import TrialConfig
+from autotune.config import BASELINE_FAMILY, TrialConfig, halving_batches
 from autotune.strategies.base import Proposal, Record, SearchContext, Strategy
 
 KNOBS = ("per_device_train_batch_size", "precision", "optim", "gradient_checkpointing",
@@ -106,14 +106,11 @@ class HalvingStrategy(Strategy):
         if any(r.outcome.ok for r in history):
             return None
         tried = {r.config for r in history}
-        b = self.ctx.target_batch_size // self.ctx.world_size
-        while b >= 1:
-            c = TrialConfig(b, self.ctx.target_batch_size // (b * self.ctx.world_size))
-            if c not in tried and c in set(self.ctx.candidates):
-                return Proposal(c, "baseline")
-            if b % 2:
-                break
-            b //= 2
+        pool = {c.per_device_train_batch_size: c for c in self.ctx.candidates
+                if c.family() == BASELINE_FAMILY}
+        for b in halving_batches(self.ctx.target_batch_size // self.ctx.world_size):
+            if b in pool and pool[b] not in tried:
+                return Proposal(pool[b], "baseline")
         return None
 
 

@@ -20,13 +20,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from autotune.config import TrialConfig
+from autotune.config import BASELINE_FAMILY, TrialConfig, halving_batches
 from autotune.memory import GiB, MemoryModel
 from autotune.shape import ModelShape
 from autotune.strategies.base import Proposal, Record, SearchContext, Strategy
 from autotune.strategies.surrogate import ThroughputModel, expected_improvement
 
-BASELINE_FAMILY = ("fp32", "adamw_torch", False, 0, "none")
 FAILED_STATUSES = ("nan", "error", "timeout", "crashed")
 # Headroom kept below the limit: a share of the limit for what no model sees, plus a
 # share of the bytes the prediction extrapolates (all of it for a family not yet measured).
@@ -50,9 +49,8 @@ class AutotuneStrategy(Strategy):
             self._families.setdefault(c.family(), []).append(c)
         self._seen = 0  # history records already fed to the memory model
         self._fitted_on = -1
-        self.rng = np.random.default_rng(ctx.seed)
         # A tiny fixed jitter breaks ties between configs the model cannot tell apart.
-        self._jitter = self.rng.normal(0.0, 1e-6, len(ctx.candidates))
+        self._jitter = np.random.default_rng(ctx.seed).normal(0.0, 1e-6, len(ctx.candidates))
 
     # ---------------------------------------------------------------- memory
     def _observe(self, history: Sequence[Record]) -> None:
@@ -114,7 +112,8 @@ class AutotuneStrategy(Strategy):
             return None  # the baseline itself fails: nothing to compare against
         pool = {c.per_device_train_batch_size: c for c in self.ctx.candidates
                 if c.family() == BASELINE_FAMILY}
-        halving = [b for b in self._halving() if b in pool]
+        per_rank = self.ctx.target_batch_size // self.ctx.world_size
+        halving = [b for b in halving_batches(per_rank) if b in pool]
         if not halving:
             return None
         ok_batches = [c.per_device_train_batch_size for c, r in tried.items() if r.outcome.ok]
@@ -135,15 +134,6 @@ class AutotuneStrategy(Strategy):
             return None
         return Proposal(smallest, "baseline", run=False,
                         predicted_memory_bytes=self._int(smallest))
-
-    def _halving(self) -> list[int]:
-        b, out = self.ctx.target_batch_size // self.ctx.world_size, []
-        while b >= 1:
-            out.append(b)
-            if b % 2:
-                break
-            b //= 2
-        return out
 
     def _int(self, c: TrialConfig) -> int | None:
         pred = self.predicted(c)
