@@ -43,31 +43,31 @@ class DeviceSpec:
 
 
 T = 1e12
+# Dense peak FLOP/s by precision of GPUs sold in more than one memory size.
+_V100 = {"fp32": 15.7 * T, "fp16": 125 * T}
+_A100 = {"fp32": 19.5 * T, "tf32": 156 * T, "fp16": 312 * T, "bf16": 312 * T}
+_HOPPER = {"fp32": 67 * T, "tf32": 495 * T, "fp16": 989 * T, "bf16": 989 * T}
+
+
+def _ampere_plus(fp32: float, tf32: float, half: float) -> dict[str, float]:
+    return {"fp32": fp32 * T, "tf32": tf32 * T, "fp16": half * T, "bf16": half * T}
+
+
 # name: (memory GiB, compute capability, {precision: dense peak FLOP/s})
 KNOWN_DEVICES: dict[str, tuple[float, tuple[int, int], dict[str, float]]] = {
-    "V100-16GB": (16, (7, 0), {"fp32": 15.7 * T, "fp16": 125 * T}),
-    "V100-32GB": (32, (7, 0), {"fp32": 15.7 * T, "fp16": 125 * T}),
+    "V100-16GB": (16, (7, 0), _V100),
+    "V100-32GB": (32, (7, 0), _V100),
     "T4-16GB": (16, (7, 5), {"fp32": 8.1 * T, "fp16": 65 * T}),
-    "A10G-24GB": (24, (8, 6), {"fp32": 31.2 * T, "tf32": 62.5 * T, "fp16": 125 * T,
-                               "bf16": 125 * T}),
-    "L4-24GB": (24, (8, 9), {"fp32": 30.3 * T, "tf32": 60 * T, "fp16": 121 * T,
-                             "bf16": 121 * T}),
-    "A100-40GB": (40, (8, 0), {"fp32": 19.5 * T, "tf32": 156 * T, "fp16": 312 * T,
-                               "bf16": 312 * T}),
-    "A100-80GB": (80, (8, 0), {"fp32": 19.5 * T, "tf32": 156 * T, "fp16": 312 * T,
-                               "bf16": 312 * T}),
-    "A6000-48GB": (48, (8, 6), {"fp32": 38.7 * T, "tf32": 77.4 * T, "fp16": 155 * T,
-                                "bf16": 155 * T}),
-    "RTX3090-24GB": (24, (8, 6), {"fp32": 35.6 * T, "tf32": 35.6 * T, "fp16": 71 * T,
-                                  "bf16": 71 * T}),
-    "RTX4090-24GB": (24, (8, 9), {"fp32": 82.6 * T, "tf32": 82.6 * T, "fp16": 165 * T,
-                                  "bf16": 165 * T}),
-    "L40S-48GB": (48, (8, 9), {"fp32": 91.6 * T, "tf32": 183 * T, "fp16": 362 * T,
-                               "bf16": 362 * T}),
-    "H100-80GB": (80, (9, 0), {"fp32": 67 * T, "tf32": 495 * T, "fp16": 989 * T,
-                               "bf16": 989 * T}),
-    "H200-141GB": (141, (9, 0), {"fp32": 67 * T, "tf32": 495 * T, "fp16": 989 * T,
-                                 "bf16": 989 * T}),
+    "A10G-24GB": (24, (8, 6), _ampere_plus(31.2, 62.5, 125)),
+    "L4-24GB": (24, (8, 9), _ampere_plus(30.3, 60, 121)),
+    "A100-40GB": (40, (8, 0), _A100),
+    "A100-80GB": (80, (8, 0), _A100),
+    "A6000-48GB": (48, (8, 6), _ampere_plus(38.7, 77.4, 155)),
+    "RTX3090-24GB": (24, (8, 6), _ampere_plus(35.6, 35.6, 71)),
+    "RTX4090-24GB": (24, (8, 9), _ampere_plus(82.6, 82.6, 165)),
+    "L40S-48GB": (48, (8, 9), _ampere_plus(91.6, 183, 362)),
+    "H100-80GB": (80, (9, 0), _HOPPER),
+    "H200-141GB": (141, (9, 0), _HOPPER),
 }
 
 
