@@ -39,6 +39,14 @@ def _command(request_path: Path, result_path: Path, world_size: int) -> list[str
             f"--master_port={_free_port()}", *worker]
 
 
+def extensions_dir() -> str:
+    """Where DeepSpeed's JIT-built ops (CPU Adam, shm comm) go: inside this environment.
+    torch's default cache is shared by every venv of the user, and its build flags name
+    the venv, so two environments rebuild over each other and a build killed mid-way
+    leaves a lock that stalls every later trial."""
+    return str(Path(sys.prefix) / "torch_extensions")
+
+
 def _environment(world_size: int) -> dict[str, str]:
     env = dict(os.environ)
     # A single process still needs a process group for DeepSpeed; torchrun sets these
@@ -46,6 +54,7 @@ def _environment(world_size: int) -> dict[str, str]:
     if world_size == 1:
         env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "RANK": "0",
                 "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+    env.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.pop("AUTOTUNE_TRIAL_CONFIG", None)

@@ -13,13 +13,14 @@ import pytest
 from autotune.config import TrialConfig
 from autotune.export import export_config, load_training_args
 from autotune.trainargs import deepspeed_config, training_arguments_kwargs
+from autotune.trial import extensions_dir
 
 SCRIPT = Path(__file__).with_name("train_from_exports.py")
 
 
 def _train(export_dir: Path, tmp_path: Path) -> dict:
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT="29561", RANK="0",
-               LOCAL_RANK="0", WORLD_SIZE="1")
+               LOCAL_RANK="0", WORLD_SIZE="1", TORCH_EXTENSIONS_DIR=extensions_dir())
     proc = subprocess.run([sys.executable, str(SCRIPT), str(export_dir), str(tmp_path / "run")],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
