@@ -124,10 +124,10 @@ def run(request: dict[str, Any], result_path: str) -> dict[str, Any]:
         BudgetWatch(base_rss, budget, result_path, started).start()
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     result: dict[str, Any] = {}
+    shape: dict[str, Any] | None = None
     try:
         model = build_model(spec["model"], request["config"])
-        if not request.get("shape"):
-            _report_shape(model, spec, result_path)
+        shape = request.get("shape") or _report_shape(model, spec, result_path)
         n_steps = measure["warmup_steps"] + measure["steps"]
         samples = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * n_steps
         dataset = build_dataset(spec, model, samples, seed=request.get("seed", 0))
@@ -154,23 +154,36 @@ def run(request: dict[str, Any], result_path: str) -> dict[str, Any]:
     if budget and result.get("peak_memory_bytes", 0) > budget and result["status"] == "ok":
         result |= {"status": "oom", "error": f"memory budget exceeded: peak "
                    f"{result['peak_memory_bytes'] / 2**30:.2f} GiB > {budget / 2**30:.2f} GiB"}
-    dev = local_device()
-    if result["status"] == "ok" and dev.peak_flops.get(cfg.precision):
-        flops = _flops_per_token(result["extra"]["num_parameters"], request["shape"])
-        achieved = flops * result["tokens_per_second"]
-        result["extra"]["mfu"] = achieved / (dev.peak_flops[cfg.precision] * world)
+    if result["status"] == "ok":
+        mfu = model_flops_utilisation(result, shape, local_device(), cfg.precision, world)
+        if mfu is not None:
+            result["extra"]["mfu"] = mfu
     return result
 
 
-def _report_shape(model, spec: dict[str, Any], result_path: str) -> None:
+def model_flops_utilisation(result: dict[str, Any], shape: dict[str, Any] | None, device,
+                            precision: str, world: int) -> float | None:
+    """Achieved over peak FLOP/s; None where the device's peak or the model's shape (a
+    factory model without a config) is unknown: a missing figure, never a failed trial."""
+    peak = device.peak_flops.get(precision)
+    if not peak or not shape or "num_layers" not in shape:
+        return None
+    flops = _flops_per_token(result["extra"]["num_parameters"], shape)
+    return flops * result["tokens_per_second"] / (peak * world)
+
+
+def _report_shape(model, spec: dict[str, Any], result_path: str) -> dict[str, Any] | None:
     """A factory model's shape, written beside the result before training can run out of
-    memory, so even an OOM trial teaches the search the model's size."""
+    memory, so even an OOM trial teaches the search the model's size. Written atomically:
+    the budget watch may end the process at any moment."""
     from autotune.memory import shape_from_model
 
     shape = shape_from_model(model, spec["data"]["seq_len"], spec["model"].get("task",
                                                                                "causal-lm"))
-    if shape is not None:
-        Path(result_path).with_name("shape.json").write_text(json.dumps(shape.to_dict()))
+    if shape is None:
+        return None
+    _write(str(Path(result_path).with_name("shape.json")), shape.to_dict())
+    return shape.to_dict()
 
 
 def _measure(durations, measure, cfg, world, spec, model, trainer) -> dict[str, Any]:

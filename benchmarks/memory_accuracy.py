@@ -1,118 +1,177 @@
-"""Memory model vs measured peak memory of real CPU trials (HF Trainer, DeepSpeed, bnb).
+"""Memory model vs measured peak memory of real trials (HF Trainer, DeepSpeed, bnb).
 
 For each model shape, runs every config as a real trial, then predicts each one with
-the model calibrated on the others (leave-one-out) and prints the relative errors.
+the model uncalibrated (physics) and calibrated on the others (leave-one-out) and prints
+the relative errors. On CPU the measure is the trial process's RSS growth; on a GPU the
+allocator's peak reserved bytes plus what NVML sees beyond them (context, workspaces).
 
     .venv/bin/python benchmarks/memory_accuracy.py [--quick]
+    python benchmarks/memory_accuracy.py --parallel 4 | tee benchmarks/memory_accuracy_h100.txt
+        (on a GPU: GPT-2 124M/355M shapes; parallel trials share the GPU, which changes
+         no process's own peak but would spoil timings, which this does not use)
     .venv/bin/python benchmarks/memory_accuracy.py --from benchmarks/memory_accuracy.txt
-        (re-predict the recorded measurements with the current model; runs no trial)
+        (re-predict recorded measurements with the current model; runs no trial)
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from autotune.config import TrialConfig
-from autotune.device import local_device
+from autotune.device import DeviceSpec, local_device, named_device
 from autotune.memory import CPU_RUNTIME_BYTES, MemoryModel, leave_one_out_errors
 from autotune.search import model_shape
 from autotune.spec import load_spec
 from autotune.trial import run_trial
 
-SHAPES = {  # name: (n_layer, n_embd, n_head, seq_len)
-    "gpt2-2x128-s64": (2, 128, 4, 64),
-    "gpt2-2x128-s128": (2, 128, 4, 128),
-    "gpt2-4x256-s128": (4, 256, 4, 128),
-    "gpt2-4x256-s256": (4, 256, 4, 256),
+# name: (n_layer, n_embd, n_head, seq_len, vocab, target batch)
+CPU_SHAPES = {
+    "gpt2-2x128-s64": (2, 128, 4, 64, 8192, 16),
+    "gpt2-2x128-s128": (2, 128, 4, 128, 8192, 16),
+    "gpt2-4x256-s128": (4, 256, 4, 128, 8192, 16),
+    "gpt2-4x256-s256": (4, 256, 4, 256, 8192, 16),
 }
-TARGET = 16
+GPU_SHAPES = {
+    "gpt2-124m-s1024": (12, 768, 12, 1024, 50257, 32),
+    "gpt2-355m-s512": (24, 1024, 16, 512, 50257, 32),
+}
 
 
-def configs(quick: bool) -> list[TrialConfig]:
-    def c(b, p="fp32", o="adamw_torch", ck=False, z=0):
-        return TrialConfig(b, TARGET // b, p, o, ck, z, "none")
+def _c(target: int, b: int, p="fp32", o="adamw_torch", ck=False, z=0, off="none"):
+    return TrialConfig(b, target // b, p, o, ck, z, off)
+
+
+def cpu_configs(target: int, quick: bool) -> list[TrialConfig]:
+    c = lambda *a, **k: _c(target, *a, **k)  # noqa: E731
     picked = [c(4), c(8), c(16), c(16, ck=True), c(8, o="adamw_bnb_8bit"), c(8, z=2)]
     if not quick:
         picked += [c(8, z=1), c(8, z=3), c(8, "bf16"), c(16, o="adamw_bnb_8bit", ck=True)]
     return picked
 
 
-def spec_for(layers: int, embd: int, heads: int, seq: int) -> dict:
+def gpu_configs(target: int, quick: bool) -> list[TrialConfig]:
+    c = lambda *a, **k: _c(target, *a, **k)  # noqa: E731
+    picked = [c(4, "bf16"), c(8, "bf16"), c(16, "bf16"), c(8), c(8, "fp16"), c(8, "tf32"),
+              c(16, "bf16", ck=True), c(8, "bf16", "adamw_bnb_8bit"),
+              c(8, "bf16", "adamw_torch_fused")]
+    if not quick:
+        picked += [c(8, "bf16", z=1), c(8, "bf16", z=2), c(8, "bf16", z=3),
+                   c(8, "bf16", z=2, off="optimizer"), c(32, "bf16", ck=True)]
+    return picked
+
+
+def spec_for(layers: int, embd: int, heads: int, seq: int, vocab: int, target: int) -> dict:
     return {"model": {"config": {"model_type": "gpt2", "n_layer": layers, "n_embd": embd,
-                                 "n_head": heads, "vocab_size": 8192, "n_positions": seq}},
-            "data": {"seq_len": seq}, "target_batch_size": TARGET,
+                                 "n_head": heads, "vocab_size": vocab, "n_positions": seq}},
+            "data": {"seq_len": seq}, "target_batch_size": target,
             "measure": {"warmup_steps": 1, "steps": 2}, "output": "/tmp/autotune-memacc"}
 
 
-def measure(name: str, quick: bool) -> tuple[list[float], list[tuple]]:
-    spec = load_spec(spec_for(*SHAPES[name]))
-    shape, device = model_shape(spec), local_device()
-    measured, rows = [], []
-    for cfg in configs(quick):
+def shape_table(device: DeviceSpec) -> tuple[dict, object]:
+    return (GPU_SHAPES, gpu_configs) if device.is_cuda else (CPU_SHAPES, cpu_configs)
+
+
+def measure(name: str, quick: bool, device: DeviceSpec, parallel: int) -> list[float]:
+    shapes, config_fn = shape_table(device)
+    spec = load_spec(spec_for(*shapes[name]))
+    shape = model_shape(spec)
+
+    def one(cfg: TrialConfig):
         started = time.time()
-        out = run_trial(spec.model_dump(), cfg, shape=shape.to_dict(), timeout_s=300)
+        out = run_trial(spec.model_dump(), cfg, shape=shape.to_dict(), timeout_s=400)
+        return cfg, out, time.time() - started
+
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        results = list(pool.map(one, config_fn(spec.target_batch_size, quick)))
+    measured, rows = [], []
+    for cfg, out, secs in results:
         if not out.ok or not out.peak_memory_bytes:
-            print(f"  {cfg.label():40s} {out.status}: {(out.error or '')[-200:]}")
+            print(f"  {cfg.label():40s} {out.status}: {(out.error or '')[-300:]}")
             continue
         measured.append((cfg, out.peak_memory_bytes))
-        physics = MemoryModel(shape, device).predict_total(cfg)
-        rows.append((cfg, out.peak_memory_bytes, physics, time.time() - started))
+        rows.append((cfg, out.peak_memory_bytes, secs))
+    return report(shape, device, measured, {cfg: secs for cfg, _, secs in rows})
+
+
+def report(shape, device: DeviceSpec, measured: list[tuple[TrialConfig, int]],
+           seconds: dict | None = None) -> list[float]:
+    """Print measured vs physics vs leave-one-out calibrated figures; return the latter's
+    relative errors."""
     errors = leave_one_out_errors(shape, device, 1, measured)
-    for (cfg, actual, physics, secs), err in zip(rows, errors, strict=True):
-        print(f"  {cfg.label():40s} measured {actual / 2**20:7.1f} MiB  physics "
-              f"{physics / 2**20:7.1f}  calibrated error {err:6.1%}  ({secs:.0f} s)")
-    return errors, rows
+    physics_errors = []
+    for (cfg, actual), err in zip(measured, errors, strict=True):
+        physics = MemoryModel(shape, device).predict_total(cfg)
+        physics_errors.append(abs(physics - actual) / actual)
+        took = f"  ({seconds[cfg]:.0f} s)" if seconds and cfg in seconds else ""
+        print(f"  {cfg.label():40s} measured {actual / 2**20:9.1f} MiB  physics "
+              f"{physics / 2**20:9.1f}  calibrated error {err:6.1%}{took}")
+    print(f"  median error: physics {statistics.median(physics_errors):.1%}, "
+          f"calibrated {statistics.median(errors):.1%}")
+    return errors
 
 
 def replay(path: str) -> None:
-    """Leave-one-out errors of the current model on measurements recorded earlier."""
-    import re
-
+    """Leave-one-out errors of the current model on measurements recorded earlier (the
+    file's `device:` line, when there is one, names the GPU they ran on)."""
+    text = Path(path).read_text()
+    dev_line = re.search(r"^device: (.+)$", text, re.MULTILINE)
+    device = named_device(dev_line.group(1)) if dev_line else local_device()
+    if not dev_line and device.is_cuda:
+        device = DeviceSpec("cpu", "cpu", 64 * 2**30)
+    shapes, config_fn = shape_table(device)
     by_shape: dict[str, list[tuple[TrialConfig, int]]] = {}
     shape_name = None
-    for line in Path(path).read_text().splitlines():
-        if line.strip() in SHAPES:
+    for line in text.splitlines():
+        if line.strip() in shapes:
             shape_name = line.strip()
             continue
         m = re.match(r"\s+(b\d+x\d+ .*?)\s+measured\s+([\d.]+) MiB", line)
         if m and shape_name:
-            cfg = next(c for c in configs(False) if c.label() == m.group(1).strip())
+            target = shapes[shape_name][-1]
+            cfg = next(c for c in config_fn(target, False) if c.label() == m.group(1).strip())
             by_shape.setdefault(shape_name, []).append((cfg, int(float(m.group(2)) * 2**20)))
     all_errors, ratios = [], []
-    device = local_device()
     for name, measured in by_shape.items():
-        shape = model_shape(load_spec(spec_for(*SHAPES[name])))
-        errors = leave_one_out_errors(shape, device, 1, measured)
-        all_errors += errors
-        for cfg, actual in measured:  # RSS growth beyond the fixed runtime, per tensor byte
-            phys = MemoryModel(shape, device).physics(cfg)
-            tensors = phys.total_bytes - phys.components["runtime"]
-            ratios.append((actual - CPU_RUNTIME_BYTES) / tensors)
-        print(f"{name}: median calibrated error {statistics.median(errors):.1%}")
-    print(f"overall: {len(all_errors)} recorded trials, median calibrated (leave-one-out) "
-          f"relative error {statistics.median(all_errors):.1%}, max {max(all_errors):.1%}")
-    print(f"RSS growth / tensor bytes: median {statistics.median(ratios):.2f}x, "
-          f"range {min(ratios):.2f}-{max(ratios):.2f}x")
+        print(name)
+        shape = model_shape(load_spec(spec_for(*shapes[name])))
+        all_errors += report(shape, device, measured)
+        if not device.is_cuda:  # RSS growth beyond the fixed runtime, per tensor byte
+            for cfg, actual in measured:
+                phys = MemoryModel(shape, device).physics(cfg)
+                tensors = phys.total_bytes - phys.components["runtime"]
+                ratios.append((actual - CPU_RUNTIME_BYTES) / tensors)
+    print(f"overall ({device.name}): {len(all_errors)} recorded trials, median calibrated "
+          f"(leave-one-out) relative error {statistics.median(all_errors):.1%}, "
+          f"max {max(all_errors):.1%}")
+    if ratios:
+        print(f"RSS growth / tensor bytes: median {statistics.median(ratios):.2f}x, "
+              f"range {min(ratios):.2f}-{max(ratios):.2f}x")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="two shapes, six configs each")
+    ap.add_argument("--quick", action="store_true", help="two shapes, fewer configs each")
+    ap.add_argument("--parallel", type=int, default=1, help="trials at a time (GPU: memory "
+                    "figures stay per process)")
     ap.add_argument("--from", dest="recorded", help="re-predict a recorded output, run nothing")
     args = ap.parse_args()
     if args.recorded:
         replay(args.recorded)
         return
-    names = list(SHAPES)[:2] if args.quick else list(SHAPES)
+    device = local_device()
+    if device.is_cuda:
+        print(f"device: {device.name}")
+    shapes, _ = shape_table(device)
+    names = list(shapes)[:2] if args.quick else list(shapes)
     all_errors = []
     for name in names:
-        print(name)
-        errors, _ = measure(name, args.quick)
-        all_errors += errors
-        print(f"  median calibrated error {statistics.median(errors):.1%}")
+        print(name, flush=True)
+        all_errors += measure(name, args.quick, device, args.parallel)
     print(f"overall: {len(all_errors)} trials, median calibrated (leave-one-out) relative "
           f"error {statistics.median(all_errors):.1%}, max {max(all_errors):.1%}")
 

@@ -60,3 +60,20 @@ def test_model_error_keeps_the_tail(tiny_spec):
     out = run_trial(_spec(tiny_spec), TrialConfig(4, 4), timeout_s=120)
     assert out.status == "error"
     assert "seq_len 128 exceeds" in out.error
+
+
+def test_mfu_needs_a_known_peak_and_shape_and_never_fails_a_trial():
+    """On an H100 every trial without a shape (no `shape=` passed, a factory model) once
+    crashed after training while computing MFU; the GPU's peak table is faked here."""
+    from autotune.device import KNOWN_DEVICES, DeviceSpec
+    from autotune.trial_worker import model_flops_utilisation
+
+    h100 = DeviceSpec("H100", "cuda", 80 * 2**30, (9, 0), 1, KNOWN_DEVICES["H100-80GB"][2])
+    result = {"tokens_per_second": 1e5, "extra": {"num_parameters": 124_000_000}}
+    shape = {"num_layers": 12, "hidden_size": 768, "seq_len": 1024}
+    mfu = model_flops_utilisation(result, shape, h100, "bf16", 1)
+    assert mfu == pytest.approx((6 * 124e6 + 12 * 12 * 768 * 1024) * 1e5 / 989e12)
+    assert model_flops_utilisation(result, {}, h100, "bf16", 1) is None
+    assert model_flops_utilisation(result, None, h100, "bf16", 1) is None
+    cpu = DeviceSpec("cpu", "cpu", 2**30)
+    assert model_flops_utilisation(result, shape, cpu, "fp32", 1) is None
