@@ -213,10 +213,7 @@ def render_verdicts(verdict_rows: list[dict[str, Any]], console) -> None:
 
 
 def bench_main(landscapes: Sequence[str], budget_fraction: float | None, repeats: int,
-               json_path: str | None) -> int:
-    from rich.console import Console
-
-    console = Console()
+               json_path: str | None, console) -> int:
     fraction = DEFAULT_BUDGET_FRACTION if budget_fraction is None else budget_fraction
     started = time.perf_counter()
     records = run_bench(landscapes, budget_fraction=fraction, repeats=repeats)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -17,8 +18,19 @@ from autotune.errors import AutotuneError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Find the fastest training configuration that fits, with real trials.")
-console = Console()
-err_console = Console(stderr=True)
+
+
+def _make_console(stderr: bool = False) -> Console:
+    """Rich wraps at 80 columns when its output is not a terminal, which folds the wide
+    tables into empty cells in logs and files; there, use 160 unless COLUMNS says."""
+    probe = Console(stderr=stderr)
+    if probe.is_terminal or "COLUMNS" in os.environ:
+        return probe
+    return Console(stderr=stderr, width=160)
+
+
+console = _make_console()
+err_console = _make_console(stderr=True)
 
 
 def _fail(exc: Exception) -> None:
@@ -142,7 +154,7 @@ def bench(
 
     try:
         code = bench_main([str(p) for p in landscape], budget_fraction, repeats,
-                          str(json_path) if json_path else None)
+                          str(json_path) if json_path else None, console)
     except (AutotuneError, ValueError, FileNotFoundError) as exc:
         _fail(exc)
     raise typer.Exit(code)
