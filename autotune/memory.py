@@ -301,8 +301,6 @@ class MemoryModel:
         X = np.array([self.features(c) for c, _ in measured])
         y = np.array([m for _, m in measured], float)
         self._theta = _fit_term_scales(X, y)
-        self._oom_resid = {fam: r for fam, r in self._oom_resid.items()
-                           if fam not in self._points}
         # 2) What the scaled terms still miss, per measured family.
         self._family_resid, self._offsets, self._effects = {}, {}, None
         for fam, points in self._points.items():
