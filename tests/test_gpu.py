@@ -1,6 +1,7 @@
 """GPU-only paths (skipped without CUDA; run with `pytest -m gpu` on a GPU machine).
 
-Written without a GPU at hand: they have not run yet (see the README's results)."""
+Ran once, on an H100 (reports/gpu-h100-2026-11-23.md): the OOM test passed; the other
+four trained and then failed on an MFU bug fixed since, and have not run again."""
 
 from __future__ import annotations
 

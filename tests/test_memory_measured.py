@@ -3,10 +3,10 @@
 Threshold: on CPU the measured figure is the trial process's RSS growth, which carries
 what no tensor accounting sees (bitsandbytes' and DeepSpeed's own allocations, 60-130 MiB
 here against 150-750 MiB peaks). With the calibration set of a search's first handful of
-trials, the leave-one-out median error measured 4-12% on this machine
-(benchmarks/memory_accuracy.py: 7-11% per shape over 10 configs); 20% leaves room for a
-noisier machine while still failing if calibration stopped working (physics alone is
-off by 30-50% here).
+trials, the leave-one-out median error measured 4-12% (11% on these six trials in the
+last run; benchmarks/memory_accuracy.py: 4-12% per shape over 10 configs); 20% leaves
+room for a noisier machine while still failing if calibration stopped working (physics
+alone was off by a median 22% on these six, up to 39%).
 """
 
 from __future__ import annotations
