@@ -56,13 +56,13 @@ CPU_OVERHEAD_FACTOR = 0.95
 # figure for Megatron's kernels); the fixed runtime from the driver and libraries. Three
 # more terms, centred on 0, let the checkpointed and the 4-byte activation formulas and
 # the 4-byte logits stray from the shared scale where measurements say so.
-FEATURES = ("weights", "gradients", "optimizer", "activations", "logits", "runtime",
-            "activations|checkpointing", "activations|4-byte", "logits|4-byte")
-PRIOR_MEAN = np.array([1, 1, 1, 1, 1, 1, 0, 0, 0], float)
-PRIOR_SD = np.array([0.2, 0.2, 0.3, 1.0, 0.2, 1.0, 0.3, 0.3, 0.2])
-PER_SAMPLE = [3, 4, 6, 7, 8]
-MEASUREMENT_NOISE = 0.03  # a measured peak's relative noise (allocator, RSS)
 COMPONENTS = ("weights", "gradients", "optimizer", "activations", "logits", "runtime")
+DEVIATIONS = ("activations|checkpointing", "activations|4-byte", "logits|4-byte")
+FEATURES = COMPONENTS + DEVIATIONS
+PRIOR_MEAN = np.array([1.0] * len(COMPONENTS) + [0.0] * len(DEVIATIONS))
+PRIOR_SD = np.array([0.2, 0.2, 0.3, 1.0, 0.2, 1.0, 0.3, 0.3, 0.2])
+PER_SAMPLE = [i for i, name in enumerate(FEATURES) if name.startswith(("activations", "logits"))]
+MEASUREMENT_NOISE = 0.03  # a measured peak's relative noise (allocator, RSS)
 
 
 @dataclass
@@ -236,21 +236,21 @@ class MemoryModel:
         return FRAGMENTATION if self.device.is_cuda else CPU_OVERHEAD_FACTOR
 
     def features(self, c: TrialConfig) -> np.ndarray:
-        """The physics' terms, each with its share of allocator slack, in FEATURES order
-        (the first six sum to the physics' total; the rest repeat a per-sample term where
-        a knob changes which formula produced it). Memoised: a strategy predicts every
+        """The physics' terms, each with its share of allocator slack, in FEATURES order:
+        the COMPONENTS sum to the physics' total; the DEVIATIONS repeat a per-sample term
+        where a knob changes which formula produced it. Memoised: a strategy predicts every
         candidate after every trial."""
         cached = self._cache.get(c)
         if cached is None:
             comps = self.physics(c).components
             slack = 1 + self._slack_factor()
-            fixed = CUDA_RUNTIME_BYTES if self.device.is_cuda else CPU_RUNTIME_BYTES
-            base = [comps[k] * slack for k in FEATURES[:5]] + [fixed]
+            terms = {k: comps[k] * slack for k in COMPONENTS}
+            terms["runtime"] = CUDA_RUNTIME_BYTES if self.device.is_cuda else CPU_RUNTIME_BYTES
             wide = _compute_bytes(c.precision) == 4
-            act, logits = base[3], base[4]
-            cached = np.array(base + [act * c.gradient_checkpointing, act * wide,
-                                      logits * wide], float)
-            self._cache[c] = cached
+            terms["activations|checkpointing"] = terms["activations"] * c.gradient_checkpointing
+            terms["activations|4-byte"] = terms["activations"] * wide
+            terms["logits|4-byte"] = terms["logits"] * wide
+            cached = self._cache[c] = np.array([terms[k] for k in FEATURES], float)
         return cached
 
     def _regressed(self, c: TrialConfig) -> float:
@@ -314,7 +314,8 @@ def _fit_term_scales(X: np.ndarray, y: np.ndarray) -> np.ndarray:
     w = 1.0 / (MEASUREMENT_NOISE * y) ** 2
     prior = np.diag(1.0 / PRIOR_SD**2)
     theta = np.linalg.solve(X.T @ (X * w[:, None]) + prior, X.T @ (y * w) + prior @ PRIOR_MEAN)
-    theta[:6] = np.maximum(theta[:6], 0.05)
+    scales = slice(0, len(COMPONENTS))  # a term's scale stays positive; deviations may not
+    theta[scales] = np.maximum(theta[scales], 0.05)
     return theta
 
 
