@@ -100,6 +100,14 @@ def _match_known(name: str) -> str | None:
     return None
 
 
+def node_cpus() -> int:
+    """Cores this process may run on (its affinity mask, not the machine's count)."""
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+
+
 def local_device(gpu_index: int = 0) -> DeviceSpec:
     """The device trials here run on: GPU `gpu_index` if CUDA is up, else the CPU."""
     import torch

@@ -7,12 +7,12 @@ GPUs Ray reserved for it, so a trial never shares a GPU and its timings are its 
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import ray
 
 from autotune.config import Outcome, TrialConfig
+from autotune.device import node_cpus
 from autotune.loop import Executor
 from autotune.trial import run_trial
 
@@ -40,15 +40,17 @@ class RayExecutor(Executor):
             return
         init: dict[str, Any] = {"address": self.address, "include_dashboard": False,
                                 "log_to_driver": False, "logging_level": logging.WARNING}
-        if self.address is None:  # embedded: a CPU slot per core, plus the trial's own
-            init |= {"num_cpus": max(2, os.cpu_count() or 2)}
+        if self.address is None:  # embedded: this search's own Ray, never another's
+            init |= {"address": "local", "num_cpus": node_cpus()}
         ray.init(**init)
         self._owns_ray = True
 
     def run(self, config: TrialConfig) -> Outcome:
         self._connect()
-        task = _trial_task.options(num_cpus=1, num_gpus=self.gpus)
-        ref = task.remote(self.spec, config.to_dict(), self.kwargs)
+        # One trial at a time: it gets every core of the node, as the real run would.
+        threads = node_cpus()
+        task = _trial_task.options(num_cpus=threads, num_gpus=self.gpus)
+        ref = task.remote(self.spec, config.to_dict(), self.kwargs | {"cpu_threads": threads})
         try:
             return Outcome.from_dict(ray.get(ref))
         except KeyboardInterrupt:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config import Outcome, TrialConfig
+from autotune.device import node_cpus
 from autotune.oom import is_oom_message, is_oom_signal
 
 STDERR_TAIL_CHARS = 3000
@@ -47,8 +48,13 @@ def extensions_dir() -> str:
     return str(Path(sys.prefix) / "torch_extensions")
 
 
-def _environment(world_size: int) -> dict[str, str]:
+def _environment(world_size: int, cpu_threads: int) -> dict[str, str]:
     env = dict(os.environ)
+    # The CPU threads a real run of this config gets: the trial's share of the node's cores,
+    # split over its ranks. Set explicitly, because Ray sets OMP_NUM_THREADS to the task's
+    # num_cpus and torch would otherwise inherit whatever the launching process had.
+    per_rank = str(max(1, cpu_threads // world_size))
+    env |= {"OMP_NUM_THREADS": per_rank, "MKL_NUM_THREADS": per_rank}
     # A single process still needs a process group for DeepSpeed; torchrun sets these
     # for several.
     if world_size == 1:
@@ -76,9 +82,10 @@ def run_trial(
     timeout_s: float = 600.0,
     seed: int = 0,
     world_size: int = 1,
+    cpu_threads: int | None = None,
 ) -> Outcome:
     """Run `config` as a short real training run in a new process; never raises for a
-    trial that failed."""
+    trial that failed. `cpu_threads`: the trial's share of the node's cores (default all)."""
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="autotune-trial-") as tmp:
         tmpdir = Path(tmp)
@@ -90,7 +97,8 @@ def run_trial(
         with log_path.open("w") as log:
             proc = subprocess.Popen(_command(tmpdir / "request.json", result_path, world_size),
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                    env=_environment(world_size), cwd=tmp)
+                                    env=_environment(world_size, cpu_threads or node_cpus()),
+                                    cwd=tmp)
             timed_out = False
             try:
                 proc.wait(timeout=timeout_s)

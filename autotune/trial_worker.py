@@ -187,6 +187,8 @@ def _report_shape(model, spec: dict[str, Any], result_path: str) -> dict[str, An
 
 
 def _measure(durations, measure, cfg, world, spec, model, trainer) -> dict[str, Any]:
+    import torch
+
     timed = durations[measure["warmup_steps"]:]
     if not timed:
         return {"status": "error", "error": f"only {len(durations)} steps ran"}
@@ -201,6 +203,7 @@ def _measure(durations, measure, cfg, world, spec, model, trainer) -> dict[str, 
         "step_seconds": durations,
         "timed_seconds": sum(timed),
         "extra": {"num_parameters": sum(p.numel() for p in model.parameters()),
+                  "cpu_threads": torch.get_num_threads(),
                   "warmup_seconds": sum(durations[:measure["warmup_steps"]])},
     }
 
