@@ -68,15 +68,15 @@ class SearchView:
     def on_start(self, proposal) -> None:
         self.progress.update(self.task, description=f"running {proposal.config.label()}")
 
-    def on_record(self, record, number: int) -> None:
+    def on_record(self, record) -> None:
         o = record.outcome
-        if o.status != "pruned":
+        if o.ran:
             self.progress.advance(self.task)
         if o.ok and (o.samples_per_second or 0) > self.best:
             self.best = o.samples_per_second or 0.0
             self.progress.update(self.task, best=f"best {self.best:.1f} samples/s")
         style = self.STYLES.get(o.status, "red")
-        self.table.add_row(str(number), record.config.label(), record.reason[:40],
+        self.table.add_row(str(record.number), record.config.label(), record.reason[:40],
                            f"[{style}]{o.status}[/]", _fmt(o.samples_per_second),
                            _gib(o.peak_memory_bytes or o.predicted_memory_bytes),
                            _fmt(o.wall_seconds))
@@ -94,8 +94,8 @@ def search(
     study_name: Annotated[str | None, typer.Option(help="Optuna study name")] = None,
 ) -> None:
     """Run (or resume) a search and write the winner's files."""
-    from autotune.report import render_summary
-    from autotune.search import run_search
+    from autotune.outputs.report import render_summary
+    from autotune.search.run import run_search
     from autotune.spec import load_spec
 
     try:
@@ -113,10 +113,10 @@ def search(
         err_console.print("interrupted: finished trials are in the study; run the same "
                           "command again to resume")
         raise typer.Exit(130) from None
-    render_summary(result.summary(), console)
+    render_summary(result.summary, console)
+    files = [f for f in result.summary.exports.values() if f]
     console.print(f"files in [bold]{result.output}[/]: "
-                  + ", ".join(f for f in (result.exports or {}).values() if f)
-                  + ", summary.json, report.md, report.html")
+                  + ", ".join([*files, "summary.json", "report.md", "report.html"]))
     if result.best is None:
         raise typer.Exit(1)
 
@@ -130,13 +130,13 @@ def estimate(
                                            "largest fitting batch per family")] = False,
 ) -> None:
     """Predicted peak memory per config; no GPU and no weights needed."""
-    from autotune.estimation import estimate as run_estimate
-    from autotune.estimation import render_estimate
+    from autotune.plan.estimate import estimate as run_estimate
+    from autotune.plan.estimate import render_estimate
 
     try:
         render_estimate(run_estimate(spec, device=device, memory=memory), console,
                         all_rows=all_rows)
-    except (AutotuneError, ValueError) as exc:
+    except AutotuneError as exc:
         _fail(exc)
 
 
@@ -150,12 +150,12 @@ def bench(
     json_path: Annotated[Path | None, typer.Option("--json", help="write records here")] = None,
 ) -> None:
     """Replay strategies on tuning landscapes and compare quality and cost."""
-    from autotune.bench import bench_main
+    from autotune.bench.bench import bench_main
 
     try:
         code = bench_main([str(p) for p in landscape], budget_fraction, repeats,
                           str(json_path) if json_path else None, console)
-    except (AutotuneError, ValueError, FileNotFoundError) as exc:
+    except AutotuneError as exc:
         _fail(exc)
     raise typer.Exit(code)
 
@@ -171,11 +171,11 @@ def report(
     """Regenerate report.md and report.html, from summary.json or from the study storage."""
     import json
 
-    from autotune.report import write_report
+    from autotune.outputs.report import write_report
 
     try:
         if "://" in source:
-            from autotune.study import summary_from_storage
+            from autotune.search.study import summary_from_storage
 
             summary = summary_from_storage(source, study_name)
             folder = output or Path("autotune-report")
@@ -184,7 +184,7 @@ def report(
         else:
             folder = Path(source)
         md, html = write_report(folder)
-    except (AutotuneError, FileNotFoundError) as exc:
+    except AutotuneError as exc:
         _fail(exc)
     console.print(f"wrote {md} and {html}")
 
@@ -192,11 +192,12 @@ def report(
 @app.command()
 def show(output_dir: Annotated[Path, typer.Argument(help="a search's output folder")]) -> None:
     """Print a finished search's summary again."""
-    from autotune.report import load_summary, render_summary
+    from autotune.outputs.report import render_summary
+    from autotune.summary import load_summary
 
     try:
         render_summary(load_summary(output_dir), console)
-    except (AutotuneError, FileNotFoundError) as exc:
+    except AutotuneError as exc:
         _fail(exc)
 
 

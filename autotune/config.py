@@ -1,26 +1,33 @@
-"""The vocabulary every module shares: one trial's knobs and what happened when it ran."""
+"""A point of the search space: a family of knob values, and the batch split.
+
+A family is every knob but the batch: configs of one family differ only along the batch
+axis, which is where memory grows and the OOM frontier lies. Both are values built from
+the knob table, so a new row of the table is a new attribute here with no other change.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Literal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
-Precision = Literal["fp32", "tf32", "fp16", "bf16"]
-Offload = Literal["none", "optimizer", "optimizer+param"]
-Status = Literal["ok", "oom", "nan", "error", "timeout", "crashed", "pruned"]
-
-PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16")
-OFFLOADS: tuple[str, ...] = ("none", "optimizer", "optimizer+param")
-STATUSES: tuple[str, ...] = ("ok", "oom", "nan", "error", "timeout", "crashed", "pruned")
+from autotune import knobs
+from autotune.errors import SpecError
 
 
-# Trainer defaults: fp32, adamw_torch, no checkpointing, no DeepSpeed. With
-# auto_find_batch_size this is the baseline every search is compared against.
-BASELINE_FAMILY = ("fp32", "adamw_torch", False, 0, "none")
+def accumulation(target: int, batch: int, world_size: int = 1) -> int:
+    """Gradient accumulation that keeps the effective batch at `target`: derived, never
+    searched. The one place the split is computed."""
+    per_step = batch * world_size
+    if batch < 1 or target % per_step:
+        raise SpecError(f"per_device_train_batch_size {batch} x world {world_size} does not "
+                        f"divide target_batch_size {target}")
+    return target // per_step
 
 
 def halving_batches(per_rank: int) -> list[int]:
-    """The batches auto_find_batch_size tries: per_rank, per_rank/2, ... while it divides."""
+    """The batches Trainer's auto_find_batch_size would reach from `per_rank` that also
+    divide it exactly: per_rank, per_rank/2, ... (see search.strategies.baselines)."""
     out, b = [], per_rank
     while b >= 1:
         out.append(b)
@@ -31,89 +38,126 @@ def halving_batches(per_rank: int) -> list[int]:
 
 
 @dataclass(frozen=True, order=True)
-class TrialConfig:
-    """One point of the search space.
+class Family:
+    """Every knob's value, in table order; knobs not given take their baseline value."""
 
-    `gradient_accumulation_steps` is derived (target / (batch x world)) and stored only so
-    a config is self-describing when exported or replayed.
-    """
+    items: tuple[tuple[str, Any], ...] = ()
+    # Derived from `items` once: attribute lookups and group levels are on the search's
+    # hot path (every candidate is scored after every trial).
+    _values: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    _levels: dict[bool, list] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._values.update(self.items)
+        object.__setattr__(self, "_hash", hash(self.items))
+
+    def __hash__(self) -> int:
+        return self.__dict__["_hash"]
+
+    def __reduce__(self) -> tuple:
+        # Rebuilt from the values on unpickling: string hashes differ between processes.
+        return (Family, (self.items,))
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any] | None = None, *, strict: bool = True,
+           **kw: Any) -> Family:
+        """From knob values (Python or text); unknown names are errors when `strict`."""
+        given = dict(values or {}) | kw
+        if strict:
+            unknown = sorted(set(given) - set(knobs.names()))
+            if unknown:
+                raise SpecError(f"unknown knob(s) {', '.join(unknown)}; known: "
+                                f"{', '.join(knobs.names())}")
+        return cls(tuple((k.name, k.parse(given[k.name]) if k.name in given else k.baseline)
+                         for k in knobs.table()))
+
+    @classmethod
+    def baseline(cls) -> Family:
+        """Trainer's defaults: what a user gets without tuning."""
+        return cls.of()
+
+    def __getattr__(self, name: str) -> Any:
+        values = self.__dict__.get("_values")
+        if values is not None and name in values:
+            return values[name]
+        raise AttributeError(name)
+
+    def replace(self, **changes: Any) -> Family:
+        return Family.of(self.to_dict() | changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.items)
+
+    def config(self, batch: int, target: int, world_size: int = 1) -> TrialConfig:
+        return TrialConfig(batch, accumulation(target, batch, world_size), self)
+
+    def label(self) -> str:
+        return " ".join(t for k in knobs.table()
+                        if (t := k.tag_of(getattr(self, k.name))))
+
+    def is_baseline(self) -> bool:
+        return self == Family.baseline()
+
+    def levels(self, *, blamed_only: bool = False) -> list[tuple[str, tuple]]:
+        """The family's values per knob group (the table's `group`: sharding is one): the
+        units that calibration and the strategy learn effects and failures for."""
+        cached = self._levels.get(blamed_only)
+        if cached is None:
+            cached = self._levels[blamed_only] = [
+                (group, tuple(self._values[k.name] for k in members))
+                for group, members in knobs.groups().items()
+                if not blamed_only or all(k.blamed for k in members)]
+        return cached
+
+
+BATCH = "per_device_train_batch_size"
+ACCUMULATION = "gradient_accumulation_steps"
+
+
+@dataclass(frozen=True, order=True)
+class TrialConfig:
+    """One trial: a family at one per-device batch (accumulation derived from the target).
+    Knob values read as attributes (`config.precision`)."""
 
     per_device_train_batch_size: int
     gradient_accumulation_steps: int
-    precision: str = "fp32"
-    optim: str = "adamw_torch"
-    gradient_checkpointing: bool = False
-    zero_stage: int = 0
-    offload: str = "none"
+    family: Family = field(default_factory=Family.baseline)
 
-    def family(self) -> tuple:
-        """Everything but the batch split: configs of one family differ only in memory/speed
-        along the batch axis, which is where the OOM frontier lies."""
-        return (self.precision, self.optim, self.gradient_checkpointing, self.zero_stage,
-                self.offload)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.per_device_train_batch_size,
+                                                self.gradient_accumulation_steps, self.family)))
 
-    def with_batch(self, batch: int, target: int, world_size: int = 1) -> TrialConfig:
-        return TrialConfig(batch, target // (batch * world_size), *self.family())
+    def __hash__(self) -> int:
+        return self.__dict__["_hash"]
 
-    @property
-    def uses_deepspeed(self) -> bool:
-        return self.zero_stage > 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def __reduce__(self) -> tuple:
+        return (TrialConfig, (self.per_device_train_batch_size,
+                              self.gradient_accumulation_steps, self.family))
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TrialConfig:
-        names = {f.name for f in fields(cls)}
-        kw = {k: v for k, v in d.items() if k in names}
-        kw["per_device_train_batch_size"] = int(kw["per_device_train_batch_size"])
-        kw["gradient_accumulation_steps"] = int(kw["gradient_accumulation_steps"])
-        kw["zero_stage"] = int(kw.get("zero_stage", 0))
-        gc = kw.get("gradient_checkpointing", False)
-        kw["gradient_checkpointing"] = gc if isinstance(gc, bool) else str(gc).lower() == "true"
-        return cls(**kw)
+    def of(cls, batch: int, accum: int, **knob_values: Any) -> TrialConfig:
+        return cls(batch, accum, Family.of(knob_values))
+
+    def __getattr__(self, name: str) -> Any:
+        family = self.__dict__.get("family")
+        if family is None or name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(family, name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {BATCH: self.per_device_train_batch_size,
+                ACCUMULATION: self.gradient_accumulation_steps} | self.family.to_dict()
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], *, strict: bool = False) -> TrialConfig:
+        """From a record, a landscape row or a study: knobs missing take their baseline
+        value; keys that are no knob (status, figures) are ignored unless `strict`."""
+        knob_values = {k: v for k, v in d.items() if k in knobs.names()}
+        if strict:
+            Family.of({k: v for k, v in d.items() if k not in (BATCH, ACCUMULATION)})
+        return cls(int(d[BATCH]), int(d[ACCUMULATION]), Family.of(knob_values))
 
     def label(self) -> str:
         """Short human label, for tables and logs."""
-        parts = [f"b{self.per_device_train_batch_size}x{self.gradient_accumulation_steps}",
-                 self.precision, self.optim]
-        if self.gradient_checkpointing:
-            parts.append("ckpt")
-        if self.zero_stage:
-            parts.append(f"z{self.zero_stage}")
-        if self.offload != "none":
-            parts.append(f"off:{self.offload}")
-        return " ".join(parts)
-
-
-@dataclass
-class Outcome:
-    """What a trial measured. Figures are None when they were not measured, never -1."""
-
-    status: str
-    samples_per_second: float | None = None
-    tokens_per_second: float | None = None
-    peak_memory_bytes: int | None = None
-    host_peak_memory_bytes: int | None = None
-    step_seconds: list[float] = field(default_factory=list)
-    wall_seconds: float | None = None
-    timed_seconds: float | None = None
-    predicted_memory_bytes: int | None = None
-    error: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-    @property
-    def is_oom(self) -> bool:
-        return self.status == "oom"
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Outcome:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        head = f"b{self.per_device_train_batch_size}x{self.gradient_accumulation_steps}"
+        return f"{head} {self.family.label()}".rstrip()

@@ -8,8 +8,17 @@ class AutotuneError(Exception):
 
 
 class SpecError(AutotuneError):
-    """The spec (model.yaml), a search space or an override is invalid."""
+    """The spec (model.yaml), a search space, a command-line option or an override is
+    invalid; the message names the field, the value and what is allowed."""
 
 
 class TrialError(AutotuneError):
     """A trial could not be set up (not: a trial that ran and failed; that is an Outcome)."""
+
+
+class NoResultError(AutotuneError):
+    """A search ended without a successful trial, so there is no winner to hand back."""
+
+
+class ClusterError(AutotuneError):
+    """Ray could not be reached, or cannot place what the search asks for."""

@@ -13,11 +13,19 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from autotune.errors import SpecError
 
-TASKS = ("causal-lm", "masked-lm", "sequence-classification")
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3,
           "gb": 1000**3, "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2,
           "gib": 1024**3, "tib": 1024**4}
@@ -44,6 +52,21 @@ def parse_duration(value: str | int | float) -> float:
     return sum(float(n) * scale[u] for n, u in parts)
 
 
+def _base(info: ValidationInfo) -> Path:
+    """The folder a spec's relative paths are relative to: its own file's (see load_spec)."""
+    return Path((info.context or {}).get("base") or Path.cwd())
+
+
+def _local(value: str | None, info: ValidationInfo) -> Path | None:
+    """`value` as a local path resolved against the spec's folder, or None where it names
+    no local path (a hub id such as 'gpt2')."""
+    if value is None:
+        return None
+    path = (_base(info) / Path(value).expanduser()).resolve()
+    explicit = value.startswith(("/", "./", "../", "~"))
+    return path if explicit or path.exists() else None
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -68,12 +91,13 @@ class ModelSpec(_Strict):
 
     @field_validator("name_or_path")
     @classmethod
-    def _path_exists(cls, v: str | None) -> str | None:
-        looks_like_path = v is not None and (v.startswith(("/", "./", "../", "~")) or
-                                             Path(v).exists())
-        if looks_like_path and not (Path(v).expanduser() / "config.json").is_file():
-            raise ValueError(f"{v!r} is not a model folder (no config.json there)")
-        return v
+    def _path_exists(cls, v: str | None, info: ValidationInfo) -> str | None:
+        path = _local(v, info)
+        if path is None:
+            return v  # a hub id
+        if not (path / "config.json").is_file():
+            raise ValueError(f"{v!r} is not a model folder (no config.json in {path})")
+        return str(path)
 
     @field_validator("config")
     @classmethod
@@ -107,14 +131,26 @@ class DataSpec(_Strict):
     """Tokenizer folder, needed for a text source."""
     text_field: str = "text"
 
+    @field_validator("source")
+    @classmethod
+    def _source_exists(cls, v: str, info: ValidationInfo) -> str:
+        if v == "synthetic":
+            return v
+        path = _base(info) / Path(v).expanduser()
+        if not path.exists():
+            raise ValueError(f"{v!r}: no such file or folder ({path.resolve()}; allowed: "
+                             "synthetic, a saved dataset folder, a .jsonl file)")
+        return str(path.resolve())
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _tokenizer_folder(cls, v: str | None, info: ValidationInfo) -> str | None:
+        path = _local(v, info)
+        return str(path) if path is not None else v
+
     @model_validator(mode="after")
     def _text_source(self) -> DataSpec:
-        if self.source == "synthetic":
-            return self
-        if not Path(self.source).exists():
-            raise ValueError(f"source {self.source!r}: no such file or folder "
-                             "(allowed: synthetic, a saved dataset folder, a .jsonl file)")
-        if self.tokenizer is None:
+        if self.source != "synthetic" and self.tokenizer is None:
             raise ValueError(f"source {self.source!r} is text: data.tokenizer is required")
         return self
 
@@ -148,6 +184,10 @@ class SearchSpec(_Strict):
     storage: str | None = None
     study_name: str | None = None
     seed: int = 0
+    """One seed for every trial and for the exported TrainingArguments."""
+    sampler: Literal["autotune", "tpe", "gp", "random"] = "autotune"
+    """Who proposes trials: autotune's structured strategy, or one of Optuna's samplers
+    (with the same memory prediction in front of them)."""
 
     @field_validator("timeout", "trial_timeout")
     @classmethod
@@ -186,9 +226,16 @@ class Spec(_Strict):
                              f"hardware.gpus_per_trial {world}")
         return self
 
+    _base_dir: str | None = PrivateAttr(default=None)
+
     @property
     def world_size(self) -> int:
         return self.hardware.gpus_per_trial
+
+    @property
+    def base_dir(self) -> str | None:
+        """The spec file's folder, where its relative paths were resolved."""
+        return self._base_dir
 
     def fingerprint(self) -> str:
         """What makes two searches comparable: the model, data and target, not the budget."""
@@ -234,6 +281,10 @@ def load_spec(source: str | Path | dict | Spec, **overrides: Any) -> Spec:
             raise SpecError(f"{path}: not valid YAML: {exc}") from exc
         if not isinstance(data, dict):
             raise SpecError(f"{path}: expected a mapping of keys (model, data, ...)")
+    if isinstance(source, Spec):
+        base = Path(source.base_dir or Path.cwd())
+    else:
+        base = Path.cwd() if isinstance(source, dict) else Path(source).resolve().parent
     for dotted, value in overrides.items():
         if value is None:
             continue
@@ -243,6 +294,10 @@ def load_spec(source: str | Path | dict | Spec, **overrides: Any) -> Spec:
             node = node.setdefault(p, {})
         node[leaf] = value
     try:
-        return Spec.model_validate(data)
+        # Relative paths are relative to the spec's own file, as in most config files, so
+        # a search runs the same from any folder (and in trials, which run in a scratch one).
+        spec = Spec.model_validate(data, context={"base": str(base)})
     except ValidationError as exc:
         raise SpecError(_format_error(exc)) from None
+    spec._base_dir = str(base)
+    return spec

@@ -23,11 +23,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from autotune.config import TrialConfig
-from autotune.device import DeviceSpec, local_device, named_device
-from autotune.memory import CPU_RUNTIME_BYTES, MemoryModel, leave_one_out_errors
-from autotune.search import model_shape
+from autotune.plan.calibration import MemoryModel, leave_one_out_errors
+from autotune.plan.device import DeviceSpec, local_device, named_device, node_cpus
+from autotune.plan.memory import CPU_RUNTIME_BYTES
+from autotune.plan.shape import model_shape
 from autotune.spec import load_spec
-from autotune.trial import run_trial
+from autotune.trials.launch import run_trial
+from autotune.trials.protocol import make_request
 
 # name: (n_layer, n_embd, n_head, seq_len, vocab, target batch)
 CPU_SHAPES = {
@@ -43,7 +45,8 @@ GPU_SHAPES = {
 
 
 def _c(target: int, b: int, p="fp32", o="adamw_torch", ck=False, z=0, off="none"):
-    return TrialConfig(b, target // b, p, o, ck, z, off)
+    return TrialConfig.of(b, target // b, precision=p, optim=o, gradient_checkpointing=ck,
+                          zero_stage=z, offload=off)
 
 
 def cpu_configs(target: int, quick: bool) -> list[TrialConfig]:
@@ -83,7 +86,9 @@ def measure(name: str, quick: bool, device: DeviceSpec, parallel: int) -> list[f
 
     def one(cfg: TrialConfig):
         started = time.time()
-        out = run_trial(spec.model_dump(), cfg, shape=shape.to_dict(), timeout_s=400)
+        out = run_trial(make_request(spec, cfg, on_cpu=not device.is_cuda,
+                                     shape=shape.to_dict(), memory_budget_bytes=None,
+                                     timeout_s=400, cpu_threads=max(1, node_cpus() // parallel)))
         return cfg, out, time.time() - started
 
     with ThreadPoolExecutor(max_workers=parallel) as pool:

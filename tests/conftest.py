@@ -26,6 +26,18 @@ def tiny_spec(tmp_path) -> dict:
     return spec
 
 
+def trial_request(spec, config, *, timeout_s: float = 120, budget: int | None = None,
+                  shape: dict | None = None):
+    """The request a search would send for `config` of `spec` (a dict or a Spec)."""
+    from autotune.plan.device import local_device, node_cpus
+    from autotune.spec import load_spec
+    from autotune.trials.protocol import make_request
+
+    return make_request(load_spec(spec), config, on_cpu=not local_device().is_cuda,
+                        shape=shape, memory_budget_bytes=budget, timeout_s=timeout_s,
+                        cpu_threads=node_cpus())
+
+
 def pytest_collection_modifyitems(config, items):
     """`gpu` tests need CUDA; without it they are skipped, and say so."""
     import torch

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.bench import run_bench, run_one, summarise, verdicts
-from autotune.landscape import load_landscape
+from autotune.bench.bench import run_bench, run_one, summarise, verdicts
+from autotune.bench.landscape import load_landscape
 
 LANDSCAPES = Path(__file__).resolve().parents[2] / "shared" / "landscapes"
 SHIPPED = sorted(p for p in LANDSCAPES.glob("*/") if (p / "meta.json").is_file()) \
@@ -81,14 +81,16 @@ def test_every_config_oom_ends_cleanly(tmp_path):
 def test_bf16_unavailable_on_v100_is_never_run(tmp_path):
     land = load_landscape(make_landscape(tmp_path, "v100", device="V100-16GB",
                                          bf16_errors=True))
-    from autotune.bench import context
-    from autotune.loop import drive
-    from autotune.replay import ReplayExecutor
-    from autotune.strategies.registry import make_strategy
+    from autotune.bench.bench import choices, context
+    from autotune.bench.replay import ReplayExecutor
+    from autotune.search.loop import Limits, drive
+    from autotune.search.strategies.registry import make_strategy
+    from autotune.search.study import StudyLog
 
-    history = []
-    drive(make_strategy("autotune", context(land, 0)), ReplayExecutor(land), history,
-          budget_seconds=0.5 * land.grid_seconds())
+    ctx = context(land, 0)
+    log = StudyLog.in_memory(choices(ctx.candidates), ctx.memory_limit_bytes)
+    history = drive(make_strategy("autotune", ctx, log), ReplayExecutor(land), log,
+                    Limits(budget_seconds=0.5 * land.grid_seconds()))
     assert history and all(r.config.precision != "bf16" for r in history)
     best = max((r for r in history if r.outcome.ok), key=lambda r: r.outcome.samples_per_second)
     assert best.outcome.samples_per_second >= 0.98 * land.best()[1].samples_per_second

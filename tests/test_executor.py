@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autotune.config import TrialConfig
-from autotune.device import node_cpus
+from autotune.plan.device import node_cpus
 from autotune.spec import load_spec
 
 pytestmark = pytest.mark.slow
@@ -14,9 +14,9 @@ pytestmark = pytest.mark.slow
 def test_trial_through_ray_gets_its_share_of_the_cores(tiny_spec):
     """Ray sets OMP_NUM_THREADS to a task's num_cpus (1 by default), which the trial
     process inherited: every trial ran on one thread while a real run gets them all."""
-    from autotune.executor import RayExecutor
+    from autotune.trials.executor import RayExecutor
 
-    executor = RayExecutor(load_spec(tiny_spec).model_dump(), trial_kwargs={"timeout_s": 120})
+    executor = RayExecutor(load_spec(tiny_spec), on_cpu=True, timeout_s=120)
     try:
         out = executor.run(TrialConfig(4, 4))
     finally:

@@ -10,9 +10,9 @@ import copy
 import pytest
 
 from autotune.config import TrialConfig
-from autotune.device import local_device
-from autotune.trial import run_trial
-from tests.conftest import TINY_SPEC
+from autotune.plan.device import local_device
+from autotune.trials.launch import run_trial
+from tests.conftest import TINY_SPEC, trial_request
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -23,14 +23,11 @@ BIG = {"model": {"config": {"model_type": "gpt2", "n_layer": 12, "n_embd": 1024,
 
 
 def _spec(tmp_path, base=TINY_SPEC) -> dict:
-    from autotune.spec import load_spec
-
-    spec = copy.deepcopy(base) | {"output": str(tmp_path)}
-    return load_spec(spec).model_dump()
+    return copy.deepcopy(base) | {"output": str(tmp_path)}
 
 
 def test_cuda_oom_is_an_oom_outcome(tmp_path):
-    out = run_trial(_spec(tmp_path, BIG), TrialConfig(4096, 1), timeout_s=600)
+    out = run_trial(trial_request(_spec(tmp_path, BIG), TrialConfig(4096, 1), timeout_s=600))
     assert out.status == "oom", out.error
 
 
@@ -40,7 +37,8 @@ def test_mixed_precision_and_fused_trials_run(tmp_path, precision, optim):
     dev = local_device()
     if precision in ("bf16", "tf32") and not dev.supports_bf16():
         pytest.skip("needs compute capability 8.0+")
-    out = run_trial(_spec(tmp_path), TrialConfig(4, 4, precision, optim), timeout_s=600)
+    out = run_trial(trial_request(_spec(tmp_path), TrialConfig.of(4, 4, precision=precision,
+                                                                  optim=optim), timeout_s=600))
     assert out.ok, out.error
     assert out.peak_memory_bytes and out.extra.get("allocator_peak_reserved")
     assert out.extra.get("nvml_overhead") is not None
@@ -49,6 +47,6 @@ def test_mixed_precision_and_fused_trials_run(tmp_path, precision, optim):
 
 
 def test_deepspeed_zero2_trial_on_gpu(tmp_path):
-    out = run_trial(_spec(tmp_path), TrialConfig(4, 4, "fp32", "adamw_torch", False, 2),
-                    timeout_s=600)
+    out = run_trial(trial_request(_spec(tmp_path), TrialConfig.of(4, 4, zero_stage=2),
+                                  timeout_s=600))
     assert out.ok, out.error

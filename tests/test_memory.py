@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 from autotune.config import TrialConfig
-from autotune.device import DeviceSpec, named_device
-from autotune.memory import GiB, MemoryModel, shape_from_hf_config
-from autotune.shape import ModelShape
+from autotune.plan.calibration import MemoryModel
+from autotune.plan.device import DeviceSpec, named_device
+from autotune.plan.memory import GiB
+from autotune.plan.shape import ModelShape, shape_from_hf_config
 
 LANDSCAPES = Path(__file__).resolve().parents[2] / "shared" / "landscapes"
 
@@ -20,7 +21,8 @@ A100 = named_device("A100-80GB")
 
 
 def cfg(batch=1, precision="fp32", optim="adamw_torch", ckpt=False, zero=0, offload="none"):
-    return TrialConfig(batch, 64 // batch, precision, optim, ckpt, zero, offload)
+    return TrialConfig.of(batch, 64 // batch, precision=precision, optim=optim,
+                          gradient_checkpointing=ckpt, zero_stage=zero, offload=offload)
 
 
 def states(model: MemoryModel, c: TrialConfig) -> float:
@@ -173,8 +175,8 @@ def _landscape_params():
 @pytest.mark.skipif(not LANDSCAPES.is_dir(), reason="needs ../shared/landscapes")
 @pytest.mark.parametrize("name", _landscape_params())
 def test_uncalibrated_model_classifies_landscape_oom(name):
-    from autotune.bench import classification_accuracy
-    from autotune.landscape import load_landscape
+    from autotune.bench.bench import classification_accuracy
+    from autotune.bench.landscape import load_landscape
 
     land = load_landscape(LANDSCAPES / name)
     accuracy = classification_accuracy(land, MemoryModel(land.shape, land.device,
@@ -197,12 +199,12 @@ def test_estimate_plans_for_a_device_that_is_not_here(tmp_path):
     assert v100.device.name == "V100-16GB" and v100.limit_bytes == 16 * GiB
     assert {r.config.precision for r in v100.rows} == {"fp32", "fp16"}  # no bf16/tf32 there
     fits = {r.config: r.fits for r in v100.rows}
-    assert fits[TrialConfig(1, 64, "fp16")] and not fits[TrialConfig(64, 1, "fp32")]
+    assert fits[cfg(1, "fp16")] and not fits[cfg(64, "fp32")]
     small = autotune.estimate(_bert_spec(tmp_path), device="V100-16GB", memory="4GiB")
     assert small.limit_bytes == 4 * GiB
     assert sum(r.fits for r in small.rows) < sum(r.fits for r in v100.rows)
     picked = v100.largest_fitting()
-    assert len({r.config.family() for r in picked}) == len(picked)
+    assert len({r.config.family for r in picked}) == len(picked)
 
 
 def test_estimate_cli_prints_components_and_rejects_bad_input(tmp_path):

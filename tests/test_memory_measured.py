@@ -16,11 +16,12 @@ import statistics
 import pytest
 
 from autotune.config import TrialConfig
-from autotune.device import local_device
-from autotune.memory import MemoryModel, leave_one_out_errors
-from autotune.search import model_shape
+from autotune.plan.calibration import MemoryModel, leave_one_out_errors
+from autotune.plan.device import local_device
+from autotune.plan.shape import model_shape
 from autotune.spec import load_spec
-from autotune.trial import run_trial
+from autotune.trials.launch import run_trial
+from tests.conftest import trial_request
 
 pytestmark = pytest.mark.slow
 
@@ -33,11 +34,11 @@ def test_calibrated_prediction_of_real_cpu_trials(tmp_path):
         "measure": {"warmup_steps": 1, "steps": 2}, "output": str(tmp_path)})
     shape, device = model_shape(spec), local_device()
     configs = [TrialConfig(4, 4), TrialConfig(8, 2), TrialConfig(16, 1),
-               TrialConfig(16, 1, gradient_checkpointing=True),
-               TrialConfig(8, 2, optim="adamw_bnb_8bit"), TrialConfig(8, 2, zero_stage=2)]
+               TrialConfig.of(16, 1, gradient_checkpointing=True),
+               TrialConfig.of(8, 2, optim="adamw_bnb_8bit"), TrialConfig.of(8, 2, zero_stage=2)]
     measured = []
     for cfg in configs:
-        out = run_trial(spec.model_dump(), cfg, shape=shape.to_dict(), timeout_s=300)
+        out = run_trial(trial_request(spec, cfg, shape=shape.to_dict(), timeout_s=300))
         assert out.ok, out.error
         measured.append((cfg, out.peak_memory_bytes))
     errors = leave_one_out_errors(shape, device, 1, measured)

@@ -1,13 +1,12 @@
 """report.md / report.html / terminal summary from summary.json fixtures.
 
-The fixtures follow the schema SearchResult.summary() writes; the slow test renders the
+The fixtures are Summary objects, the schema a search writes; the slow test renders the
 HTML in headless Chromium and checks every plot drew with no JavaScript error.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import subprocess
@@ -18,49 +17,50 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from autotune.config import TrialConfig
 from autotune.errors import AutotuneError
-from autotune.report import (
-    COLUMNS,
+from autotune.outputs.report import (
     DASH,
+    columns,
     fmt_seconds,
     headline,
-    load_summary,
     projected_seconds,
     render_summary,
     write_report,
 )
-from autotune.report_plots import PANELS, Trial, pareto_front
+from autotune.outputs.report_plots import PANELS, pareto_front
+from autotune.records import Outcome, Record
+from autotune.summary import Summary, load_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1024**2
 GiB = 1024**3
 CHROMIUM = Path("/usr/bin/chromium")
 
-# --- fixture generator: the summary.json a search writes ------------------------------
+# --- fixtures: the Summary a search builds ---------------------------------------------
 
 
 def _config(batch: int, precision: str = "fp32", optim: str = "adamw_torch",
             ckpt: bool = False, zero: int = 0, offload: str = "none",
-            target: int = 64) -> dict[str, Any]:
-    return {"per_device_train_batch_size": batch, "gradient_accumulation_steps": target // batch,
-            "precision": precision, "optim": optim, "gradient_checkpointing": ckpt,
-            "zero_stage": zero, "offload": offload}
+            target: int = 64) -> TrialConfig:
+    return TrialConfig.of(batch, target // batch, precision=precision, optim=optim,
+                          gradient_checkpointing=ckpt, zero_stage=zero, offload=offload)
 
 
 def _outcome(status: str, sps: float | None = None, peak: int | None = None,
              predicted: int | None = None, error: str | None = None,
-             seq_len: int = 128, **extra: Any) -> dict[str, Any]:
+             seq_len: int = 128, **extra: Any) -> Outcome:
     ran = status not in ("pruned",)
-    return {"status": status, "samples_per_second": sps,
-            "tokens_per_second": sps * seq_len if sps is not None else None,
-            "peak_memory_bytes": peak, "host_peak_memory_bytes": peak if ran else None,
-            "step_seconds": [64 / sps] * 5 if sps else [],
-            "wall_seconds": 14.5 if ran else None, "timed_seconds": 5 * 64 / sps if sps else None,
-            "predicted_memory_bytes": predicted, "error": error, "extra": extra}
+    return Outcome(status, samples_per_second=sps,
+                   tokens_per_second=sps * seq_len if sps is not None else None,
+                   peak_memory_bytes=peak, step_seconds=[64 / sps] * 5 if sps else [],
+                   wall_seconds=14.5 if ran else None,
+                   timed_seconds=5 * 64 / sps if sps else None,
+                   predicted_memory_bytes=predicted, error=error, extra=extra)
 
 
-def _trial(number: int, config: dict, outcome: dict, reason: str) -> dict[str, Any]:
-    return {"number": number, "config": config, "outcome": outcome, "reason": reason}
+def _trial(number: int, config: TrialConfig, outcome: Outcome, reason: str) -> Record:
+    return Record(config, outcome, reason, number)
 
 
 TRACEBACK = ("Traceback (most recent call last):\n  File \"trial.py\", line 3, in run\n"
@@ -68,7 +68,7 @@ TRACEBACK = ("Traceback (most recent call last):\n  File \"trial.py\", line 3, i
              "Tried to allocate 2.00 GiB | <script>alert(1)</script>")
 
 
-def normal_trials() -> list[dict[str, Any]]:
+def normal_trials() -> list[Record]:
     """A dozen trials covering every status, knob values and a pruned prediction."""
     return [
         _trial(0, _config(8), _outcome("ok", 410.0, 700 * MiB, 650 * MiB), "baseline"),
@@ -94,49 +94,37 @@ def normal_trials() -> list[dict[str, Any]]:
     ]
 
 
-def make_summary(kind: str = "normal") -> dict[str, Any]:
-    """summary.json for kind in: normal, empty, all_oom, no_baseline."""
+def make_summary(kind: str = "normal") -> Summary:
+    """The Summary of a search, for kind in: normal, empty, all_oom, no_baseline."""
     trials = {
         "normal": normal_trials,
         "empty": list,
         "all_oom": lambda: [_trial(i, _config(b), _outcome("oom", None, 2 * GiB, 3 * GiB,
                                                           TRACEBACK), "frontier")
                             for i, b in enumerate((64, 32, 16))],
-        "no_baseline": lambda: [t for t in normal_trials() if t["reason"] != "baseline"],
+        "no_baseline": lambda: [t for t in normal_trials() if t.reason != "baseline"],
     }[kind]()
-    ok = [t for t in trials if t["outcome"]["status"] == "ok"]
-    best = max(ok, key=lambda t: t["outcome"]["samples_per_second"], default=None)
-    base = next((t for t in ok if t["reason"] == "baseline"), None)
-    speedup = (best["outcome"]["samples_per_second"] / base["outcome"]["samples_per_second"]
-               if best and base else None)
-    return {
-        "autotune_version": "0.1.0",
-        "model": {"name": "tiny-gpt2", "num_parameters": 1_234_567, "num_layers": 2,
-                  "hidden_size": 64, "num_attention_heads": 2, "vocab_size": 1000,
-                  "seq_len": 128, "causal_lm": True},
-        "device": {"name": "cpu", "kind": "cpu", "memory_bytes": 25_000_000_000,
-                   "compute_capability": None, "count": 1},
-        "memory_limit_bytes": 2 * GiB,
-        "target_batch_size": 64, "world_size": 1, "seq_len": 128,
-        "best": best and best | {"memory_components": {
-            "weights": 400 * MiB, "gradients": 200 * MiB, "optimizer": 300 * MiB,
-            "activations": 150 * MiB, "buffers": 50 * MiB}},
-        "baseline": base,
-        "speedup": speedup,
-        "trials": trials,
-        "pruned_by_rules": {"fp16": "fp16 needs CUDA", "tf32": "tf32 needs an Ampere GPU"},
-        "search": {"wall_seconds": 195.2, "trials_run": sum(
-            t["outcome"]["status"] != "pruned" for t in trials),
-            "ooms": sum(t["outcome"]["status"] == "oom" for t in trials),
-            "study_name": "autotune-abc", "storage": "sqlite:///x.db"},
-        "exports": {"training_args": "training_args.json",
-                    "deepspeed": None} if best else {},
-        "projection": {"steps": 10_000, "tokens": None},
-    }
+    has_best = any(t.outcome.ok for t in trials)
+    return Summary(
+        model={"name": "tiny-gpt2", "num_parameters": 1_234_567, "num_layers": 2,
+               "hidden_size": 64, "num_attention_heads": 2, "vocab_size": 1000,
+               "seq_len": 128, "causal_lm": True},
+        device={"name": "cpu", "kind": "cpu", "memory_bytes": 25_000_000_000,
+                "compute_capability": None, "count": 1},
+        memory_limit_bytes=2 * GiB, target_batch_size=64, world_size=1, seq_len=128,
+        trials=trials,
+        pruned_by_rules={"fp16": "fp16 needs CUDA", "tf32": "tf32 needs an Ampere GPU"},
+        search={"wall_seconds": 195.2, "study_name": "autotune-abc",
+                "storage": "sqlite:///x.db"},
+        exports={"training_args": "training_args.json", "deepspeed": None} if has_best else {},
+        projection={"steps": 10_000, "tokens": None},
+        memory_components={"weights": 400 * MiB, "gradients": 200 * MiB,
+                           "optimizer": 300 * MiB, "activations": 150 * MiB,
+                           "buffers": 50 * MiB} if has_best else None)
 
 
-def write_summary(tmp_path: Path, summary: dict[str, Any]) -> Path:
-    (tmp_path / "summary.json").write_text(json.dumps(summary, indent=2))
+def write_summary(tmp_path: Path, summary: Summary) -> Path:
+    summary.write(tmp_path)
     return tmp_path
 
 
@@ -151,7 +139,7 @@ def test_write_report_every_fixture(tmp_path: Path, kind: str) -> None:
     assert "None" not in text
     assert page.count("* plotly.js v") == 1  # the bundle is inlined once, whatever the plots
     assert html.stat().st_size < 5.5 * 1024**2
-    n_trials = len(make_summary(kind)["trials"])
+    n_trials = len(make_summary(kind).trials)
     assert f"Trials ({n_trials})" in text and f"Trials ({n_trials})" in page
 
 
@@ -181,8 +169,8 @@ def test_markdown_headline_table_and_files(tmp_path: Path) -> None:
 
 
 def test_deepspeed_export_gives_the_flag(tmp_path: Path) -> None:
-    summary = make_summary("normal") | {"exports": {"training_args": "training_args.json",
-                                                    "deepspeed": "ds_config.json"}}
+    summary = make_summary("normal")
+    summary.exports = {"training_args": "training_args.json", "deepspeed": "ds_config.json"}
     md, html = write_report(write_summary(tmp_path, summary))
     assert "--deepspeed ds_config.json" in md.read_text()
     assert 'href="ds_config.json"' in html.read_text()
@@ -208,21 +196,20 @@ def test_no_baseline_says_so() -> None:
 
 def test_projection_forms() -> None:
     s = make_summary("normal")
-    best = s["best"]["outcome"]
+    best = s.best
     assert projected_seconds(s, best) == pytest.approx(10_000 * 64 / 760)
-    assert projected_seconds(s | {"projection": {"total_samples": 7600}}, best) == 10
-    tokens = s | {"projection": {"total_tokens": 760 * 128 * 30}}
-    assert projected_seconds(tokens, best) == pytest.approx(30)
-    assert projected_seconds(s | {"projection": None}, best) is None
-    facts = {f.label: f for f in headline(s | {"projection": None})}
+    s.projection = {"steps": None, "tokens": 760 * 128 * 30}
+    assert projected_seconds(s, best) == pytest.approx(30)
+    s.projection = {}
+    assert projected_seconds(s, best) is None
+    facts = {f.label: f for f in headline(s)}
     assert "set run.steps or run.tokens" in facts["Full run"].detail
     assert fmt_seconds(3 * 3600 + 125) == "3 h 02 min" and fmt_seconds(None) == DASH
     assert fmt_seconds(-1) == DASH
 
 
 def test_pareto_front_keeps_only_undominated() -> None:
-    trials = [Trial.from_dict(t) for t in normal_trials()]
-    front = [t.number for t in pareto_front(trials)]
+    front = [t.number for t in pareto_front(normal_trials())]
     assert front == [4, 11, 3]  # 600 MiB/600, 800 MiB/700, 1100 MiB/760
 
 
@@ -238,7 +225,7 @@ def test_render_summary_rich(tmp_path: Path) -> None:
 
 
 def test_load_summary_errors(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="autotune search"):
+    with pytest.raises(AutotuneError, match="autotune search"):
         load_summary(tmp_path)
     (tmp_path / "summary.json").write_text("{not json")
     with pytest.raises(AutotuneError, match="not valid JSON"):
@@ -246,9 +233,10 @@ def test_load_summary_errors(tmp_path: Path) -> None:
 
 
 def test_missing_figures_never_crash(tmp_path: Path) -> None:
-    """A summary with only the required keys (a bare factory model, no measurements)."""
-    summary = {"trials": [_trial(0, _config(8), {"status": "crashed"}, "baseline")],
-               "model": {"name": "m"}, "best": None, "baseline": None}
+    """A bare factory model and a single trial that measured nothing."""
+    summary = Summary(model={"name": "m"}, device={}, memory_limit_bytes=0,
+                      target_batch_size=64,
+                      trials=[_trial(0, _config(8), Outcome("crashed"), "baseline")])
     md, html = write_report(write_summary(tmp_path, summary))
     assert DASH in md.read_text() and "No trial measured anything" in html.read_text()
 
@@ -325,7 +313,7 @@ def test_report_renders_in_chromium(tmp_path: Path) -> None:
     desc, asc = re.search(r'data-sorted="([^"]*)"', dom).group(1).split("|")
     assert desc == ",".join(str(n) for n in range(11, -1, -1))  # sorted by "#"
     assert asc == ",".join(str(n) for n in range(12))
-    sps = _rendered_dom(html, sort_column=COLUMNS.index("samples/s"))
+    sps = _rendered_dom(html, sort_column=columns().index("samples/s"))
     desc, _ = re.search(r'data-sorted="([^"]*)"', sps).group(1).split("|")
     assert desc.split(",")[:6] == ["3", "11", "4", "1", "0", "5"]  # unmeasured ones last
     screenshot(html, tmp_path / "shot.png")

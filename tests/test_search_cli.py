@@ -64,7 +64,10 @@ def test_search_end_to_end_then_resume(tmp_path):
     while time.time() < deadline and proc.poll() is None:
         if (out / "study.db").exists():
             studies = optuna.get_all_study_summaries(storage)
-            if studies and studies[0].n_trials >= 3:
+            finished = [t for t in optuna.load_study(
+                study_name=studies[0].study_name, storage=storage).trials
+                if "outcome" in t.user_attrs] if studies else []
+            if len(finished) >= 3:
                 break
         time.sleep(2)
     assert proc.poll() is None, proc.stdout.read()
@@ -73,9 +76,11 @@ def test_search_end_to_end_then_resume(tmp_path):
     assert proc.returncode != 0
     assert "resume" in first_out
     name = optuna.get_all_study_summaries(storage)[0].study_name
-    before = [(t.number, t.user_attrs["config"]) for t in
-              optuna.load_study(study_name=name, storage=storage).trials]
-    assert len(before) >= 3
+    study = optuna.load_study(study_name=name, storage=storage)
+    before = [(t.number, t.user_attrs["config"]) for t in study.trials
+              if "outcome" in t.user_attrs]  # finished records
+    in_flight = [t.user_attrs["config"] for t in study.trials if "abandoned" in t.user_attrs]
+    assert len(before) >= 3 and len(in_flight) <= 1
 
     # 2) the same command again resumes: earlier trials kept, none rerun
     proc = _cli("search", str(spec), "--trials", "8")
@@ -87,6 +92,8 @@ def test_search_end_to_end_then_resume(tmp_path):
     assert [(t["number"], t["config"]) for t in trials[:len(before)]] == before
     ran = [t for t in trials if t["outcome"]["status"] != "pruned"]
     assert len(trials) > len(before) and len(ran) <= 8  # it may stop early when nothing pays
+    # The trial interrupted in flight was not lost: its config ran again after the resume.
+    assert all(c in [t["config"] for t in trials[len(before):]] for c in in_flight)
 
     # 3) what the search had to show
     statuses = {t["outcome"]["status"] for t in ran}
@@ -139,3 +146,32 @@ def test_search_with_memory_model_prunes_instead_of_running_oom(tmp_path):
         pytest.skip("chromium is not installed and could not be installed")
     check_real_report(tmp_path / "out" / "report.html",
                       ROOT / "reports" / "test-search-report.png")
+
+
+def test_tpe_sampler_runs_a_real_search_that_optuna_shows_running(tmp_path):
+    """`search.sampler: tpe`: Optuna's TPE proposes (behind the baseline and the memory
+    gate), and Optuna's own command line sees each trial RUNNING while it runs."""
+    spec = _spec(tmp_path, n_trials=4, predict=True)
+    raw = yaml.safe_load(spec.read_text())
+    raw["search"]["sampler"] = "tpe"
+    spec.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "out"
+    storage = f"sqlite:///{(out / 'study.db').resolve()}"
+    optuna_cli = Path(sys.executable).with_name("optuna")
+    proc = _cli("search", str(spec))
+    seen_running, deadline = False, time.time() + 600
+    while proc.poll() is None and time.time() < deadline and not seen_running:
+        if (out / "study.db").exists() and optuna.get_all_study_summaries(storage):
+            name = optuna.get_all_study_summaries(storage)[0].study_name
+            listing = subprocess.run([str(optuna_cli), "trials", "--storage", storage,
+                                      "--study-name", name, "-f", "json"],
+                                     capture_output=True, text=True, timeout=120)
+            seen_running = '"RUNNING"' in listing.stdout
+        time.sleep(1)
+    text = proc.communicate(timeout=900)[0]
+    assert proc.returncode == 0, text
+    assert seen_running, "no trial was ever RUNNING in the study"
+    trials = _trials(out)
+    reasons = {t["reason"] for t in trials if t["outcome"]["status"] != "pruned"}
+    assert "baseline" in reasons and "tpe" in reasons
+    assert json.loads((out / "summary.json").read_text())["search"]["sampler"] == "tpe"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from autotune.config import TrialConfig
-from autotune.spec import load_spec
-from autotune.trial import run_trial
+from autotune.trials.launch import run_trial
+from tests.conftest import trial_request
 
 pytestmark = pytest.mark.slow
 
@@ -14,11 +14,15 @@ pytestmark = pytest.mark.slow
 def _spec(tiny_spec, **model):
     if model:
         tiny_spec["model"] = model
-    return load_spec(tiny_spec).model_dump()
+    return tiny_spec
+
+
+def _run(spec, config, **kw):
+    return run_trial(trial_request(spec, config, **kw))
 
 
 def test_ok_trial_measures_throughput_and_memory(tiny_spec):
-    out = run_trial(_spec(tiny_spec), TrialConfig(4, 4), timeout_s=120)
+    out = _run(_spec(tiny_spec), TrialConfig(4, 4))
     assert out.status == "ok", out.error
     assert out.samples_per_second > 0
     assert out.tokens_per_second == pytest.approx(out.samples_per_second * 32)
@@ -29,35 +33,33 @@ def test_ok_trial_measures_throughput_and_memory(tiny_spec):
 
 
 def test_budget_exceeded_is_oom(tiny_spec):
-    out = run_trial(_spec(tiny_spec), TrialConfig(16, 1), memory_budget_bytes=2 * 2**20,
-                    timeout_s=120)
+    out = _run(_spec(tiny_spec), TrialConfig(16, 1), budget=2 * 2**20)
     assert out.status == "oom"
     assert "memory budget exceeded" in out.error
 
 
 def test_crash_by_signal_is_recorded(tiny_spec):
-    out = run_trial(_spec(tiny_spec, factory="tests.factories:crashes_at_batch_8"),
-                    TrialConfig(8, 2), timeout_s=120)
+    out = _run(_spec(tiny_spec, factory="tests.factories:crashes_at_batch_8"),
+               TrialConfig(8, 2))
     assert out.status == "crashed"
     assert "SIGSEGV" in out.error
 
 
 def test_hang_is_killed_at_the_time_limit(tiny_spec):
-    out = run_trial(_spec(tiny_spec, factory="tests.factories:hangs_at_batch_8"),
-                    TrialConfig(8, 2), timeout_s=25)
+    out = _run(_spec(tiny_spec, factory="tests.factories:hangs_at_batch_8"),
+               TrialConfig(8, 2), timeout_s=25)
     assert out.status == "timeout"
     assert 25 <= out.wall_seconds < 60
 
 
 def test_non_finite_loss_is_nan(tiny_spec):
-    out = run_trial(_spec(tiny_spec, factory="tests.factories:nan_loss"), TrialConfig(4, 4),
-                    timeout_s=120)
+    out = _run(_spec(tiny_spec, factory="tests.factories:nan_loss"), TrialConfig(4, 4))
     assert out.status == "nan", out.error
 
 
 def test_model_error_keeps_the_tail(tiny_spec):
     tiny_spec["data"]["seq_len"] = 128  # longer than the model's 64 positions
-    out = run_trial(_spec(tiny_spec), TrialConfig(4, 4), timeout_s=120)
+    out = _run(_spec(tiny_spec), TrialConfig(4, 4))
     assert out.status == "error"
     assert "seq_len 128 exceeds" in out.error
 
@@ -65,11 +67,12 @@ def test_model_error_keeps_the_tail(tiny_spec):
 def test_mfu_needs_a_known_peak_and_shape_and_never_fails_a_trial():
     """On an H100 every trial without a shape (no `shape=` passed, a factory model) once
     crashed after training while computing MFU; the GPU's peak table is faked here."""
-    from autotune.device import KNOWN_DEVICES, DeviceSpec
-    from autotune.trial_worker import model_flops_utilisation
+    from autotune.plan.device import KNOWN_DEVICES, DeviceSpec
+    from autotune.records import Outcome
+    from autotune.trials.worker import model_flops_utilisation
 
     h100 = DeviceSpec("H100", "cuda", 80 * 2**30, (9, 0), 1, KNOWN_DEVICES["H100-80GB"][2])
-    result = {"tokens_per_second": 1e5, "extra": {"num_parameters": 124_000_000}}
+    result = Outcome("ok", tokens_per_second=1e5, extra={"num_parameters": 124_000_000})
     shape = {"num_layers": 12, "hidden_size": 768, "seq_len": 1024}
     mfu = model_flops_utilisation(result, shape, h100, "bf16", 1)
     assert mfu == pytest.approx((6 * 124e6 + 12 * 12 * 768 * 1024) * 1e5 / 989e12)

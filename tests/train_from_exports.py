@@ -1,5 +1,6 @@
-"""What a user does with the exported files, in a fresh process: build TrainingArguments
-from training_args.json (and ds_config.json), train two steps, print what happened."""
+"""What a user does with the exported files, in a fresh process and another folder: build
+TrainingArguments straight from training_args.json, train two steps, print what happened
+(and what DeepSpeed's own parser makes of ds_config.json)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ def main(export_dir: str, output_dir: str) -> None:
         import deepspeed
         from deepspeed.runtime.config import DeepSpeedConfig
 
-        kwargs["deepspeed"] = str(export / kwargs["deepspeed"])
+        ds_file = export / "ds_config.json"  # the launcher's copy: the same dict
+        assert json.loads(ds_file.read_text()) == kwargs["deepspeed"]
         deepspeed.init_distributed(dist_backend="gloo")
-        c = DeepSpeedConfig(kwargs["deepspeed"])  # DeepSpeed's own parser
+        c = DeepSpeedConfig(str(ds_file))  # DeepSpeed's own parser
         parsed = [c.train_batch_size, c.train_micro_batch_size_per_gpu,
                   c.gradient_accumulation_steps, c.zero_optimization_stage]
     args = TrainingArguments(**kwargs, max_steps=2, save_strategy="no", disable_tqdm=True)

@@ -1,0 +1,247 @@
+"""`autotune bench`: judge search strategies on tuning landscapes, without hardware.
+
+Each strategy searches a landscape through the replay executor under the same budget
+(a fraction of what the exhaustive grid cost). Per landscape and strategy: quality (best
+samples/s found / best in the table), cost (summed trial seconds / grid seconds), trials
+run, OOMs hit, and speedup of the found config over the table's baseline config (fp32
+AdamW at the largest batch that fits, as auto_find_batch_size would pick).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from autotune.bench.landscape import Landscape, load_landscape
+from autotune.bench.replay import ReplayExecutor
+from autotune.config import BATCH, Family, TrialConfig, halving_batches
+from autotune.errors import SpecError
+from autotune.knobs import device_rule
+from autotune.plan.calibration import MemoryModel
+from autotune.search.loop import Limits, drive
+from autotune.search.strategies.base import SearchContext
+from autotune.search.strategies.registry import BENCH_STRATEGIES, make_strategy, sampler_for
+from autotune.search.study import StudyLog
+
+DEFAULT_BUDGET_FRACTION = 0.03
+
+
+def baseline_config(land: Landscape) -> TrialConfig | None:
+    """The table's auto_find_batch_size config: the baseline family at the largest halved
+    batch that ran."""
+    ok = {c.per_device_train_batch_size: c for c, o in land.table.items()
+          if c.family == Family.baseline() and o.ok}
+    per_rank = land.target_batch_size // land.world_size
+    return next((ok[b] for b in halving_batches(per_rank) if b in ok), None)
+
+
+# Generic search runs over the raw space, as a user would set it up; configs the device
+# rules know cannot run are answered (and paid for) as the landscape's error rows.
+RAW_SPACE = ("random", "tpe")
+
+
+def context(land: Landscape, seed: int, *, raw: bool = False) -> SearchContext:
+    """What a search on the landscape's machine would know before running anything:
+    the space less what device rules rule out, the device, the model's shape."""
+    key = "raw" if raw else "ruled"
+    if key not in land.candidates:  # the same for every repeat: rules run once
+        land.candidates[key] = sorted(c for c in land.table
+                                      if raw or device_rule(c, land.device) is None)
+    candidates = land.candidates[key]
+    return SearchContext(candidates, land.device, land.world_size, land.target_batch_size,
+                         land.device.memory_bytes, land.shape, seed)
+
+
+def choices(candidates: list[TrialConfig]) -> dict[str, list]:
+    """Each dimension's values among the candidates: the study's distributions."""
+    dims = [BATCH, *candidates[0].family.to_dict()] if candidates else [BATCH]
+    return {k: sorted({c.to_dict()[k] for c in candidates}, key=repr) for k in dims}
+
+
+def classification_accuracy(land: Landscape, memory: MemoryModel) -> float:
+    """Share of the table's ok/oom configs the memory model puts on the right side."""
+    rows = [(c, o) for c, o in land.table.items() if o.status in ("ok", "oom")]
+    right = sum((memory.predict_total(c) <= land.device.memory_bytes
+                 and not memory.known_oom(c)) == o.ok for c, o in rows)
+    return right / len(rows) if rows else 1.0
+
+
+def run_one(land: Landscape, strategy_name: str, seed: int, budget_fraction: float,
+            workers: int = 1) -> dict[str, Any]:
+    ctx = context(land, seed, raw=strategy_name in RAW_SPACE)
+    log = StudyLog.in_memory(choices(ctx.candidates), ctx.memory_limit_bytes,
+                             sampler_for(strategy_name, seed))
+    strategy = make_strategy(strategy_name, ctx, log, guarded=False)
+    executor = ReplayExecutor(land, workers)
+    clock: list[float] = []  # virtual wall time at each record
+    started = time.perf_counter()
+    history = drive(strategy, executor, log,
+                    Limits(budget_seconds=budget_fraction * land.grid_seconds()),
+                    on_record=lambda r: clock.append(executor.clock))
+    best_table = land.best()
+    top = best_table[1].samples_per_second if best_table else None
+    trajectory, spent, best_so_far = [], 0.0, 0.0
+    for r, wall in zip(history, clock, strict=True):
+        if not r.outcome.ran:
+            continue
+        spent += r.outcome.wall_seconds or 0.0
+        if r.outcome.ok:
+            best_so_far = max(best_so_far, r.outcome.samples_per_second or 0.0)
+        trajectory.append((spent / land.grid_seconds(), best_so_far / top if top else 0.0,
+                           wall))
+    ok = [r for r in history if r.outcome.ok]
+    found = max(ok, key=lambda r: r.outcome.samples_per_second or 0.0) if ok else None
+    base = baseline_config(land)
+    found_sps = found.outcome.samples_per_second if found else 0.0
+    base_sps = land.table[base].samples_per_second if base else None
+    record: dict[str, Any] = {
+        "landscape": land.name,
+        "strategy": strategy_name,
+        "repeat": seed,
+        "quality": (found_sps or 0.0) / best_table[1].samples_per_second if best_table else 0.0,
+        "cost_fraction": trajectory[-1][0] if trajectory else 0.0,
+        "trials": sum(1 for r in history if r.outcome.ran),
+        "ooms": sum(1 for r in history if r.outcome.is_oom),
+        "pruned": sum(1 for r in history if not r.outcome.ran),
+        "workers": workers,
+        "speedup": (found_sps / base_sps) if (found and base_sps) else None,
+        "found": found.config.label() if found else None,
+        "seconds": time.perf_counter() - started,
+        "trajectory": trajectory,  # (cost fraction, quality, virtual wall s) per trial
+    }
+    if strategy_name == "autotune":
+        record["memory_accuracy_uncalibrated"] = classification_accuracy(
+            land, MemoryModel(land.shape, land.device, land.world_size))
+        record["memory_accuracy_calibrated"] = classification_accuracy(
+            land, MemoryModel.from_history(land.shape, land.device, land.world_size, history,
+                                           land.device.memory_bytes))
+    return record
+
+
+def run_bench(landscapes: Sequence[str | Path], *, strategies: Sequence[str] | None = None,
+              budget_fraction: float | None = None, repeats: int = 5,
+              progress=None) -> list[dict[str, Any]]:
+    fraction = DEFAULT_BUDGET_FRACTION if budget_fraction is None else budget_fraction
+    if not 0 < fraction <= 1:
+        raise SpecError(f"--budget-fraction: {fraction} is not in (0, 1]")
+    if repeats < 1:
+        raise SpecError(f"--repeats: {repeats} must be at least 1")
+    names = list(strategies or BENCH_STRATEGIES)
+    records = []
+    for path in landscapes:
+        land = load_landscape(path)
+        for name in names:
+            for seed in range(repeats):
+                records.append(run_one(land, name, seed, fraction))
+                if progress is not None:
+                    progress(records[-1])
+    return records
+
+
+def _median(values: list[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Median over repeats, per landscape and strategy."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["landscape"], r["strategy"]), []).append(r)
+    rows = []
+    for (land, strat), rs in groups.items():
+        row = {"landscape": land, "strategy": strat, "repeats": len(rs)}
+        for key in ("quality", "cost_fraction", "trials", "ooms", "speedup",
+                    "memory_accuracy_uncalibrated", "memory_accuracy_calibrated"):
+            row[key] = _median([r.get(key) for r in rs])
+        rows.append(row)
+    return rows
+
+
+def quality_at(trajectory: list, cost: float) -> float:
+    """Best quality reached having spent at most `cost` (a fraction of the grid)."""
+    return max((q for c, q, _ in trajectory if c <= cost + 1e-12), default=0.0)
+
+
+def cost_to_reach(trajectory: list, quality: float) -> float | None:
+    return next((c for c, q, _ in trajectory if q >= quality - 1e-12), None)
+
+
+def verdicts(records: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per landscape and baseline: the tuner's median quality at the baseline's median cost
+    and its median cost to reach the baseline's median quality."""
+    out = []
+    for base in rows:
+        if base["strategy"] == "autotune":
+            continue
+        mine = [r for r in records
+                if r["landscape"] == base["landscape"] and r["strategy"] == "autotune"]
+        if not mine:
+            continue
+        q_equal = statistics.median(quality_at(r["trajectory"], base["cost_fraction"])
+                                    for r in mine)
+        costs = [cost_to_reach(r["trajectory"], base["quality"]) for r in mine]
+        reached = [c for c in costs if c is not None]
+        c_equal = statistics.median(reached) if len(reached) > len(costs) / 2 else None
+        beats = q_equal >= base["quality"] or (c_equal is not None
+                                               and c_equal <= base["cost_fraction"])
+        out.append({"landscape": base["landscape"], "baseline": base["strategy"],
+                    "baseline_quality": base["quality"], "baseline_cost": base["cost_fraction"],
+                    "autotune_quality_at_equal_cost": q_equal,
+                    "autotune_cost_at_equal_quality": c_equal, "beats": beats})
+    return out
+
+
+def render(rows: list[dict[str, Any]], console, fraction: float) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"autotune bench: median over repeats, budget {fraction:.1%} of the grid")
+    for col in ("landscape", "strategy", "quality", "cost", "trials", "OOMs", "speedup",
+                "OOM classif. (uncal → cal)"):
+        table.add_column(col, justify="left" if col in ("landscape", "strategy") else "right")
+    for r in rows:
+        mem = ""
+        if r.get("memory_accuracy_calibrated") is not None:
+            mem = (f"{r['memory_accuracy_uncalibrated']:.1%} → "
+                   f"{r['memory_accuracy_calibrated']:.1%}")
+        table.add_row(r["landscape"], r["strategy"], f"{r['quality']:.3f}",
+                      f"{r['cost_fraction']:.2%}", f"{r['trials']:g}", f"{r['ooms']:g}",
+                      f"{r['speedup']:.2f}x" if r["speedup"] is not None else "-", mem)
+    console.print(table)
+
+
+def render_verdicts(verdict_rows: list[dict[str, Any]], console) -> None:
+    from rich.table import Table
+
+    table = Table(title="autotune vs each baseline at equal cost (medians)")
+    for col in ("landscape", "baseline", "baseline quality @ cost",
+                "autotune quality @ same cost", "autotune cost to same quality", "beats"):
+        table.add_column(col)
+    for v in verdict_rows:
+        c_eq = v["autotune_cost_at_equal_quality"]
+        table.add_row(v["landscape"], v["baseline"],
+                      f"{v['baseline_quality']:.3f} @ {v['baseline_cost']:.2%}",
+                      f"{v['autotune_quality_at_equal_cost']:.3f}",
+                      f"{c_eq:.2%}" if c_eq is not None else "not reached",
+                      "[green]yes[/]" if v["beats"] else "[red]no[/]")
+    console.print(table)
+
+
+def bench_main(landscapes: Sequence[str], budget_fraction: float | None, repeats: int,
+               json_path: str | None, console) -> int:
+    fraction = DEFAULT_BUDGET_FRACTION if budget_fraction is None else budget_fraction
+    started = time.perf_counter()
+    records = run_bench(landscapes, budget_fraction=fraction, repeats=repeats)
+    rows = summarise(records)
+    render(rows, console, fraction)
+    render_verdicts(verdicts(records, rows), console)
+    console.print(f"[dim]{len(records)} replayed searches in "
+                  f"{time.perf_counter() - started:.1f} s[/]")
+    if json_path:
+        Path(json_path).write_text(json.dumps(records, indent=2) + "\n")
+        console.print(f"wrote {json_path}")
+    return 0

@@ -1,0 +1,74 @@
+"""Tuning landscapes: one search space measured exhaustively (see shared/landscapes/README.md).
+
+Columns are read through the knob table: a knob a landscape has no column for takes its
+baseline value, and columns that are no knob (a future addition) are ignored.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autotune.config import TrialConfig
+from autotune.errors import AutotuneError, SpecError
+from autotune.plan.device import DeviceSpec, GiB, named_device
+from autotune.plan.shape import ModelShape
+from autotune.records import OK, Outcome
+
+
+@dataclass
+class Landscape:
+    name: str
+    meta: dict
+    shape: ModelShape
+    device: DeviceSpec
+    world_size: int
+    target_batch_size: int
+    table: dict[TrialConfig, Outcome]  # Outcome.wall_seconds is the trial's cost
+    candidates: dict[str, list[TrialConfig]] = field(default_factory=dict)  # bench's cache
+
+    def best(self) -> tuple[TrialConfig, Outcome] | None:
+        ok = [(c, o) for c, o in self.table.items() if o.ok]
+        return max(ok, key=lambda co: co[1].samples_per_second or 0.0) if ok else None
+
+    def grid_seconds(self) -> float:
+        return sum(o.wall_seconds or 0.0 for o in self.table.values())
+
+
+def _device(dev: dict) -> DeviceSpec:
+    """The landscape's device: a CPU one replays with CPU memory rules (its memory_gib is
+    the budget the trials ran under), a GPU from the device table where we know it."""
+    memory = int(float(dev["memory_gib"]) * GiB)
+    count = int(dev.get("count", 1))
+    if dev.get("kind", "cuda") == "cpu":
+        return DeviceSpec(str(dev.get("name", "cpu")), "cpu", memory, None, count)
+    try:
+        known = named_device(dev["name"], count)
+    except SpecError:  # a GPU we have no table entry for: memory from meta only
+        return DeviceSpec(dev["name"], "cuda", memory, None, count)
+    return DeviceSpec(known.name, "cuda", memory, known.compute_capability, count,
+                      known.peak_flops)
+
+
+def load_landscape(path: str | Path) -> Landscape:
+    path = Path(path)
+    if not (path / "meta.json").is_file() or not (path / "trials.csv").is_file():
+        raise AutotuneError(f"--landscape {path}: not a landscape folder (it needs "
+                            "meta.json and trials.csv)")
+    meta = json.loads((path / "meta.json").read_text())
+    seq_len = int(meta["model"]["seq_len"])
+    table: dict[TrialConfig, Outcome] = {}
+    with (path / "trials.csv").open() as f:
+        for row in csv.DictReader(f):
+            status = row["status"]
+            sps = float(row["samples_per_second"] or 0.0) if status == OK else None
+            table[TrialConfig.from_dict(row)] = Outcome(
+                status=status, samples_per_second=sps,
+                tokens_per_second=sps * seq_len if sps is not None else None,
+                peak_memory_bytes=int(float(row["peak_memory_gib"] or 0.0) * GiB),
+                wall_seconds=float(row["seconds"]))
+    return Landscape(path.name, meta, ModelShape.from_landscape_meta(meta),
+                     _device(meta["device"]), int(meta.get("world_size", 1)),
+                     int(meta["target_effective_batch_size"]), table)

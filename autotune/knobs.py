@@ -1,0 +1,271 @@
+"""The knob table: every lever autotune searches, declared once.
+
+A row says which values the knob takes, what Trainer's defaults give (the baseline), how
+it is shown, which TrainingArguments it sets, which devices and installs allow it, and
+what is known of its speed before anything is measured. TrialConfig, the search space and
+its rules, labels, report columns, the plot grid, Optuna distributions, the baseline and
+the throughput model's priors all derive from this table. A knob with a physical effect
+beyond TrainingArguments (memory, the DeepSpeed config, the model or the data) is read
+by name where that effect is computed, and nowhere else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+from autotune.errors import SpecError
+from autotune.optimizers import offload_capable, optimizer, trainer_optimizers
+
+if TYPE_CHECKING:
+    from autotune.config import TrialConfig
+    from autotune.plan.device import DeviceSpec
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A combination that cannot run where `excludes(config, device)` holds. `label` and
+    `reason` are formatted with the config's knobs, `device` and `cc`."""
+
+    label: str
+    reason: str
+    excludes: Callable[[TrialConfig, DeviceSpec], bool]
+
+    def check(self, config: TrialConfig, device: DeviceSpec) -> tuple[str, str] | None:
+        if not self.excludes(config, device):
+            return None
+        fields = config.to_dict() | {"device": device.name,
+                                     "cc": device.compute_capability or "CPU"}
+        return self.label.format(**fields), self.reason.format(**fields)
+
+
+def _no_prior(value: Any, device: DeviceSpec, world_size: int) -> float:
+    return 0.0
+
+
+@dataclass(frozen=True)
+class Speed:
+    """A knob's effect on log throughput as known before measuring: the prior mean per
+    value, its width, and the width of a per-batch interaction (for knobs whose kernels
+    saturate at other batch sizes), None for none."""
+
+    prior: Callable[[Any, DeviceSpec, int], float] = _no_prior
+    sd: float = 0.3
+    batch_sd: float | None = None
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str  # TrialConfig attribute, space-file key, landscape column, Optuna param
+    values: tuple | Callable[[], Sequence]  # allowed in a space file
+    baseline: Any  # Trainer's default: the baseline family has it
+    label: str  # for people: plot titles, errors
+    column: str  # report table header
+    kind: type = str
+    tag: Callable[[Any], str] | None = None  # in a config's label; default name=value
+    training_args: Callable[[Any], dict[str, Any]] | None = None
+    rules: tuple[Rule, ...] = ()
+    group: str = ""  # knobs whose effects are modelled jointly (ZeRO stage with offload)
+    speed: Speed = field(default_factory=Speed)
+    # Whether a value that keeps failing (nan, error, crash) may be blamed and written off;
+    # False for knobs that change no numerics and no code path that can break.
+    blamed: bool = True
+
+    def allowed(self) -> list:
+        return list(self.values() if callable(self.values) else self.values)
+
+    def parse(self, raw: Any) -> Any:
+        """A value from YAML, CSV text or JSON, as the knob's type."""
+        if self.kind is bool:
+            if isinstance(raw, bool):
+                return raw
+            text = str(raw).strip().lower()
+            if text not in ("true", "false", "1", "0"):
+                raise SpecError(f"{self.name}: {raw!r} is not true or false")
+            return text in ("true", "1")
+        try:
+            return self.kind(raw)
+        except (TypeError, ValueError):
+            raise SpecError(f"{self.name}: {raw!r} is not a {self.kind.__name__}") from None
+
+    def tag_of(self, value: Any) -> str:
+        if self.tag is not None:
+            return self.tag(value)
+        return "" if value == self.baseline else f"{self.name}={value}"
+
+    @property
+    def group_name(self) -> str:
+        return self.group or self.name
+
+
+# --- precision -----------------------------------------------------------------------
+
+def _precision_args(p: str) -> dict[str, Any]:
+    return {"bf16": p == "bf16", "fp16": p == "fp16"} | ({"tf32": True} if p == "tf32" else {})
+
+
+def _precision_prior(p: str, device: DeviceSpec, world_size: int) -> float:
+    if not device.is_cuda:
+        return 0.0  # CPU: bf16 autocast can be slower or faster than fp32; no prior
+    cc = device.compute_capability or (0, 0)
+    if p in ("fp16", "bf16") and cc >= (7, 0):
+        # Where both exist, bf16 skips fp16's loss scaling (unscale and overflow checks).
+        return math.log(2.0) - (0.02 if p == "fp16" and device.supports_bf16() else 0.0)
+    if p == "tf32" and cc >= (8, 0):
+        return math.log(1.3)
+    return 0.0
+
+
+PRECISION = Knob(
+    "precision", ("fp32", "tf32", "fp16", "bf16"), "fp32", "precision", "precision",
+    tag=str, training_args=_precision_args,
+    rules=(
+        Rule("precision=fp16", "fp16 mixed precision needs a CUDA GPU (Trainer has no fp16 "
+             "AMP on CPU)", lambda c, d: c.precision == "fp16" and not d.supports_fp16()),
+        Rule("precision=tf32", "tf32 needs an Ampere or newer GPU (compute capability 8.0+; "
+             "here {cc})", lambda c, d: c.precision == "tf32" and not d.supports_tf32()),
+        Rule("precision=bf16", "bf16 needs compute capability 8.0+ (here {cc})",
+             lambda c, d: c.precision == "bf16" and not d.supports_bf16()),
+    ),
+    speed=Speed(_precision_prior, sd=0.7, batch_sd=0.25))
+
+
+# --- optimizer -------------------------------------------------------------------------
+
+def _optim_prior(name: str, device: DeviceSpec, world_size: int) -> float:
+    # A fused kernel does the step in one launch per parameter group.
+    return 0.01 if optimizer(name).gpu_only and device.is_cuda else 0.0
+
+
+OPTIM = Knob(
+    "optim", trainer_optimizers, "adamw_torch", "optimizer", "optim", tag=str,
+    training_args=lambda o: {"optim": o},
+    rules=(
+        Rule("optim={optim}", "{optim} is a GPU kernel; on CPU it measures nothing its plain "
+             "version does not", lambda c, d: optimizer(c.optim).gpu_only and not d.is_cuda),
+        Rule("optim={optim}", "{optim} needs bitsandbytes, which is not installed",
+             lambda c, d: optimizer(c.optim).bitsandbytes and not _installed("bitsandbytes")),
+    ),
+    speed=Speed(_optim_prior, sd=0.15))
+
+
+# --- gradient checkpointing ------------------------------------------------------------
+
+@cache
+def _checkpointing_arg() -> str:
+    """transformers 5 renamed gradient_checkpointing; use the installed version's name so
+    the exported kwargs load without deprecation warnings where they will be used."""
+    from dataclasses import fields
+
+    from transformers import TrainingArguments
+
+    names = {f.name for f in fields(TrainingArguments)}
+    return "activation_checkpointing" if "activation_checkpointing" in names else (
+        "gradient_checkpointing")
+
+
+def _checkpointing_args(on: bool) -> dict[str, Any]:
+    name = _checkpointing_arg()
+    # Non-reentrant checkpointing works with frozen inputs and ZeRO-3; the reentrant
+    # default warns and is slated for removal in torch.
+    return {name: on} | ({f"{name}_kwargs": {"use_reentrant": False}} if on else {})
+
+
+GRADIENT_CHECKPOINTING = Knob(
+    "gradient_checkpointing", (False, True), False, "gradient checkpointing", "ckpt", kind=bool,
+    tag=lambda on: "ckpt" if on else "", training_args=_checkpointing_args, blamed=False,
+    # One more forward pass per step: about 4/3 of the compute.
+    speed=Speed(lambda on, d, w: math.log(0.75) if on else 0.0, sd=0.2, batch_sd=0.1))
+
+
+# --- ZeRO stage and offload (one group: offload exists only under ZeRO) -------------------
+
+def _zero_prior(stage: int, device: DeviceSpec, world_size: int) -> float:
+    if world_size > 1 and stage in (1, 2):
+        return 0.0  # with data parallelism, partitioning is close to free
+    return {0: 0.0, 1: -0.02, 2: -0.04, 3: -0.15}[stage]
+
+
+ZERO_STAGE = Knob(
+    "zero_stage", (0, 1, 2, 3), 0, "ZeRO stage", "ZeRO", kind=int,
+    tag=lambda z: f"z{z}" if z else "", group="sharding",
+    rules=(Rule("zero_stage>0", "ZeRO needs deepspeed, which is not installed",
+                lambda c, d: c.zero_stage > 0 and not _installed("deepspeed")),),
+    speed=Speed(_zero_prior, sd=0.4))
+
+OFFLOAD = Knob(
+    "offload", ("none", "optimizer", "optimizer+param"), "none", "offload", "offload",
+    tag=lambda o: "" if o == "none" else f"off:{o}", group="sharding",
+    rules=(
+        Rule("offload={offload} without ZeRO", "offload is a DeepSpeed ZeRO feature "
+             "(zero_stage 1-3)", lambda c, d: c.offload != "none" and c.zero_stage == 0),
+        Rule("offload=optimizer+param with zero_stage<3", "parameter offload needs ZeRO "
+             "stage 3", lambda c, d: c.offload == "optimizer+param" and c.zero_stage != 3),
+        Rule("offload with optim={optim}", "optimizer offload runs DeepSpeed's CPU optimizer, "
+             "which exists only for " + ", ".join(offload_capable()),
+             lambda c, d: c.offload != "none" and optimizer(c.optim).offload_type is None),
+    ),
+    speed=Speed(lambda o, d, w: {"none": 0.0, "optimizer": -0.4,
+                                 "optimizer+param": -1.0}[o], sd=0.4))
+
+
+# --- the table -------------------------------------------------------------------------
+
+_TABLE: list[Knob] = [PRECISION, OPTIM, GRADIENT_CHECKPOINTING, ZERO_STAGE, OFFLOAD]
+
+
+def table() -> tuple[Knob, ...]:
+    return tuple(_TABLE)
+
+
+def names() -> list[str]:
+    return [k.name for k in _TABLE]
+
+
+def knob(name: str) -> Knob:
+    for k in _TABLE:
+        if k.name == name:
+            return k
+    raise SpecError(f"unknown knob {name!r}; known: {', '.join(names())}")
+
+
+def groups() -> dict[str, list[Knob]]:
+    """Knobs by effect group, in table order."""
+    out: dict[str, list[Knob]] = {}
+    for k in _TABLE:
+        out.setdefault(k.group_name, []).append(k)
+    return out
+
+
+@contextlib.contextmanager
+def added(*new: Knob) -> Iterator[None]:
+    """The table with `new` rows for the duration (a plugin's or a test's knob)."""
+    taken = set(names())
+    for k in new:
+        if k.name in taken:
+            raise SpecError(f"knob {k.name!r} is already in the table")
+    _TABLE.extend(new)
+    try:
+        yield
+    finally:
+        for k in new:
+            _TABLE.remove(k)
+
+
+def device_rule(config: TrialConfig, device: DeviceSpec) -> tuple[str, str] | None:
+    """(label, reason) of the first rule that rules `config` out on `device`, or None."""
+    for k in _TABLE:
+        for rule in k.rules:
+            hit = rule.check(config, device)
+            if hit is not None:
+                return hit
+    return None

@@ -1,0 +1,505 @@
+"""report.md and report.html from a search's summary.json, and the terminal summary.
+
+Everything is derived from summary.json alone, so `autotune report DIR` can regenerate the
+report long after the search (or from a copy of the folder on a laptop). The HTML is one
+self-contained file: plotly.js is inlined once in <head>, so it opens offline.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autotune import knobs
+from autotune.outputs.report_plots import STATUS_COLORS, figures, known
+from autotune.records import Record
+from autotune.summary import Summary, load_summary
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+MARKDOWN_FILE = "report.md"
+HTML_FILE = "report.html"
+DASH = "—"
+TOP_TRIALS = 10  # rows of the terminal table; the HTML and Markdown list every trial
+
+
+# --- formatting: every figure may be None, which shows as a dash ------------------------
+
+def fmt_num(value: Any, digits: int = 1) -> str:
+    v = known(value)
+    return DASH if v is None else f"{v:,.{digits}f}"
+
+
+def fmt_bytes(value: Any) -> str:
+    v = known(value)
+    if v is None:
+        return DASH
+    if v >= 1000 * 1024**2:  # "0.98 GiB" reads better than "1,000 MiB"
+        return f"{v / 1024**3:,.2f} GiB"
+    return f"{v / 1024**2:,.0f} MiB" if v >= 1024**2 else f"{v / 1024:,.0f} KiB"
+
+
+def fmt_seconds(value: Any) -> str:
+    s = known(value)
+    if s is None:
+        return DASH
+    if s < 120:
+        return f"{s:.1f} s"
+    minutes, hours, days = s / 60, s / 3600, s / 86400
+    if hours < 2:
+        return f"{minutes:.0f} min"
+    if days < 2:
+        return f"{int(hours)} h {int(minutes % 60):02d} min"
+    return f"{int(days)} d {int(hours % 24)} h"
+
+
+def fmt_pct(value: Any) -> str:
+    v = known(value)
+    return DASH if v is None else f"{v:.1%}"
+
+
+def error_tail(error: str | None, lines: int = 3, width: int = 240) -> str:
+    """The last lines of a trial's error: where Python puts the exception that matters."""
+    kept = [ln.rstrip()[:width] for ln in (error or "").splitlines() if ln.strip()]
+    return "\n".join(kept[-lines:])
+
+
+# --- the headline, shared by the terminal, Markdown and HTML ----------------------------
+
+@dataclass(frozen=True)
+class Fact:
+    """One headline card: what it is, the figure, and a line of context."""
+
+    label: str
+    value: str
+    detail: str
+
+
+def _title(summary: Summary) -> str:
+    model = summary.model.get("name") or "model"
+    device = summary.device
+    count = device.get("count") or 1
+    where = f"{count}× {device.get('name', 'device')}" if count > 1 else device.get(
+        "name", "device")
+    return f"{model} on {where}"
+
+
+def _projection(summary: Summary) -> tuple[str, float | None, float | None] | None:
+    """(what the user's full run is, samples, tokens) from the spec's run section
+    {"steps", "tokens"}, where one step is one optimizer step of target_batch_size
+    samples; None when the spec gives neither."""
+    p = summary.projection
+    target = known(summary.target_batch_size)
+    steps, tokens = known(p.get("steps")), known(p.get("tokens"))
+    if steps and target:
+        return f"{int(steps):,} steps of {int(target):,} samples", steps * target, None
+    if tokens:
+        return f"{int(tokens):,} tokens", None, tokens
+    return None
+
+
+def projected_seconds(summary: Summary, record: Record | None) -> float | None:
+    """Wall time of the user's full run at `record`'s measured throughput."""
+    proj = _projection(summary)
+    if proj is None or record is None:
+        return None
+    _, samples, tokens = proj
+    sps = known(record.outcome.samples_per_second)
+    tps = known(record.outcome.tokens_per_second)
+    seq = known(summary.seq_len)
+    if tps is None and sps and seq:
+        tps = sps * seq
+    if samples is not None:
+        return samples / sps if sps else None
+    return tokens / tps if tokens and tps else None
+
+
+def headline(summary: Summary) -> list[Fact]:
+    """The figures a user looks for first, best config first."""
+    best, base = summary.best, summary.baseline
+    return [_best_fact(summary), _throughput_fact(best), _speedup_fact(summary, base),
+            _memory_fact(summary, best), _mfu_fact(best), _projection_fact(summary, best, base),
+            _search_fact(summary)]
+
+
+def _best_fact(summary: Summary) -> Fact:
+    best = summary.best
+    if best is None:
+        return Fact("Best config", "none", "no trial succeeded: see the errors in the table")
+    return Fact("Best config", best.config.label(), f"trial #{best.number} · effective batch "
+                f"{summary.target_batch_size} × world {summary.world_size}")
+
+
+def _throughput_fact(best: Record | None) -> Fact:
+    o = best.outcome if best else None
+    sps = fmt_num(o.samples_per_second if o else None)
+    tps = fmt_num(o.tokens_per_second if o else None, 0)
+    return Fact("Throughput", DASH if sps == DASH else f"{sps} samples/s",
+                DASH if tps == DASH else f"{tps} tokens/s")
+
+
+def _mfu_fact(best: Record | None) -> Fact:
+    if best is None:
+        return Fact("MFU", DASH, "no successful trial")
+    mfu = best.outcome.extra.get("mfu")
+    return Fact("MFU", fmt_pct(mfu), "model FLOPs utilisation" if known(mfu) is not None
+                else "not known for this device (no peak FLOP/s)")
+
+
+def _speedup_fact(summary: Summary, base: Record | None) -> Fact:
+    speedup = known(summary.speedup)
+    if base is None:
+        return Fact("Speedup vs baseline", DASH, "no baseline trial succeeded")
+    value = DASH if speedup is None else f"{speedup:.2f}×"
+    return Fact("Speedup vs baseline", value, f"baseline {base.config.label()}"
+                f": {fmt_num(base.outcome.samples_per_second)} samples/s")
+
+
+def _memory_fact(summary: Summary, best: Record | None) -> Fact:
+    peak = known(best.outcome.peak_memory_bytes) if best else None
+    limit = known(summary.memory_limit_bytes)
+    device = known(summary.device.get("memory_bytes"))
+    share = f"{peak / limit:.0%} of the {fmt_bytes(limit)} limit" if peak and limit else (
+        f"limit {fmt_bytes(limit)}")
+    return Fact("Peak memory", fmt_bytes(peak), f"{share} · device {fmt_bytes(device)}")
+
+
+def _projection_fact(summary: Summary, best: Record | None, base: Record | None) -> Fact:
+    proj = _projection(summary)
+    if proj is None:
+        return Fact("Full run", DASH, "no projection: set run.steps or run.tokens in the spec")
+    secs = projected_seconds(summary, best)
+    base_secs = projected_seconds(summary, base)
+    return Fact("Full run", fmt_seconds(secs),
+                f"{proj[0]} · baseline {fmt_seconds(base_secs)}")
+
+
+def _search_fact(summary: Summary) -> Fact:
+    wall = fmt_seconds(summary.search.get("wall_seconds"))
+    return Fact("Search", f"{len(summary.ran)} trials", f"{summary.ooms} OOM · {wall} wall")
+
+
+# --- the trials table -------------------------------------------------------------------
+
+# tokens/s is left out: it is samples/s × seq_len for every trial (the headline has it).
+def columns() -> tuple[str, ...]:
+    return ("#", "batch", "accum", *(k.column for k in knobs.table()), "status", "samples/s",
+            "peak mem", "predicted", "step s", "reason", "error")
+
+
+def _knob_cell(value: Any) -> tuple[str, Any]:
+    if isinstance(value, bool):
+        return ("yes" if value else "no"), int(value)
+    return str(value), value
+
+
+def trial_row(t: Record) -> list[tuple[str, Any]]:
+    """(shown text, sort key) per column; the key is None for a missing figure."""
+    c, o = t.config, t.outcome
+    return [(str(t.number), t.number),
+            (str(c.per_device_train_batch_size), c.per_device_train_batch_size),
+            (str(c.gradient_accumulation_steps), c.gradient_accumulation_steps),
+            *(_knob_cell(getattr(c, k.name)) for k in knobs.table()),
+            (o.status, o.status),
+            (fmt_num(o.samples_per_second), known(o.samples_per_second)),
+            (fmt_bytes(o.peak_memory_bytes), known(o.peak_memory_bytes)),
+            (fmt_bytes(o.predicted_memory_bytes), known(o.predicted_memory_bytes)),
+            (fmt_num(o.median_step, 3), o.median_step), (t.reason, t.reason),
+            (error_tail(o.error), error_tail(o.error))]
+
+
+def ranked(trials: list[Record]) -> list[Record]:
+    """Fastest successful trials first, then the rest in the order they ran."""
+    return sorted(trials, key=lambda t: (not t.outcome.ok, -(t.throughput or 0.0),
+                                         t.number or 0))
+
+
+# --- exported files ---------------------------------------------------------------------
+
+def exports_of(summary: Summary) -> list[tuple[str, str]]:
+    """(file name, how to use it) for each file the search exported."""
+    ex = summary.exports
+    out = []
+    if ex.get("training_args"):
+        out.append((ex["training_args"], "import json; from transformers import "
+                    f"TrainingArguments\nargs = TrainingArguments(**json.load(open("
+                    f"\"{ex['training_args']}\")) | {{\"output_dir\": \"runs/my-run\"}})\n"
+                    "# works from any folder: a DeepSpeed config, if any, is inline"))
+    if ex.get("deepspeed"):
+        out.append((ex["deepspeed"], f"python train.py ... --deepspeed {ex['deepspeed']}\n"
+                    "# or: deepspeed train.py ... / accelerate launch ... with the same flag"))
+    return out
+
+
+# --- Markdown ---------------------------------------------------------------------------
+
+def _md_cell(text: str) -> str:
+    """Literal text in a table cell: HTML escaped, pipes escaped, newlines as <br>."""
+    return html.escape(text, quote=False).replace("|", "\\|").replace("\n", "<br>") or " "
+
+
+def render_markdown(summary: Summary) -> str:
+    """report.md: the headline, every trial, the files; the plots live in report.html."""
+    lines = [f"# autotune report: {_title(summary)}", "",
+             f"Interactive plots: [{HTML_FILE}]({HTML_FILE}).", "",
+             "| | | |", "| --- | --- | --- |"]
+    lines += [f"| **{f.label}** | {_md_cell(f.value)} | {_md_cell(f.detail)} |"
+              for f in headline(summary)]
+    trials = summary.trials
+    lines += ["", f"## Trials ({len(trials)})", ""]
+    if trials:
+        cols = columns()
+        lines += ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
+        lines += ["| " + " | ".join(_md_cell(text) for text, _ in trial_row(t)) + " |"
+                  for t in ranked(trials)]
+    else:
+        lines.append("No trial ran.")
+    lines += _md_pruned(summary) + ["", "## Files", ""]
+    files = exports_of(summary)
+    for name, usage in files:
+        lines += [f"- [`{name}`]({name})", "", "  ```", *("  " + u for u in
+                                                        usage.splitlines()), "  ```"]
+    if not files:
+        lines.append("No files exported: no trial succeeded.")
+    return "\n".join(lines) + "\n"
+
+
+def _md_pruned(summary: Summary) -> list[str]:
+    pruned = summary.pruned_by_rules
+    if not pruned:
+        return []
+    return ["", "## Left out by device rules", ""] + [
+        f"- `{k}`: {v}" for k, v in pruned.items()]
+
+
+# --- terminal -----------------------------------------------------------------------------
+
+def render_summary(summary: Summary, console: Console) -> None:
+    """The headline and the fastest trials, for the end of `autotune search` and for
+    `autotune show`."""
+    from rich import box
+    from rich.panel import Panel
+    from rich.table import Table
+
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column(style="cyan")
+    grid.add_column(style="dim")
+    for f in headline(summary):
+        grid.add_row(f.label, f.value, f.detail)
+    console.print(Panel(grid, title=f"autotune: {_title(summary)}", expand=False))
+    trials = ranked(summary.trials)
+    if not trials:
+        console.print("[yellow]no trial ran[/yellow]")
+        return
+    table = Table(box=box.SIMPLE_HEAD, title=f"top {min(TOP_TRIALS, len(trials))} of "
+                  f"{len(trials)} trials", title_justify="left")
+    for name in ("#", "config", "status", "samples/s", "tokens/s", "peak mem", "reason"):
+        table.add_column(name, justify="right" if name.endswith(("s", "mem", "#")) else "left")
+    for t in trials[:TOP_TRIALS]:
+        color = "green" if t.outcome.ok else "red"
+        table.add_row(str(t.number), t.config.label(), f"[{color}]{t.outcome.status}[/]",
+                      fmt_num(t.throughput), fmt_num(t.outcome.tokens_per_second, 0),
+                      fmt_bytes(t.outcome.peak_memory_bytes), t.reason[:40])
+    console.print(table)
+
+
+# --- HTML -------------------------------------------------------------------------------
+
+CSS = """
+:root { --ink:#1d2433; --muted:#5c6577; --line:#e3e6ec; --bg:#f5f6f8; --accent:#2a9d8f; }
+* { box-sizing: border-box; }
+body { margin:0; background:var(--bg); color:var(--ink);
+  font:14px/1.45 system-ui,-apple-system,'Segoe UI',Roboto,sans-serif; }
+main { max-width:1360px; margin:0 auto; padding:28px 24px 48px; }
+header h1 { margin:0; font-size:24px; } header p { margin:4px 0 0; color:var(--muted); }
+h2 { font-size:17px; margin:32px 0 12px; }
+.cards { display:grid; grid-template-columns:repeat(4,1fr); gap:12px; margin-top:20px; }
+.card { background:#fff; border:1px solid var(--line); border-radius:10px; padding:14px 16px; }
+.card .label { color:var(--muted); font-size:12px; text-transform:uppercase;
+  letter-spacing:.05em; }
+.card .value { font-size:24px; font-weight:650; margin:4px 0 2px; overflow-wrap:anywhere; }
+.card .detail { color:var(--muted); font-size:12.5px; }
+.card.hero { grid-column:span 2; border-left:4px solid var(--accent); }
+.card.hero .value { font-family:ui-monospace,SFMono-Regular,Menlo,monospace; font-size:21px; }
+.plots { display:grid; grid-template-columns:1fr 1fr; gap:16px; }
+.plot { background:#fff; border:1px solid var(--line); border-radius:10px; padding:8px 10px 10px;
+  min-width:0; }
+.plot.wide { grid-column:span 2; } .plot p { margin:2px 8px; color:var(--muted); font-size:12.5px; }
+.tablewrap { overflow-x:auto; background:#fff; border:1px solid var(--line); border-radius:10px; }
+table { border-collapse:collapse; width:100%; font-size:12.5px; }
+th, td { padding:6px 7px; border-bottom:1px solid var(--line); text-align:left;
+  vertical-align:top; white-space:nowrap; }
+th { position:sticky; top:0; background:#fafbfc; cursor:pointer; user-select:none; }
+th[data-dir=asc]::after { content:" ▲"; } th[data-dir=desc]::after { content:" ▼"; }
+td.num { text-align:right; font-variant-numeric:tabular-nums; }
+tr.best td { background:#eef8f6; }
+.pill { color:#fff; border-radius:9px; padding:1px 8px; font-size:11.5px; font-weight:600; }
+pre { margin:0; font:11.5px/1.35 ui-monospace,SFMono-Regular,Menlo,monospace; }
+td.wrap { white-space:normal; min-width:110px; max-width:170px; }
+td.err { white-space:normal; min-width:230px; max-width:360px; color:#8a1c24; }
+td.err summary { cursor:pointer; overflow-wrap:anywhere; }
+td.err pre { white-space:pre-wrap; margin-top:4px; color:#5c2128; }
+.files pre { background:#1d2433; color:#e9edf5; padding:10px 12px; border-radius:8px;
+  overflow-x:auto; }
+.files li { margin-bottom:12px; } code { font-family:ui-monospace,Menlo,monospace; }
+.note { color:var(--muted); } footer { margin-top:36px; color:var(--muted); font-size:12px; }
+"""
+
+# Click a header to sort by it; missing figures (empty data-v) always sort last.
+SORT_JS = """
+document.querySelectorAll("table.sortable th").forEach((th, col) => {
+  th.addEventListener("click", () => {
+    const body = th.closest("table").tBodies[0];
+    const dir = th.dataset.dir === "desc" ? "asc" : "desc";
+    th.closest("tr").querySelectorAll("th").forEach(h => delete h.dataset.dir);
+    th.dataset.dir = dir;
+    const key = row => row.cells[col].dataset.v;
+    const rows = Array.from(body.rows).sort((a, b) => {
+      const x = key(a), y = key(b);
+      if (x === "" || y === "") return (x === "") - (y === "");
+      const nx = Number(x), ny = Number(y);
+      const c = isNaN(nx) || isNaN(ny) ? x.localeCompare(y) : nx - ny;
+      return dir === "asc" ? c : -c;
+    });
+    rows.forEach(r => body.appendChild(r));
+  });
+});
+"""
+
+PLOT_CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": [
+    "select2d", "lasso2d", "zoomIn2d", "zoomOut2d", "autoScale2d", "toggleSpikelines",
+    "hoverClosestCartesian", "hoverCompareCartesian"]}
+NUMERIC = {"#", "batch", "accum", "samples/s", "peak mem", "predicted", "step s"}
+
+
+def _numeric(column: str) -> bool:
+    return column in NUMERIC or any(k.column == column and k.kind in (int, float)
+                                    for k in knobs.table())
+
+
+def esc(text: Any) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def render_html(summary: Summary) -> str:
+    """report.html: headline cards, the plots, every trial, the files; opens offline."""
+    from plotly.offline import get_plotlyjs
+
+    trials = summary.trials
+    parts = [_html_header(summary), _html_plots(trials, summary), _html_table(summary, trials),
+             _html_pruned(summary), _html_files(summary),
+             f"<footer>autotune {esc(summary.autotune_version)} · study "
+             f"{esc(summary.search.get('study_name') or DASH)}</footer>"]
+    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+            f"<title>autotune: {esc(_title(summary))}</title><style>{CSS}</style>"
+            f"<script type=\"text/javascript\">{get_plotlyjs()}</script></head>\n"
+            f"<body><main>{''.join(parts)}</main><script>{SORT_JS}</script></body></html>\n")
+
+
+def _html_header(summary: Summary) -> str:
+    params = known(summary.model.get("num_parameters"))
+    bits = [f"{params / 1e6:,.1f} M parameters" if params else None,
+            f"seq len {summary.seq_len}" if summary.seq_len else None,
+            f"target batch {summary.target_batch_size}" if summary.target_batch_size else None]
+    cards = []
+    for i, f in enumerate(headline(summary)):
+        cls = "card hero" if i == 0 else "card"
+        cards.append(f'<div class="{cls}"><div class="label">{esc(f.label)}</div>'
+                     f'<div class="value">{esc(f.value)}</div>'
+                     f'<div class="detail">{esc(f.detail)}</div></div>')
+    return (f"<header><h1>autotune report: {esc(_title(summary))}</h1>"
+            f"<p>{esc(' · '.join(b for b in bits if b))}</p></header>"
+            f"<section class=\"cards\">{''.join(cards)}</section>")
+
+
+def _html_plots(trials: list[Record], summary: Summary) -> str:
+    panels = figures(trials, summary)
+    if not panels:
+        return "<h2>Plots</h2><p class=\"note\">No trial measured anything to plot.</p>"
+    divs = []
+    for panel, fig in panels:
+        plot = fig.to_html(full_html=False, include_plotlyjs=False, div_id=panel.div_id,
+                           default_width="100%", default_height=f"{fig.layout.height}px",
+                           config=PLOT_CONFIG)
+        cls = "plot wide" if panel.wide else "plot"
+        divs.append(f'<div class="{cls}">{plot}<p>{esc(panel.caption)}</p></div>')
+    return f"<h2>Plots</h2><section class=\"plots\">{''.join(divs)}</section>"
+
+
+def _html_cell(name: str, text: str, key: Any) -> str:
+    value = "" if key is None else esc(key)
+    if name == "status":
+        color = STATUS_COLORS.get(text, "#888")
+        return f'<td data-v="{value}"><span class="pill" style="background:{color}">' \
+               f"{esc(text)}</span></td>"
+    if name == "error":
+        return _html_error(text, value)
+    if name == "reason":
+        return f'<td class="wrap" data-v="{value}">{esc(text)}</td>'
+    cls = ' class="num"' if _numeric(name) else ""
+    return f'<td{cls} data-v="{value}">{esc(text)}</td>'
+
+
+def _html_error(tail: str, value: str) -> str:
+    """The exception line, with the lines before it one click away."""
+    if not tail:
+        return '<td data-v=""></td>'
+    *before, last = tail.splitlines()
+    if not before:
+        return f'<td class="err" data-v="{value}">{esc(last)}</td>'
+    return (f'<td class="err" data-v="{value}"><details><summary>{esc(last)}</summary>'
+            f"<pre>{esc(tail)}</pre></details></td>")
+
+
+def _html_table(summary: Summary, trials: list[Record]) -> str:
+    if not trials:
+        return "<h2>Trials (0)</h2><p class=\"note\">No trial ran.</p>"
+    best_number = summary.best.number if summary.best else None
+    cols = columns()
+    head = "".join(f"<th>{esc(c)}</th>" for c in cols)
+    rows = []
+    for t in ranked(trials):
+        cls = ' class="best"' if t.number == best_number and t.outcome.ok else ""
+        cells = "".join(_html_cell(name, text, key)
+                        for name, (text, key) in zip(cols, trial_row(t), strict=True))
+        rows.append(f"<tr{cls}>{cells}</tr>")
+    return (f"<h2>Trials ({len(trials)}) <span class=\"note\">· click a column to sort"
+            f"</span></h2><div class=\"tablewrap\"><table class=\"sortable\" id=\"trials\">"
+            f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>")
+
+
+def _html_pruned(summary: Summary) -> str:
+    pruned = summary.pruned_by_rules
+    if not pruned:
+        return ""
+    items = "".join(f"<li><code>{esc(k)}</code>: {esc(v)}</li>" for k, v in pruned.items())
+    return f"<h2>Left out by device rules</h2><ul>{items}</ul>"
+
+
+def _html_files(summary: Summary) -> str:
+    files = exports_of(summary)
+    if not files:
+        return "<h2>Files</h2><p class=\"note\">No files exported: no trial succeeded.</p>"
+    items = "".join(f'<li><a href="{esc(name)}"><code>{esc(name)}</code></a>'
+                    f"<pre>{esc(usage)}</pre></li>" for name, usage in files)
+    return f"<h2>Files</h2><ul class=\"files\">{items}</ul>"
+
+
+# --- writing ------------------------------------------------------------------------------
+
+def write_report(output_dir: str | Path) -> tuple[Path, Path]:
+    """Write report.md and report.html next to summary.json; returns their paths."""
+    out = Path(output_dir)
+    summary = load_summary(out)
+    md_path, html_path = out / MARKDOWN_FILE, out / HTML_FILE
+    md_path.write_text(render_markdown(summary))
+    html_path.write_text(render_html(summary), encoding="utf-8")
+    return md_path, html_path
+
+
+__all__ = ["render_html", "render_markdown", "render_summary", "write_report"]

@@ -1,0 +1,153 @@
+"""What the trial runs on: the local device, or a named one to plan for.
+
+Device rules (which precisions and optimizers can run) and MFU both need the compute
+capability and peak FLOP/s, which torch does not report; they live in one table here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+
+from autotune.errors import SpecError
+
+log = logging.getLogger("autotune")
+GiB = 1024**3
+# The default trial budget on CPU: half the RAM free when the search starts, so the
+# machine keeps room for everything else on it.
+CPU_BUDGET_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    name: str
+    kind: str  # "cuda" or "cpu"
+    memory_bytes: int
+    compute_capability: tuple[int, int] | None = None
+    count: int = 1
+    # Dense peak FLOP/s by precision; empty where unknown (MFU is then not reported).
+    peak_flops: dict[str, float] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.kind == "cuda"
+
+    def supports_bf16(self) -> bool:
+        # bf16 tensor cores arrived with Ampere (8.0); PyTorch on CPU runs bf16 too. A GPU
+        # whose capability is not known (a landscape's device we have no entry for) is
+        # given the benefit of the doubt: trying costs one trial, ruling out may cost the best.
+        cc = self.compute_capability
+        return not self.is_cuda or cc is None or cc >= (8, 0)
+
+    def supports_tf32(self) -> bool:
+        cc = self.compute_capability
+        return self.is_cuda and (cc is None or cc >= (8, 0))
+
+    def supports_fp16(self) -> bool:
+        # Trainer refuses fp16 mixed precision without CUDA (no GradScaler path on CPU).
+        return self.is_cuda
+
+
+T = 1e12
+# Dense peak FLOP/s by precision of GPUs sold in more than one memory size.
+_V100 = {"fp32": 15.7 * T, "fp16": 125 * T}
+_A100 = {"fp32": 19.5 * T, "tf32": 156 * T, "fp16": 312 * T, "bf16": 312 * T}
+_HOPPER = {"fp32": 67 * T, "tf32": 495 * T, "fp16": 989 * T, "bf16": 989 * T}
+
+
+def _ampere_plus(fp32: float, tf32: float, half: float) -> dict[str, float]:
+    return {"fp32": fp32 * T, "tf32": tf32 * T, "fp16": half * T, "bf16": half * T}
+
+
+# name: (memory GiB, compute capability, {precision: dense peak FLOP/s})
+KNOWN_DEVICES: dict[str, tuple[float, tuple[int, int], dict[str, float]]] = {
+    "V100-16GB": (16, (7, 0), _V100),
+    "V100-32GB": (32, (7, 0), _V100),
+    "T4-16GB": (16, (7, 5), {"fp32": 8.1 * T, "fp16": 65 * T}),
+    "A10G-24GB": (24, (8, 6), _ampere_plus(31.2, 62.5, 125)),
+    "L4-24GB": (24, (8, 9), _ampere_plus(30.3, 60, 121)),
+    "A100-40GB": (40, (8, 0), _A100),
+    "A100-80GB": (80, (8, 0), _A100),
+    "A6000-48GB": (48, (8, 6), _ampere_plus(38.7, 77.4, 155)),
+    "RTX3090-24GB": (24, (8, 6), _ampere_plus(35.6, 35.6, 71)),
+    "RTX4090-24GB": (24, (8, 9), _ampere_plus(82.6, 82.6, 165)),
+    "L40S-48GB": (48, (8, 9), _ampere_plus(91.6, 183, 362)),
+    "H100-80GB": (80, (9, 0), _HOPPER),
+    "H200-141GB": (141, (9, 0), _HOPPER),
+}
+
+
+def named_device(name: str, count: int = 1) -> DeviceSpec:
+    """A device to plan for, by name ("A100-80GB", "a100", "V100-16GB")."""
+    key = _match_known(name)
+    if key is None:
+        allowed = ", ".join(KNOWN_DEVICES)
+        raise SpecError(f"--device: unknown device {name!r}; known: {allowed}")
+    mem, cc, flops = KNOWN_DEVICES[key]
+    size = re.search(r"(\d+)\s*GB", name, re.IGNORECASE)
+    mem_gib = float(size.group(1)) if size else mem
+    return DeviceSpec(key, "cuda", int(mem_gib * GiB), cc, count, dict(flops))
+
+
+def _match_known(name: str) -> str | None:
+    norm = name.upper().replace("NVIDIA", "").replace(" ", "").replace("_", "-")
+    if norm in KNOWN_DEVICES:
+        return norm
+    size = re.search(r"(\d+)GB", norm)
+    # Longest model names first, so "L40S" is not taken for an "L4".
+    keys = sorted(KNOWN_DEVICES, key=lambda k: -len(k.split("-")[0]))
+    for key in keys:
+        model = key.split("-")[0]
+        if model in norm and (size is None or key.endswith(f"-{size.group(1)}GB")):
+            return key
+    for key in keys:  # a size we do not list: keep the model's rules
+        if key.split("-")[0] in norm:
+            return key
+    return None
+
+
+def node_cpus() -> int:
+    """Cores this process may run on (its affinity mask, not the machine's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+
+
+def local_device(gpu_index: int = 0) -> DeviceSpec:
+    """The device trials here run on: GPU `gpu_index` if CUDA is up, else the CPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(gpu_index)
+        cc = (props.major, props.minor)
+        key = _match_known(props.name)
+        flops = dict(KNOWN_DEVICES[key][2]) if key else {}
+        return DeviceSpec(props.name, "cuda", props.total_memory, cc,
+                          torch.cuda.device_count(), flops)
+    import psutil
+
+    return DeviceSpec("cpu", "cpu", psutil.virtual_memory().total, None, 1, {})
+
+
+def memory_limit(device: DeviceSpec, budget: int | None = None) -> int:
+    """Per-rank memory a trial may use: the user's budget, never more than the device has.
+    On CPU the host is the device: the budget is capped at the RAM available now (with a
+    warning), so the trial's own budget watch ends a trial that grows too large, not the
+    kernel or Ray's memory monitor; without a budget, a share of it."""
+    if device.is_cuda:
+        if budget is not None and budget > device.memory_bytes:
+            log.warning("hardware.memory_budget %.2f GiB is more than the %s has (%.2f GiB); "
+                        "using the device's memory", budget / GiB, device.name,
+                        device.memory_bytes / GiB)
+        return min(budget or device.memory_bytes, device.memory_bytes)
+    import psutil
+
+    available = psutil.virtual_memory().available
+    if budget is None:
+        return int(available * CPU_BUDGET_SHARE)
+    if budget > available:
+        log.warning("hardware.memory_budget %.2f GiB is more than the %.2f GiB of RAM "
+                    "available; trials are capped at that", budget / GiB, available / GiB)
+        return int(available)
+    return budget

@@ -1,0 +1,119 @@
+"""`autotune estimate`: predicted peak memory of every config, before any trial runs.
+
+Works with no GPU and no weights: the model is counted on the meta device, and the
+device can be one the user plans to rent (`--device A100-80GB`) or a bare limit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from autotune.config import Family, TrialConfig
+from autotune.errors import SpecError
+from autotune.plan.calibration import MemoryModel
+from autotune.plan.device import DeviceSpec, GiB, local_device, memory_limit, named_device
+from autotune.plan.memory import COMPONENTS, MemoryEstimate
+from autotune.plan.shape import ModelShape, model_shape
+from autotune.space import build_space
+from autotune.spec import load_spec, parse_bytes
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+@dataclass
+class EstimateRow:
+    config: TrialConfig
+    estimate: MemoryEstimate
+    fits: bool
+
+
+@dataclass
+class EstimateResult:
+    shape: ModelShape
+    device: DeviceSpec
+    limit_bytes: int
+    rows: list[EstimateRow]
+    pruned_by_rules: dict[str, str]
+
+    def largest_fitting(self) -> list[EstimateRow]:
+        """Per family, the largest batch predicted to fit (or the smallest batch when none
+        fits): the row a user planning a run looks for."""
+        by_family: dict[Family, list[EstimateRow]] = {}
+        for row in self.rows:
+            by_family.setdefault(row.config.family, []).append(row)
+        picked = []
+        for rows in by_family.values():
+            rows.sort(key=lambda r: r.config.per_device_train_batch_size)
+            fitting = [r for r in rows if r.fits]
+            picked.append(fitting[-1] if fitting else rows[0])
+        return picked
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.shape.to_dict(), "device": self.device.name,
+                "limit_bytes": self.limit_bytes,
+                "rows": [{"config": r.config.to_dict(), "fits": r.fits}
+                         | r.estimate.to_dict() for r in self.rows]}
+
+
+def estimate(spec_or_path: Any, *, device: str | None = None,
+             memory: str | None = None) -> EstimateResult:
+    """Every config of the spec's space with its predicted memory and whether it fits."""
+    spec = load_spec(spec_or_path)
+    dev = named_device(device, spec.world_size) if device else local_device()
+    shape = model_shape(spec)
+    if shape is None:
+        raise SpecError("model: estimate needs an architecture (model.config or "
+                        "model.name_or_path); a bare model.factory has none to read")
+    budget = None if device else spec.hardware.budget_bytes()  # a plan uses the device's
+    if memory is not None:
+        try:
+            budget = parse_bytes(memory)
+        except ValueError as exc:
+            raise SpecError(f"--memory: {memory!r} is not a size like 40GiB or 512MB") from exc
+    limit = memory_limit(dev, budget)
+    space = build_space(spec, dev)
+    model = MemoryModel(shape, dev, spec.world_size)
+    rows = []
+    for cfg in space.candidates:
+        est = model.predict(cfg)
+        rows.append(EstimateRow(cfg, est, est.total_bytes <= limit))
+    return EstimateResult(shape, dev, int(limit), rows, space.pruned)
+
+
+_SHORT = {"weights": "weights", "gradients": "grads", "optimizer": "optim",
+          "activations": "activ", "runtime": "runtime"}
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:.2f}"
+
+
+def render_estimate(result: EstimateResult, console: Console, *, all_rows: bool = False) -> None:
+    from rich.table import Table
+
+    s = result.shape
+    console.print(f"[bold]{s.name}[/]: {s.num_parameters / 1e6:,.1f}M parameters, "
+                  f"{s.num_layers} layers, hidden {s.hidden_size}, seq {s.seq_len}, "
+                  f"attention {s.attn_implementation}")
+    console.print(f"device {result.device.name}, limit {_gib(result.limit_bytes)} GiB per rank")
+    rows = result.rows if all_rows else result.largest_fitting()
+    title = "every config" if all_rows else "largest batch predicted to fit, per family"
+    table = Table(title=f"predicted peak memory (GiB): {title}")
+    table.add_column("config", no_wrap=True)
+    for comp in COMPONENTS:
+        table.add_column(_SHORT.get(comp, comp), justify="right")
+    table.add_column("host", justify="right")
+    table.add_column("total", justify="right")
+    table.add_column("fits")
+    for row in sorted(rows, key=lambda r: (not r.fits, r.estimate.total_bytes)):
+        comps = row.estimate.components
+        table.add_row(row.config.label(), *(_gib(comps[c]) for c in COMPONENTS),
+                      _gib(row.estimate.host_bytes), _gib(row.estimate.total_bytes),
+                      "[green]yes[/]" if row.fits else "[red]no[/]")
+    console.print(table)
+    n_fit = sum(r.fits for r in result.rows)
+    console.print(f"{n_fit} of {len(result.rows)} configs predicted to fit")
+    for label, why in result.pruned_by_rules.items():
+        console.print(f"[dim]not considered: {label}: {why}[/]")

@@ -1,0 +1,154 @@
+"""The few architecture figures that memory and FLOP estimates need, and where they come
+from: a config counted on the meta device, a built model, or a landscape's meta.json.
+
+Kept apart from the model itself so a 70B model (or a landscape that never had one)
+can be reasoned about without instantiating any weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from autotune.spec import Spec
+
+# The transformers auto class that builds each task's model.
+AUTO_CLASSES = {
+    "causal-lm": "AutoModelForCausalLM",
+    "masked-lm": "AutoModelForMaskedLM",
+    "sequence-classification": "AutoModelForSequenceClassification",
+}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    num_parameters: int
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    vocab_size: int
+    seq_len: int
+    causal_lm: bool = True
+    intermediate_size: int | None = None  # None: 4 x hidden, as in GPT-2/BERT
+    name: str = "model"
+    # "eager" materialises the seq x seq attention matrix; "sdpa"/"flash_attention_2" do
+    # not; "auto": not known, the memory model decides from the device.
+    attn_implementation: str = "auto"
+    task: str = ""  # causal-lm | masked-lm | sequence-classification; "" = from causal_lm
+
+    @property
+    def has_lm_logits(self) -> bool:
+        """A vocabulary-sized output per token (causal or masked LM), not a class head."""
+        return self.task in ("causal-lm", "masked-lm") if self.task else self.causal_lm
+
+    @property
+    def ffn_size(self) -> int:
+        return self.intermediate_size or 4 * self.hidden_size
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_landscape_meta(cls, meta: dict[str, Any]) -> ModelShape:
+        m = meta["model"]
+        return cls(
+            num_parameters=int(m["num_parameters"]),
+            num_layers=int(m["num_layers"]),
+            hidden_size=int(m["hidden_size"]),
+            num_attention_heads=int(m["num_attention_heads"]),
+            vocab_size=int(m["vocab_size"]),
+            seq_len=int(m["seq_len"]),
+            causal_lm=bool(m.get("causal_lm", True)),
+            intermediate_size=m.get("intermediate_size"),
+            name=str(m.get("name", "model")),
+            attn_implementation=str(m.get("attn_implementation", "auto")),
+            task=str(m.get("task", "")),
+        )
+
+
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+_HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model")
+_HEAD_KEYS = ("num_attention_heads", "n_head")
+_FFN_KEYS = ("intermediate_size", "n_inner", "ffn_dim")
+
+
+def _first(cfg: Any, keys: tuple[str, ...]) -> Any:
+    for k in keys:
+        v = getattr(cfg, k, None)
+        if v is not None:
+            return v
+    return None
+
+
+def load_hf_config(model: dict[str, Any]):
+    """The transformers config for the spec's model section, or None for a bare factory."""
+    import transformers
+
+    if model.get("config"):
+        cfg = dict(model["config"])
+        return transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    if model.get("name_or_path"):
+        return transformers.AutoConfig.from_pretrained(str(Path(model["name_or_path"])
+                                                           .expanduser()))
+    return None
+
+
+def count_parameters(hf_config: Any, task: str = "causal-lm") -> tuple[int, str]:
+    """Parameters of the model the config describes, built on the meta device (no weights
+    allocated, so a 70B model counts in seconds), and the attention implementation
+    transformers resolves for it."""
+    import torch
+    import transformers
+
+    auto = getattr(transformers, AUTO_CLASSES[task])
+    with torch.device("meta"):
+        model = auto.from_config(hf_config)
+    n = sum(p.numel() for p in model.parameters())
+    attn = getattr(model.config, "_attn_implementation", None) or "eager"
+    return n, str(attn)
+
+
+def _from_config(cfg: Any, num_parameters: int, seq_len: int, task: str, name: str,
+                 attn_implementation: str) -> ModelShape:
+    return ModelShape(
+        num_parameters=int(num_parameters),
+        num_layers=int(_first(cfg, _LAYER_KEYS) or 1),
+        hidden_size=int(_first(cfg, _HIDDEN_KEYS) or 1),
+        num_attention_heads=int(_first(cfg, _HEAD_KEYS) or 1),
+        vocab_size=int(getattr(cfg, "vocab_size", 0) or 0),
+        seq_len=int(seq_len), causal_lm=task == "causal-lm", task=task,
+        intermediate_size=_first(cfg, _FFN_KEYS), name=name,
+        attn_implementation=attn_implementation)
+
+
+def shape_from_model(model: Any, seq_len: int, task: str = "causal-lm") -> ModelShape | None:
+    """The shape of a built model (a factory's, whose config the spec does not give), so a
+    search can predict memory from its first trial on."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or _first(cfg, _LAYER_KEYS) is None or _first(cfg, _HIDDEN_KEYS) is None:
+        return None
+    return _from_config(cfg, sum(p.numel() for p in model.parameters()), seq_len, task,
+                        str(getattr(cfg, "model_type", "model")),
+                        str(getattr(cfg, "_attn_implementation", None) or "auto"))
+
+
+def shape_from_hf_config(hf_config: Any, seq_len: int, task: str = "causal-lm",
+                         attn_implementation: str | None = None) -> ModelShape:
+    if attn_implementation:
+        hf_config._attn_implementation = attn_implementation
+    n_params, resolved = count_parameters(hf_config, task)
+    name = str(getattr(hf_config, "name_or_path", "") or hf_config.model_type)
+    return _from_config(hf_config, n_params, seq_len, task, name,
+                        attn_implementation or resolved)
+
+
+def model_shape(spec: Spec) -> ModelShape | None:
+    """The architecture figures of the spec's model; None for a bare factory model (its
+    first trial reports them)."""
+    hf_config = load_hf_config(spec.model.model_dump())
+    if hf_config is None:
+        return None
+    return shape_from_hf_config(hf_config, spec.data.seq_len, spec.model.task,
+                                spec.model.attn_implementation)

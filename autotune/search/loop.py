@@ -1,0 +1,98 @@
+"""The search loop, shared by real searches and landscape replays.
+
+Only the executor differs between the two: the strategy, the memory model, the study
+and the records are the same code either way.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from autotune.records import Record
+from autotune.search.study import HEARTBEAT_SECONDS
+
+if TYPE_CHECKING:
+    from autotune.search.strategies.base import Proposal, Strategy
+    from autotune.search.study import StudyLog
+    from autotune.trials.executor import Executor
+
+# Proposals in a row that were pruned on a prediction before the loop takes the strategy
+# to be going nowhere (an Optuna sampler can keep proposing what does not fit).
+MAX_PRUNED_IN_A_ROW = 200
+
+
+@dataclass
+class Limits:
+    """When to stop starting trials. `max_trials` counts trials that ran (not configs
+    pruned on a prediction); `budget_seconds` caps their summed cost: no trial starts that
+    would cross it if it cost as much as the costliest so far."""
+
+    max_trials: int | None = None
+    deadline: float | None = None
+    budget_seconds: float | None = None
+
+    def exhausted(self, costs: list[float], in_flight: int) -> bool:
+        if self.max_trials is not None and len(costs) + in_flight >= self.max_trials:
+            return True
+        if self.deadline is not None and time.time() >= self.deadline:
+            return True
+        return self.budget_seconds is not None and bool(costs) and (
+            sum(costs) + max(costs) > self.budget_seconds)
+
+
+def drive(
+    strategy: Strategy,
+    executor: Executor,
+    log: StudyLog,
+    limits: Limits,
+    *,
+    on_start: Callable[[Proposal], None] | None = None,
+    on_record: Callable[[Record], None] | None = None,
+) -> list[Record]:
+    """Ask, run, record until the strategy has nothing more or a limit is reached; trials
+    in flight then finish. Returns the whole history, earlier sessions' records first."""
+    history = log.history()
+    costs = [r.outcome.wall_seconds or 0.0 for r in history if r.outcome.ran]
+    in_flight: dict[int, tuple[int, Proposal]] = {}  # ticket -> (trial number, proposal)
+    asking, pruned_in_a_row = True, 0
+
+    def record(r: Record) -> None:
+        history.append(r)
+        if on_record is not None:
+            on_record(r)
+
+    try:
+        while True:
+            while asking and len(in_flight) < executor.capacity and not limits.exhausted(
+                    costs, len(in_flight)):
+                pending = [p.config for _, p in in_flight.values()] + log.running_elsewhere()
+                proposal = strategy.ask(history, pending)
+                if proposal is None or pruned_in_a_row >= MAX_PRUNED_IN_A_ROW:
+                    asking = False
+                    break
+                if not proposal.run:
+                    pruned_in_a_row += 1
+                    record(log.prune(proposal))
+                    continue
+                number = log.start(proposal)
+                if number is None:  # another driver took this config first
+                    continue
+                pruned_in_a_row = 0
+                if on_start is not None:
+                    on_start(proposal)
+                in_flight[executor.submit(proposal.config)] = (number, proposal)
+            if not in_flight:
+                break
+            for ticket, outcome in executor.wait(timeout=HEARTBEAT_SECONDS):
+                number, proposal = in_flight.pop(ticket)
+                costs.append(outcome.wall_seconds or 0.0)
+                record(log.finish(number, proposal, outcome))
+                asking = True  # new evidence: the strategy may have more to ask
+            log.heartbeat()
+    except BaseException:
+        log.abandon("the search was interrupted while it ran")
+        raise
+    return history

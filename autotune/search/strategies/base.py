@@ -1,0 +1,57 @@
+"""The seam between a search strategy and the loop that runs its trials (real or replayed).
+
+Call order: the loop builds a strategy with a SearchContext (and the study log, for the
+strategies that are Optuna samplers), then repeatedly
+    proposal = strategy.ask(history, pending)   # None: nothing to start now
+    the loop records the proposal (pruned when proposal.run is False) or runs it
+while `pending` holds the configs in flight. A strategy must be able to resume from any
+history (a restarted search replays the study's records into `ask`), so it keeps no
+state that the history cannot rebuild other than its random seed.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from autotune.config import TrialConfig
+from autotune.records import Record
+
+if TYPE_CHECKING:
+    from autotune.plan.device import DeviceSpec
+    from autotune.plan.shape import ModelShape
+
+
+@dataclass
+class SearchContext:
+    candidates: list[TrialConfig]  # every config the device rules allow
+    device: DeviceSpec
+    world_size: int
+    target_batch_size: int
+    memory_limit_bytes: int  # per rank: device memory or the user's budget
+    shape: ModelShape | None = None
+    seed: int = 0
+
+
+@dataclass
+class Proposal:
+    config: TrialConfig
+    reason: str  # "baseline", "model", "tpe", "predicted-oom: ...", ...
+    run: bool = True  # False: record as pruned without running (predicted not to fit)
+    predicted_memory_bytes: int | None = None
+    trial_number: int | None = None  # set when a sampler already asked the study
+
+
+class Strategy(ABC):
+    name: str = "strategy"
+
+    def __init__(self, ctx: SearchContext) -> None:
+        self.ctx = ctx
+
+    @abstractmethod
+    def ask(self, history: Sequence[Record],
+            pending: Sequence[TrialConfig] = ()) -> Proposal | None:
+        """The next config to try given everything recorded and everything in flight, or
+        None when there is nothing worth starting now."""

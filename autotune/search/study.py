@@ -1,0 +1,272 @@
+"""The Optuna study drives the search and keeps its record.
+
+Every trial is created in the study when it starts (RUNNING, so optuna-dashboard and
+other drivers see it in flight) and told when it ends: COMPLETE with samples/s; an OOM
+COMPLETE with value 0 and a violated memory constraint (the samplers' constraints_func
+only reads COMPLETE trials, so an OOM told as FAIL would teach them nothing); a config
+pruned on a memory prediction PRUNED; a failed trial FAIL. A sampler's proposal that is
+no trial (a repeat, an excluded combination) is told and marked skipped. A RUNNING trial
+whose driver died is marked abandoned when the search resumes, and its config runs again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import optuna
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import FrozenTrial, TrialState, create_trial
+
+from autotune.config import TrialConfig
+from autotune.errors import AutotuneError, SpecError
+from autotune.records import OK, OOM, PRUNED, Outcome, Record
+from autotune.search.strategies.base import Proposal
+
+FINGERPRINT_KEY = "spec_fingerprint"
+SUMMARY_KEY = "autotune_summary"
+WALL_KEY = "autotune_wall_seconds"
+# Optuna's constraint of a trial (a system attribute that TPE and GP read): <= 0 fits.
+CONSTRAINT_KEY = "constraints:memory"
+# User attributes of a trial.
+SKIPPED_KEY = "skipped"  # a sampler's proposal that was not a trial, and why
+ABANDONED_KEY = "abandoned"  # left RUNNING by a driver that died or was interrupted
+# System attributes of a RUNNING trial: who runs it, and when it last said so.
+DRIVER_KEY = "autotune_driver"
+HEARTBEAT_KEY = "autotune_heartbeat"
+HEARTBEAT_SECONDS = 15.0
+STALE_SECONDS = 8 * HEARTBEAT_SECONDS  # no heartbeat for this long: the driver is gone
+
+
+def _json(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class StudyLog:
+    """The search's view of its Optuna study."""
+
+    def __init__(self, study: optuna.Study, choices: dict[str, list], limit_bytes: int, *,
+                 shared: bool = True) -> None:
+        self.study, self.choices, self.shared = study, choices, shared
+        self.limit_bytes = limit_bytes  # a trial's constraint is its peak against it
+        self.storage = study._storage  # noqa: SLF001 - trial attrs need the storage itself
+        self.study_id = self.storage.get_study_id_from_name(study.study_name)
+        self.distributions = {k: CategoricalDistribution(v) for k, v in choices.items()}
+        self.driver = {"host": socket.gethostname(), "pid": os.getpid(),
+                       "started": time.time()}
+        self._numbers: set[int] = set()  # trials this driver started and has not told
+
+    # --- opening ------------------------------------------------------------------------
+    @classmethod
+    def open(cls, storage: str, study_name: str, fingerprint: str, choices: dict[str, list],
+             limit_bytes: int, sampler: optuna.samplers.BaseSampler | None = None) -> StudyLog:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        study = optuna.create_study(storage=storage, study_name=study_name,
+                                    direction="maximize", load_if_exists=True, sampler=sampler)
+        known = study.user_attrs.get(FINGERPRINT_KEY)
+        if known is None:
+            study.set_user_attr(FINGERPRINT_KEY, fingerprint)
+        elif known != fingerprint:
+            raise SpecError(f"search.study_name: study {study_name!r} in {storage} was made "
+                            "for a different model, data, target, space, device or library "
+                            "versions; choose another study_name or output folder to start "
+                            "afresh")
+        return cls(study, choices, limit_bytes)
+
+    @classmethod
+    def in_memory(cls, choices: dict[str, list], limit_bytes: int,
+                  sampler: optuna.samplers.BaseSampler | None = None) -> StudyLog:
+        """A study that lives as long as the process (landscape replays)."""
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        return cls(optuna.create_study(direction="maximize", sampler=sampler), choices,
+                   limit_bytes, shared=False)
+
+    # --- reading ------------------------------------------------------------------------
+    def _trials(self, states: Iterable[TrialState] | None = None) -> list[FrozenTrial]:
+        return self.study.get_trials(deepcopy=False,
+                                     states=tuple(states) if states is not None else None)
+
+    def history(self, after: int = -1) -> list[Record]:
+        """The records of finished trials (numbers above `after`), in the order they
+        started; skipped and abandoned study trials are no records."""
+        done = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+        out = []
+        for t in sorted(self._trials(done), key=lambda t: t.number):
+            a = t.user_attrs
+            if t.number > after and "outcome" in a and SKIPPED_KEY not in a \
+                    and ABANDONED_KEY not in a:
+                out.append(Record(TrialConfig.from_dict(a["config"]),
+                                  Outcome.from_dict(a["outcome"]), a.get("reason", ""),
+                                  t.number))
+        return out
+
+    def running_elsewhere(self) -> list[TrialConfig]:
+        """Configs in flight under other drivers sharing this study."""
+        if not self.shared:
+            return []
+        return [TrialConfig.from_dict(t.user_attrs["config"])
+                for t in self._trials([TrialState.RUNNING])
+                if t.number not in self._numbers and "config" in t.user_attrs]
+
+    # --- writing ------------------------------------------------------------------------
+    def _params(self, config: TrialConfig) -> tuple[dict, dict]:
+        values = config.to_dict()
+        dists = {k: d for k, d in self.distributions.items() if values.get(k) in d.choices}
+        return {k: values[k] for k in dists}, dists
+
+    def _attrs(self, proposal: Proposal) -> dict[str, Any]:
+        return {"config": proposal.config.to_dict(), "reason": proposal.reason,
+                "predicted_memory_bytes": proposal.predicted_memory_bytes}
+
+    def _set(self, number: int, attrs: dict[str, Any], *, system: bool = False) -> None:
+        trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
+        setter = self.storage.set_trial_system_attr if system else (
+            self.storage.set_trial_user_attr)
+        for key, value in attrs.items():
+            setter(trial_id, key, _json(value))
+
+    def start(self, proposal: Proposal) -> int | None:
+        """The trial as RUNNING; None when another driver claimed the config first."""
+        if proposal.trial_number is not None:
+            number = proposal.trial_number
+            self._set(number, self._attrs(proposal))
+        else:
+            params, dists = self._params(proposal.config)
+            trial_id = self.storage.create_new_trial(self.study_id, create_trial(
+                state=TrialState.RUNNING, params=params, distributions=dists,
+                user_attrs=self._attrs(proposal)))
+            number = self.storage.get_trial_number_from_id(trial_id)
+        self._numbers.add(number)
+        self._set(number, {DRIVER_KEY: self.driver, HEARTBEAT_KEY: time.time()}, system=True)
+        if self.shared and self._taken(proposal.config, number):
+            self.skip(number, "claimed by another driver first")
+            return None
+        return number
+
+    def _taken(self, config: TrialConfig, number: int) -> bool:
+        """Another trial of this config ran, or started before this one (several drivers)."""
+        mine = config.to_dict()
+        for t in self._trials():
+            a = t.user_attrs
+            if t.number == number or a.get("config") != mine or SKIPPED_KEY in a \
+                    or ABANDONED_KEY in a:
+                continue
+            if t.state != TrialState.RUNNING or t.number < number:
+                return True
+        return False
+
+    def finish(self, number: int, proposal: Proposal, outcome: Outcome) -> Record:
+        if outcome.predicted_memory_bytes is None:
+            outcome.predicted_memory_bytes = proposal.predicted_memory_bytes
+        value, constraint = None, None
+        if outcome.status == OK:
+            value = float(outcome.samples_per_second or 0.0)
+            constraint = (outcome.peak_memory_bytes or 0) / self.limit_bytes - 1.0
+        elif outcome.status == OOM:
+            value, constraint = 0.0, 1.0
+        self._set(number, {"outcome": outcome.to_dict()})
+        if constraint is not None:
+            self._set(number, {CONSTRAINT_KEY: constraint}, system=True)
+        self.study.tell(number, value, state=None if value is not None else TrialState.FAIL)
+        self._numbers.discard(number)
+        return Record(proposal.config, outcome, proposal.reason, number)
+
+    def prune(self, proposal: Proposal) -> Record:
+        """A config not run because a prediction says it would not fit."""
+        outcome = Outcome(PRUNED, predicted_memory_bytes=proposal.predicted_memory_bytes,
+                          error=f"not run: {proposal.reason}", wall_seconds=0.0)
+        attrs = self._attrs(proposal) | {"outcome": outcome.to_dict()}
+        if proposal.trial_number is not None:
+            number = proposal.trial_number
+            self._set(number, attrs)
+            self.study.tell(number, state=TrialState.PRUNED)
+        else:
+            params, dists = self._params(proposal.config)
+            trial_id = self.storage.create_new_trial(self.study_id, create_trial(
+                state=TrialState.PRUNED, params=params, distributions=dists, user_attrs=attrs))
+            number = self.storage.get_trial_number_from_id(trial_id)
+        return Record(proposal.config, outcome, proposal.reason, number)
+
+    def skip(self, number: int, why: str, known: Outcome | None = None) -> None:
+        """A sampler's proposal that is no trial: told what is known of it."""
+        self._set(number, {SKIPPED_KEY: why})
+        self._numbers.discard(number)
+        if known is not None and known.ok:
+            self._set(number, {CONSTRAINT_KEY: 0.0}, system=True)
+            self.study.tell(number, float(known.samples_per_second or 0.0))
+        elif known is not None and known.status in (OOM, PRUNED):
+            self._set(number, {CONSTRAINT_KEY: 1.0}, system=True)
+            self.study.tell(number, 0.0)
+        else:
+            self.study.tell(number, state=TrialState.FAIL)
+
+    def heartbeat(self) -> None:
+        now = time.time()
+        for number in self._numbers:
+            self._set(number, {HEARTBEAT_KEY: now}, system=True)
+
+    def abandon(self, why: str) -> None:
+        """This driver stops with trials in flight (interrupted): they will run again."""
+        for number in list(self._numbers):
+            self._set(number, {ABANDONED_KEY: why})
+            self.study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
+        self._numbers.clear()
+
+    def recover_abandoned(self) -> list[int]:
+        """RUNNING trials whose driver is gone (killed on this host, or silent for longer
+        than STALE_SECONDS anywhere): marked abandoned, so their configs run again."""
+        gone = []
+        host = socket.gethostname()
+        for t in self._trials([TrialState.RUNNING]):
+            driver = t.system_attrs.get(DRIVER_KEY) or {}
+            beat = float(t.system_attrs.get(HEARTBEAT_KEY) or 0.0)
+            dead_here = driver.get("host") == host and not _pid_alive(int(driver.get("pid", 0)))
+            if dead_here or time.time() - beat > STALE_SECONDS:
+                self._set(t.number, {ABANDONED_KEY: "its driver stopped while it ran"})
+                self.study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+                gone.append(t.number)
+        return gone
+
+    # --- the study's own attributes -----------------------------------------------------
+    def add_wall_seconds(self, seconds: float) -> float:
+        """Wall time over every session of this study: a resumed search adds to it."""
+        total = float(self.study.user_attrs.get(WALL_KEY, 0.0)) + seconds
+        self.study.set_user_attr(WALL_KEY, total)
+        return total
+
+    def save_summary(self, summary: dict[str, Any]) -> None:
+        """Keep the search's summary in the study too, so a report can be rebuilt from the
+        storage alone (a shared database, no output folder at hand)."""
+        self.study.set_user_attr(SUMMARY_KEY, _json(summary))
+
+
+def summary_from_storage(storage: str, study_name: str | None = None) -> dict[str, Any]:
+    names = optuna.get_all_study_names(storage)
+    if study_name is None:
+        if len(names) != 1:
+            raise AutotuneError(f"{storage} holds {len(names)} studies "
+                                f"({', '.join(names) or 'none'}); name one with --study-name")
+        study_name = names[0]
+    elif study_name not in names:
+        raise AutotuneError(f"--study-name: {study_name!r} is not in {storage}; "
+                            f"there: {', '.join(names) or 'none'}")
+    summary = optuna.load_study(study_name=study_name, storage=storage).user_attrs.get(
+        SUMMARY_KEY)
+    if summary is None:
+        raise AutotuneError(f"study {study_name!r} has no autotune summary yet (its search "
+                            "has not finished once)")
+    return summary

@@ -1,0 +1,72 @@
+"""What the launcher hands a trial process, and how the result comes back.
+
+The request carries the TrainingArguments kwargs already built (the same kwargs the
+exporter writes), so the worker applies no knob to TrainingArguments itself: a knob that
+only sets TrainingArguments reaches every trial from its table row alone. The result is
+an Outcome (autotune.records), written by the worker as JSON, with the model's shape
+inside when the worker had to learn it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autotune.records import Outcome
+from autotune.trials.trainargs import training_arguments_kwargs
+
+if TYPE_CHECKING:
+    from autotune.config import TrialConfig
+    from autotune.spec import Spec
+
+
+@dataclass
+class TrialRequest:
+    spec: dict[str, Any]  # Spec.model_dump(mode="json"): the worker validates it with Spec
+    config: dict[str, Any]  # TrialConfig.to_dict()
+    training_args: dict[str, Any]  # trainargs' kwargs for the config, DeepSpeed inline
+    shape: dict[str, Any] | None = None  # None: the worker reports the built model's
+    memory_budget_bytes: int | None = None  # per rank; None: the device's
+    timeout_s: float = 600.0
+    cpu_threads: int = 1  # the trial's share of the node's cores, all its ranks together
+    world_size: int = 1
+    seed: int = 0
+    import_paths: list[str] = field(default_factory=list)  # where a factory's module may be
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> TrialRequest:
+        raw = json.loads(text)
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in names})
+
+
+def make_request(spec: Spec, config: TrialConfig, *, on_cpu: bool, shape: dict | None,
+                 memory_budget_bytes: int | None, timeout_s: float,
+                 cpu_threads: int) -> TrialRequest:
+    """The request for one trial of `spec`, built in the driver."""
+    seed = spec.search.seed
+    return TrialRequest(
+        spec=spec.model_dump(mode="json"), config=config.to_dict(),
+        training_args=training_arguments_kwargs(config, seed=seed,
+                                                world_size=spec.world_size, on_cpu=on_cpu),
+        shape=shape, memory_budget_bytes=memory_budget_bytes, timeout_s=timeout_s,
+        cpu_threads=cpu_threads, world_size=spec.world_size, seed=seed,
+        import_paths=[p for p in (spec.base_dir, os.getcwd()) if p])
+
+
+def write_result(path: str | Path, outcome: Outcome) -> None:
+    """Atomically: a budget watch may end the process at any moment."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(outcome.to_dict(), f, default=str)
+    os.replace(tmp, path)
+
+
+def read_result(path: str | Path) -> Outcome:
+    return Outcome.from_dict(json.loads(Path(path).read_text()))

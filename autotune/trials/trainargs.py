@@ -1,0 +1,95 @@
+"""The one place a TrialConfig becomes TrainingArguments kwargs and a DeepSpeed config.
+
+The trial and the exporter both call these functions: what is measured is what is
+exported. Knobs that only set TrainingArguments say so in their table row; this module
+adds the settings every run shares and the DeepSpeed config that ZeRO needs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autotune import knobs
+from autotune.config import TrialConfig
+from autotune.optimizers import optimizer
+
+OUTPUT_DIR_PLACEHOLDER = "OUTPUT_DIR"
+# TrainingArguments defaults that the DeepSpeed config must repeat (HF's integration
+# refuses a ds_config whose explicit values disagree with the TrainingArguments).
+LEARNING_RATE = 5e-5
+ADAM_BETAS = (0.9, 0.999)
+ADAM_EPS = 1e-8
+WEIGHT_DECAY = 0.0
+MAX_GRAD_NORM = 1.0
+
+
+def training_arguments_kwargs(
+    config: TrialConfig,
+    *,
+    seed: int,
+    world_size: int = 1,
+    on_cpu: bool = False,
+    output_dir: str = OUTPUT_DIR_PLACEHOLDER,
+) -> dict[str, Any]:
+    """kwargs for `TrainingArguments(**kwargs)` that train with `config`. The DeepSpeed
+    config, when ZeRO is on, is inline, so the kwargs load from any working directory."""
+    kwargs: dict[str, Any] = {
+        "output_dir": output_dir,
+        "per_device_train_batch_size": config.per_device_train_batch_size,
+        "gradient_accumulation_steps": config.gradient_accumulation_steps,
+        "learning_rate": LEARNING_RATE,
+        "adam_beta1": ADAM_BETAS[0],
+        "adam_beta2": ADAM_BETAS[1],
+        "adam_epsilon": ADAM_EPS,
+        "weight_decay": WEIGHT_DECAY,
+        "max_grad_norm": MAX_GRAD_NORM,
+        "seed": seed,
+        "report_to": "none",
+    }
+    for k in knobs.table():
+        if k.training_args is not None:
+            kwargs |= k.training_args(getattr(config, k.name))
+    if on_cpu:
+        kwargs["use_cpu"] = True  # Trainer needs it for bf16 autocast on CPU
+    ds = deepspeed_config(config, world_size=world_size)
+    if ds is not None:
+        kwargs["deepspeed"] = ds
+    return kwargs
+
+
+def deepspeed_config(config: TrialConfig, *, world_size: int = 1) -> dict[str, Any] | None:
+    """The DeepSpeed JSON for `config`, or None when it uses no ZeRO.
+
+    Every value is explicit (no "auto") so DeepSpeed's own parser accepts the file
+    outside Trainer, and each one equals its TrainingArguments counterpart above.
+    """
+    if not config.zero_stage:
+        return None
+    micro, accum = config.per_device_train_batch_size, config.gradient_accumulation_steps
+    zero: dict[str, Any] = {"stage": config.zero_stage}
+    if config.zero_stage >= 2:
+        zero |= {"overlap_comm": True, "contiguous_gradients": True}
+    if config.offload in ("optimizer", "optimizer+param"):
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if config.offload == "optimizer+param":
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    ds: dict[str, Any] = {
+        "train_batch_size": micro * accum * world_size,
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": accum,
+        "gradient_clipping": MAX_GRAD_NORM,
+        "bf16": {"enabled": config.precision == "bf16"},
+        "fp16": {"enabled": config.precision == "fp16"},
+        "zero_optimization": zero,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    if config.offload != "none":
+        # Offload needs DeepSpeed's CPU optimizer, so the optimizer is named here rather
+        # than created by Trainer from `optim`, with only the arguments it takes.
+        opt = optimizer(config.optim)
+        every = {"lr": LEARNING_RATE, "betas": list(ADAM_BETAS), "eps": ADAM_EPS,
+                 "weight_decay": WEIGHT_DECAY}
+        ds["optimizer"] = {"type": opt.offload_type,
+                           "params": {k: every[k] for k in opt.offload_params}}
+    return ds

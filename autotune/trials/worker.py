@@ -1,0 +1,241 @@
+"""One trial, in its own process: build the model, train a few real Trainer steps, measure.
+
+Run as `python -m autotune.trials.worker REQUEST.json RESULT.json`. It writes the result
+itself for every outcome it can see (ok, oom, nan, error); a crash or a kill leaves no
+file, and the launcher classifies that from the exit status.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+import statistics
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from autotune.records import ERROR, NAN, OK, OOM, Outcome
+from autotune.trials.protocol import TrialRequest, write_result
+
+ERROR_TAIL_LINES = 25
+TRIAL_ONLY = {"logging_steps": 1, "save_strategy": "no", "disable_tqdm": True,
+              "dataloader_num_workers": 0, "log_level": "error",
+              "remove_unused_columns": False}
+
+
+def _rss() -> int:
+    return psutil.Process().memory_info().rss
+
+
+def _peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
+class BudgetWatch(threading.Thread):
+    """On CPU nothing stops a trial at the budget, so watch RSS and end the trial as an
+    OOM the moment its growth passes the budget (before it can swap the machine)."""
+
+    def __init__(self, base_rss: int, budget: int, result_path: str, started: float,
+                 shape: dict | None):
+        super().__init__(daemon=True)
+        self.base, self.budget, self.path, self.started = base_rss, budget, result_path, started
+        self.shape = shape
+
+    def run(self) -> None:
+        while True:
+            grown = _rss() - self.base
+            if grown > self.budget:
+                write_result(self.path, Outcome(
+                    OOM, peak_memory_bytes=grown, wall_seconds=time.time() - self.started,
+                    shape=self.shape,
+                    error=f"memory budget exceeded: {grown / 2**30:.2f} GiB > "
+                          f"{self.budget / 2**30:.2f} GiB (host RSS growth)"))
+                os._exit(0)
+            time.sleep(0.01)
+
+
+def _step_timer(sync):
+    from transformers import TrainerCallback
+
+    class StepTimer(TrainerCallback):
+        """Wall time per optimizer step, device synchronised at each boundary."""
+
+        def __init__(self) -> None:
+            self.marks: list[float] = []
+
+        def on_train_begin(self, args, state, control, **kw):
+            sync()
+            self.marks.append(time.perf_counter())
+
+        def on_step_end(self, args, state, control, **kw):
+            sync()
+            self.marks.append(time.perf_counter())
+
+        def durations(self) -> list[float]:
+            return [b - a for a, b in zip(self.marks, self.marks[1:], strict=False)]
+
+    return StepTimer()
+
+
+def _non_finite(log_history: list[dict]) -> str | None:
+    for entry in log_history:
+        for key in ("loss", "grad_norm"):
+            v = entry.get(key)
+            if isinstance(v, int | float) and not math.isfinite(v):
+                return f"non-finite {key} ({v}) at step {entry.get('step')}"
+    return None
+
+
+def _flops_per_token(n_params: int, shape: dict) -> float:
+    # 6N for forward+backward matmuls, plus attention scores 12 * layers * hidden * seq.
+    return 6 * n_params + 12 * shape["num_layers"] * shape["hidden_size"] * shape["seq_len"]
+
+
+def run(request: TrialRequest, result_path: str) -> Outcome:
+    started = time.time()
+    import torch
+    from transformers import Trainer, TrainingArguments
+    from transformers.utils import logging as hf_logging
+
+    from autotune.config import TrialConfig
+    from autotune.plan.device import local_device
+    from autotune.spec import Spec
+    from autotune.trials.model_builder import build_dataset, build_model
+    from autotune.trials.oom import is_oom_exception
+
+    hf_logging.set_verbosity_error()
+    spec = Spec.model_validate(request.spec)  # the same validation the CLI ran
+    cfg = TrialConfig.from_dict(request.config)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    cuda = torch.cuda.is_available()
+    budget = request.memory_budget_bytes
+    base_rss = _rss()
+    shape = request.shape
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        if budget:
+            total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total))
+    watch = None
+    if not cuda and budget:
+        watch = BudgetWatch(base_rss, budget, result_path, started, shape)
+        watch.start()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    try:
+        model = build_model(spec.model.model_dump())
+        if shape is None:
+            shape = _learned_shape(model, spec)
+            if watch is not None:
+                watch.shape = shape  # even an OOM trial teaches the search the model's size
+        n_steps = spec.measure.warmup_steps + spec.measure.steps
+        samples = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * n_steps
+        dataset = build_dataset(spec.model_dump(), model, samples, seed=request.seed)
+        kwargs = request.training_args | TRIAL_ONLY | {
+            "output_dir": str(Path.cwd() / "out"), "max_steps": n_steps}
+        timer = _step_timer(sync)
+        trainer = Trainer(model=model, args=TrainingArguments(**kwargs), train_dataset=dataset,
+                          callbacks=[timer])
+        trainer.train()
+        outcome = _measure(timer.durations(), spec, cfg, world, model, trainer)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes an outcome
+        tail = "".join(traceback.format_exception(exc)).splitlines()[-ERROR_TAIL_LINES:]
+        outcome = Outcome(OOM if is_oom_exception(exc) else ERROR, error="\n".join(tail))
+    outcome.shape = shape
+    outcome.wall_seconds = time.time() - started
+    if cuda:
+        peak, extra = _gpu_memory()
+        outcome.peak_memory_bytes = peak
+        outcome.extra |= extra
+    else:
+        outcome.peak_memory_bytes = max(0, _peak_rss() - base_rss)
+    if budget and (outcome.peak_memory_bytes or 0) > budget and outcome.ok:
+        outcome.status = OOM
+        outcome.error = (f"memory budget exceeded: peak {outcome.peak_memory_bytes / 2**30:.2f}"
+                         f" GiB > {budget / 2**30:.2f} GiB")
+    if outcome.ok:
+        mfu = model_flops_utilisation(outcome, shape, local_device(), cfg.precision, world)
+        if mfu is not None:
+            outcome.extra["mfu"] = mfu
+    return outcome
+
+
+def model_flops_utilisation(outcome: Outcome, shape: dict[str, Any] | None, device,
+                            precision: str, world: int) -> float | None:
+    """Achieved over peak FLOP/s; None where the device's peak or the model's shape (a
+    factory model without a config) is unknown: a missing figure, never a failed trial."""
+    peak = device.peak_flops.get(precision)
+    if not peak or not shape or "num_layers" not in shape or not outcome.tokens_per_second:
+        return None
+    flops = _flops_per_token(outcome.extra["num_parameters"], shape)
+    return flops * outcome.tokens_per_second / (peak * world)
+
+
+def _learned_shape(model, spec) -> dict[str, Any] | None:
+    """A factory model's shape, for the search's memory model."""
+    from autotune.plan.shape import shape_from_model
+
+    shape = shape_from_model(model, spec.data.seq_len, spec.model.task)
+    return shape.to_dict() if shape is not None else None
+
+
+def _measure(durations, spec, cfg, world, model, trainer) -> Outcome:
+    import torch
+
+    warmup = spec.measure.warmup_steps
+    timed = durations[warmup:]
+    if not timed:
+        return Outcome(ERROR, error=f"only {len(durations)} steps ran")
+    step = statistics.median(timed)
+    samples_per_s = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * world / step
+    bad = _non_finite(trainer.state.log_history)
+    return Outcome(
+        NAN if bad else OK, error=bad, samples_per_second=samples_per_s,
+        tokens_per_second=samples_per_s * spec.data.seq_len, step_seconds=durations,
+        timed_seconds=sum(timed),
+        extra={"num_parameters": sum(p.numel() for p in model.parameters()),
+               "cpu_threads": torch.get_num_threads(),
+               "warmup_seconds": sum(durations[:warmup])})
+
+
+def _gpu_memory() -> tuple[int, dict[str, Any]]:
+    """Allocator peak plus what the allocator does not see (CUDA context, cuBLAS
+    workspaces), which NVML reports for the process."""
+    import torch
+
+    reserved_peak = torch.cuda.max_memory_reserved()
+    extra = 0
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        mine = [p for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                if p.pid == os.getpid()]
+        if mine and mine[0].usedGpuMemory:
+            extra = max(0, mine[0].usedGpuMemory - torch.cuda.memory_reserved())
+    except Exception:  # noqa: BLE001 - NVML is optional; allocator figures still stand
+        extra = 0
+    return reserved_peak + extra, {"allocator_peak_reserved": reserved_peak,
+                                   "nvml_overhead": extra}
+
+
+def main(argv: list[str]) -> int:
+    request_path, result_path = argv[1], argv[2]
+    request = TrialRequest.from_json(Path(request_path).read_text())
+    # The trial runs in a scratch folder; model factories import from the spec's folder
+    # and from where the user ran.
+    sys.path[:0] = request.import_paths
+    outcome = run(request, result_path)
+    if int(os.environ.get("RANK", "0")) == 0:
+        write_result(result_path, outcome)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

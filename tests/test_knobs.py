@@ -1,0 +1,67 @@
+"""The knob table is the one declaration of a knob: a row added here reaches the space,
+the trials, the exports, summary.json and the report with no other change."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from autotune import knobs
+from autotune.config import Family, TrialConfig
+from autotune.errors import SpecError
+from autotune.knobs import Knob
+from autotune.plan.device import DeviceSpec
+from autotune.space import build_space
+from autotune.spec import load_spec
+
+CPU = DeviceSpec("cpu", "cpu", 16 * 2**30)
+# A knob that only sets TrainingArguments: its row is everything it needs.
+PIN = Knob("dataloader_pin_memory", (False, True), True, "pin memory", "pin", kind=bool,
+           training_args=lambda on: {"dataloader_pin_memory": on})
+
+
+def test_family_is_a_named_value_with_baseline_defaults():
+    fam = Family.of(precision="bf16")
+    assert fam.precision == "bf16" and fam.optim == "adamw_torch" and fam.zero_stage == 0
+    assert fam.replace(precision="fp32") == Family.baseline()
+    assert fam.config(4, 32, 2) == TrialConfig(4, 4, fam)  # accumulation derived
+    assert TrialConfig.from_dict(fam.config(4, 32).to_dict()) == fam.config(4, 32)
+    with pytest.raises(SpecError, match="does not divide"):
+        fam.config(3, 32)
+    with pytest.raises(SpecError, match="unknown knob"):
+        Family.of(precison="bf16")
+
+
+def test_a_new_row_enters_the_space_and_its_rules():
+    with knobs.added(PIN):
+        assert Family.baseline().dataloader_pin_memory is True
+        spec = load_spec({"model": {"config": {"model_type": "gpt2"}}, "target_batch_size": 8})
+        space = build_space(spec, CPU)
+        assert "dataloader_pin_memory" in space.space.choices()
+        assert {c.dataloader_pin_memory for c in space.candidates} == {True}  # baseline only
+    assert "dataloader_pin_memory" not in knobs.names()  # the table is itself again
+
+
+@pytest.mark.slow
+def test_a_new_row_reaches_trials_exports_summary_and_report(tmp_path, tiny_spec):
+    space = {"per_device_train_batch_size": [16], "dataloader_pin_memory": [True, False]}
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    tiny_spec["search"] |= {"space": str(tmp_path / "space.yaml"), "n_trials": 2}
+    from autotune.search.run import run_search
+
+    with knobs.added(PIN):
+        result = run_search(tiny_spec)
+        ran = [t for t in result.trials if t.outcome.ran]
+        assert ran and all(t.outcome.ok for t in ran), [t.outcome.error for t in ran]
+        assert {t.config.dataloader_pin_memory for t in ran} == {True, False}
+        out = result.output
+        summary = json.loads((out / "summary.json").read_text())
+        assert all("dataloader_pin_memory" in t["config"] for t in summary["trials"])
+        exported = json.loads((out / "training_args.json").read_text())
+        assert exported["dataloader_pin_memory"] == result.best.config.dataloader_pin_memory
+        report = (out / "report.md").read_text()
+        assert "| pin |" in report.splitlines()[
+            next(i for i, line in enumerate(report.splitlines()) if line.startswith("| # |"))]
+        assert "pin memory" in (out / "report.html").read_text()  # the effects grid's panel

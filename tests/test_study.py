@@ -1,0 +1,79 @@
+"""The Optuna study drives: trials are RUNNING while they run, told when they end, and a
+dead driver's trials run again; two drivers on one storage never run a config twice."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune.config import BATCH, TrialConfig
+from autotune.plan.device import DeviceSpec
+from autotune.records import Outcome
+from autotune.search.strategies.base import Proposal, SearchContext
+from autotune.search.strategies.samplers import SamplerStrategy, make_sampler
+from autotune.search.study import ABANDONED_KEY, DRIVER_KEY, StudyLog
+
+CPU = DeviceSpec("cpu", "cpu", 16 * 2**30)
+CONFIGS = [TrialConfig.of(b, 16 // b, precision=p) for b in (4, 8, 16) for p in ("fp32", "bf16")]
+CHOICES = {BATCH: [4, 8, 16], "precision": ["fp32", "bf16"]}
+GiB = 2**30
+
+
+def _log(storage: str) -> StudyLog:
+    return StudyLog.open(storage, "s", "fingerprint", CHOICES, 2 * GiB)
+
+
+def _state(log: StudyLog, number: int) -> TrialState:
+    return log.study.trials[number].state
+
+
+def test_trials_are_running_then_told(tmp_path):
+    log = _log(f"sqlite:///{tmp_path / 'study.db'}")
+    ok = log.start(Proposal(CONFIGS[0], "baseline"))
+    assert _state(log, ok) == TrialState.RUNNING  # what optuna-dashboard shows in flight
+    log.finish(ok, Proposal(CONFIGS[0], "baseline"),
+               Outcome("ok", samples_per_second=50.0, peak_memory_bytes=GiB))
+    oom = log.start(Proposal(CONFIGS[5], "model"))
+    log.finish(oom, Proposal(CONFIGS[5], "model"), Outcome("oom"))
+    pruned = log.prune(Proposal(CONFIGS[4], "predicted-oom: x", run=False))
+    trials = log.study.trials
+    assert trials[ok].state == TrialState.COMPLETE and trials[ok].value == 50.0
+    assert trials[ok].constraints == {"memory": -0.5}  # half the limit: feasible
+    assert trials[oom].value == 0.0 and trials[oom].constraints == {"memory": 1.0}
+    assert trials[pruned.number].state == TrialState.PRUNED
+    assert [r.config for r in log.history()] == [CONFIGS[0], CONFIGS[5], CONFIGS[4]]
+
+
+def test_a_dead_drivers_running_trial_is_abandoned_and_its_config_runs_again(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    first = _log(storage)
+    number = first.start(Proposal(CONFIGS[1], "model"))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    trial_id = first.storage.get_trial_id_from_study_id_trial_number(first.study_id, number)
+    first.storage.set_trial_system_attr(trial_id, DRIVER_KEY, first.driver | {"pid": int(dead)})
+    second = _log(storage)
+    assert second.recover_abandoned() == [number]
+    assert ABANDONED_KEY in second.study.trials[number].user_attrs
+    assert second.history() == [] and second.running_elsewhere() == []
+
+
+def test_two_drivers_on_one_storage_never_run_a_config_twice(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    a, b = _log(storage), _log(storage)
+    assert a.start(Proposal(CONFIGS[2], "model")) is not None
+    assert b.running_elsewhere() == [CONFIGS[2]]  # B's strategy sees it as pending
+    assert b.start(Proposal(CONFIGS[2], "model")) is None  # and a late claim is refused
+
+
+def test_an_optuna_sampler_asks_the_study_itself():
+    ctx = SearchContext(CONFIGS, CPU, 1, 16, 2 * GiB, None, 0)
+    log = StudyLog.in_memory(CHOICES, 2 * GiB, make_sampler("tpe", 0))
+    proposal = SamplerStrategy(ctx, log, "tpe", guarded=False).ask([], [])
+    assert proposal is not None and proposal.trial_number is not None
+    assert log.study.trials[proposal.trial_number].state == TrialState.RUNNING
+    assert proposal.config in CONFIGS
+    assert isinstance(log.study.sampler, optuna.samplers.TPESampler)
