@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -34,8 +34,24 @@ err_console = _make_console(stderr=True)
 
 
 def _fail(exc: Exception) -> None:
-    err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+    from autotune.errors import SetupError
+
+    hint = (" (no config can avoid this, so the search stopped; fix it and run the same "
+            "command again)") if isinstance(exc, SetupError) else ""
+    err_console.print(f"[bold red]error:[/] {exc}{hint}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
+
+
+def _show_warnings() -> None:
+    """autotune's warnings (a budget capped, a cluster's shortfall) as one line each."""
+    import logging
+
+    from rich.logging import RichHandler
+
+    log = logging.getLogger("autotune")
+    if not log.handlers:
+        log.addHandler(RichHandler(console=err_console, show_time=False, show_path=False))
+        log.setLevel(logging.WARNING)
 
 
 def _fmt(v: float | None, spec: str = ".1f") -> str:
@@ -47,20 +63,24 @@ def _gib(b: int | None) -> str:
 
 
 class SearchView:
-    """Progress bar (trial n/N, elapsed, best so far) over a live table of trials."""
+    """Progress of a search. On a terminal: a live table of the trials that ran over a
+    progress bar (trials n/N, elapsed, best so far, configs pruned); in a log: one line
+    per finished trial. Configs pruned on a prediction are counted, not listed (the
+    report lists them)."""
 
-    STYLES = {"ok": "green", "oom": "yellow", "pruned": "dim", "nan": "magenta"}
+    STYLES = {"ok": "green", "oom": "yellow", "nan": "magenta"}
 
-    def __init__(self, n_trials: int) -> None:
+    def __init__(self, n_trials: int, out: Console) -> None:
+        self.out, self.live = out, out.is_terminal
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                                  TextColumn("{task.completed}/{task.total} trials"),
-                                 TimeElapsedColumn(), TextColumn("{task.fields[best]}"))
-        self.task = self.progress.add_task("starting", total=n_trials, best="")
+                                 TimeElapsedColumn(), TextColumn("{task.fields[best]}"),
+                                 TextColumn("[dim]{task.fields[pruned]}"), console=out)
+        self.task = self.progress.add_task("starting", total=n_trials, best="", pruned="")
         self.table = Table(expand=False, box=None, header_style="bold")
         for col in ("#", "config", "why", "status", "samples/s", "peak GiB", "trial s"):
             self.table.add_column(col)
-        self.best = 0.0
-        self.started = time.time()
+        self.best, self.pruned = 0.0, 0
 
     def renderable(self) -> Group:
         return Group(self.table, self.progress)
@@ -70,16 +90,30 @@ class SearchView:
 
     def on_record(self, record) -> None:
         o = record.outcome
-        if o.ran:
+        if not o.ran:
+            self.pruned += 1
+            self.progress.update(self.task, pruned=f"{self.pruned} pruned by prediction")
+            return
+        if record.reason != "confirm":
             self.progress.advance(self.task)
         if o.ok and (o.samples_per_second or 0) > self.best:
             self.best = o.samples_per_second or 0.0
             self.progress.update(self.task, best=f"best {self.best:.1f} samples/s")
         style = self.STYLES.get(o.status, "red")
-        self.table.add_row(str(record.number), record.config.label(), record.reason[:40],
-                           f"[{style}]{o.status}[/]", _fmt(o.samples_per_second),
-                           _gib(o.peak_memory_bytes or o.predicted_memory_bytes),
-                           _fmt(o.wall_seconds))
+        cells = (str(record.number), record.config.label(), record.reason,
+                 f"[{style}]{o.status}[/]", _fmt(o.samples_per_second),
+                 _gib(o.peak_memory_bytes), _fmt(o.wall_seconds))
+        if self.live:
+            self.table.add_row(*cells)
+        else:
+            self.out.print(f"trial {cells[0]}: {cells[1]} ({cells[2]}) {cells[3]} "
+                           f"{cells[4]} samples/s, peak {cells[5]} GiB, {cells[6]} s",
+                           highlight=False)
+
+    def finish(self) -> None:
+        if not self.live and self.pruned:
+            self.out.print(f"{self.pruned} configs not run: predicted over the memory "
+                           "limit (listed in the report)")
 
 
 @app.command()
@@ -98,15 +132,18 @@ def search(
     from autotune.search.run import run_search
     from autotune.spec import load_spec
 
+    _show_warnings()
     try:
         parsed = load_spec(spec, **{"search.n_trials": trials, "search.timeout": timeout,
                                     "search.storage": storage, "search.study_name": study_name,
                                     "output": str(output) if output else None})
-        view = SearchView(parsed.search.n_trials)
-        with Live(view.renderable(), console=console, refresh_per_second=4,
-                  transient=False):
+        view = SearchView(parsed.search.n_trials, console)
+        live = Live(view.renderable(), console=console, refresh_per_second=4,
+                    transient=False) if view.live else contextlib.nullcontext()
+        with live:
             result = run_search(parsed, address=address, on_start=view.on_start,
                                 on_record=view.on_record)
+        view.finish()
     except AutotuneError as exc:
         _fail(exc)
     except KeyboardInterrupt:

@@ -25,9 +25,21 @@ def accumulation(target: int, batch: int, world_size: int = 1) -> int:
     return target // per_step
 
 
+def auto_find_batches(start: int) -> list[int]:
+    """The batches Trainer's auto_find_batch_size tries from `start`, largest first:
+    accelerate's find_executable_batch_size multiplies the batch by 0.9 (rounding down)
+    after each OOM. Gradient accumulation stays as it was, so the effective batch shrinks
+    with it."""
+    out, b = [], start
+    while b >= 1:
+        out.append(b)
+        b = int(b * 0.9)
+    return out
+
+
 def halving_batches(per_rank: int) -> list[int]:
-    """The batches Trainer's auto_find_batch_size would reach from `per_rank` that also
-    divide it exactly: per_rank, per_rank/2, ... (see search.strategies.baselines)."""
+    """per_rank, per_rank/2, ... while it divides: the batches of a landscape's table (which
+    holds only divisors of the target) that stand in for auto_find_batch_size in replays."""
     out, b = [], per_rank
     while b >= 1:
         out.append(b)

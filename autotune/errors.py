@@ -16,6 +16,16 @@ class TrialError(AutotuneError):
     """A trial could not be set up (not: a trial that ran and failed; that is an Outcome)."""
 
 
+class SetupError(TrialError):
+    """Loading what every config shares (the model, the data, the tokenizer) failed: no
+    config can avoid it, so a search stops at the first trial that meets it. `field` is
+    the spec's field to fix."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field, self.message = field, message
+
+
 class NoResultError(AutotuneError):
     """A search ended without a successful trial, so there is no winner to hand back."""
 

@@ -79,6 +79,9 @@ class Knob:
     # Whether a value that keeps failing (nan, error, crash) may be blamed and written off;
     # False for knobs that change no numerics and no code path that can break.
     blamed: bool = True
+    # Changes how the model is built (attention kernel, adapters): a model that fails to
+    # build under a non-baseline value may be this knob's fault, not the spec's.
+    affects_model: bool = False
 
     def allowed(self) -> list:
         return list(self.values() if callable(self.values) else self.values)

@@ -188,6 +188,18 @@ class SearchSpec(_Strict):
     sampler: Literal["autotune", "tpe", "gp", "random"] = "autotune"
     """Who proposes trials: autotune's structured strategy, or one of Optuna's samplers
     (with the same memory prediction in front of them)."""
+    confirm_repeats: int = Field(3, ge=0)
+    """After the search, the winner, the runner-ups within noise and the baseline run this
+    many more times each (interleaved, twice the steps, from the exported files); the
+    winner is chosen on those figures. Counts against search.timeout; 0 turns it off."""
+
+    @field_validator("space")
+    @classmethod
+    def _space_file(cls, v: str, info: ValidationInfo) -> str:
+        """A space given as a file is relative to the spec; a bare name is one of ours."""
+        if not Path(v).suffix:
+            return v
+        return str((_base(info) / Path(v).expanduser()).resolve())
 
     @field_validator("timeout", "trial_timeout")
     @classmethod
@@ -199,6 +211,9 @@ class SearchSpec(_Strict):
 class MeasureSpec(_Strict):
     warmup_steps: int = Field(2, ge=0)
     steps: int = Field(5, ge=1)
+    loss_tolerance: float = Field(0.05, gt=0)
+    """Largest relative difference of a trial's step losses from the full-precision
+    reference (same weights, data and order) before its precision is rejected."""
 
 
 class RunSpec(_Strict):

@@ -4,11 +4,13 @@ study keeps, and the report, the CLI, the API and the tests read back."""
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from autotune.config import TrialConfig
 from autotune.errors import AutotuneError
 from autotune.records import Record
 
@@ -20,6 +22,68 @@ def autotune_version() -> str:
         return version("autotune")
     except PackageNotFoundError:  # run from a source tree that was never installed
         return "unknown"
+
+
+@dataclass
+class ConfirmedConfig:
+    """One contender's confirmation: its role, the search trial it came from, and the
+    samples/s of each repeat (the trials' numbers alongside)."""
+
+    role: str  # best, runner-up or baseline (what the search's single measurement said)
+    config: TrialConfig
+    searched_number: int | None
+    samples_per_second: list[float]
+    numbers: list[int | None] = field(default_factory=list)
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.samples_per_second) if self.samples_per_second else None
+
+    @property
+    def spread(self) -> float | None:
+        """(max - min) / median of the repeats."""
+        m, xs = self.median, self.samples_per_second
+        return (max(xs) - min(xs)) / m if m and len(xs) > 1 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"role": self.role, "config": self.config.to_dict(),
+                "label": self.config.label(), "searched_number": self.searched_number,
+                "samples_per_second": self.samples_per_second, "numbers": self.numbers,
+                "median": self.median, "spread": self.spread}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ConfirmedConfig:
+        return cls(d["role"], TrialConfig.from_dict(d["config"]), d.get("searched_number"),
+                   list(d.get("samples_per_second") or []), list(d.get("numbers") or []))
+
+
+@dataclass
+class Confirmation:
+    """The contenders measured again after the search; the winner is chosen here."""
+
+    repeats: int
+    steps: int
+    rows: list[ConfirmedConfig]
+    winner: TrialConfig
+    speedup: float | None = None  # median(winner) / median(baseline)
+    speedup_low: float | None = None  # bootstrap interval (5th-95th percentile)
+    speedup_high: float | None = None
+
+    def row(self, config: TrialConfig) -> ConfirmedConfig | None:
+        return next((r for r in self.rows if r.config == config), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"repeats": self.repeats, "steps": self.steps,
+                "configs": [r.to_dict() for r in self.rows],
+                "winner": self.winner.to_dict(), "speedup": self.speedup,
+                "speedup_low": self.speedup_low, "speedup_high": self.speedup_high}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Confirmation:
+        return cls(int(d["repeats"]), int(d["steps"]),
+                   [ConfirmedConfig.from_dict(r) for r in d.get("configs") or []],
+                   TrialConfig.from_dict(d["winner"]), d.get("speedup"),
+                   d.get("speedup_low"), d.get("speedup_high"))
 
 
 @dataclass
@@ -38,6 +102,7 @@ class Summary:
     exports: dict[str, str | None] = field(default_factory=dict)
     projection: dict[str, Any] = field(default_factory=dict)  # the spec's run section
     memory_components: dict[str, int] | None = None  # the winner's, calibrated
+    confirmation: Confirmation | None = None
     autotune_version: str = field(default_factory=autotune_version)
 
     # --- derived: never stored apart from the trials they come from --------------------
@@ -46,18 +111,37 @@ class Summary:
         return [t for t in self.trials if t.outcome.ran]
 
     @property
+    def searched(self) -> list[Record]:
+        """The search's trials, without the confirmation's repeats."""
+        return [t for t in self.trials if t.reason != "confirm"]
+
+    @property
     def best(self) -> Record | None:
-        ok = [t for t in self.trials if t.outcome.ok]
+        """The winner: chosen by confirmation when it ran, else the fastest single trial."""
+        ok = [t for t in self.searched if t.outcome.ok]
+        if self.confirmation is not None:
+            return next((t for t in ok if t.config == self.confirmation.winner), None)
         return max(ok, key=lambda t: t.outcome.samples_per_second or 0.0) if ok else None
+
+    def throughput(self, record: Record | None) -> float | None:
+        """A config's samples/s: its confirmed median where confirmed, else its trial's."""
+        if record is None:
+            return None
+        row = self.confirmation.row(record.config) if self.confirmation else None
+        if row is not None and row.median:
+            return row.median
+        return record.outcome.samples_per_second
 
     @property
     def baseline(self) -> Record | None:
         """Trainer defaults with auto_find_batch_size: the largest baseline batch that ran."""
-        ok = [t for t in self.trials if t.reason == "baseline" and t.outcome.ok]
+        ok = [t for t in self.searched if t.reason == "baseline" and t.outcome.ok]
         return max(ok, key=lambda t: t.config.per_device_train_batch_size) if ok else None
 
     @property
     def speedup(self) -> float | None:
+        if self.confirmation is not None and self.confirmation.speedup is not None:
+            return self.confirmation.speedup
         best, base = self.best, self.baseline
         if best is None or base is None or not base.outcome.samples_per_second:
             return None
@@ -81,9 +165,11 @@ class Summary:
             "baseline": base.to_dict() if base else None,
             "speedup": self.speedup,
             "memory_components": self.memory_components,
+            "confirmation": self.confirmation.to_dict() if self.confirmation else None,
             "trials": [t.to_dict() for t in self.trials],
             "pruned_by_rules": self.pruned_by_rules,
-            "search": self.search | {"trials_run": len(self.ran), "ooms": self.ooms},
+            "search": self.search | {"trials_run": len([t for t in self.searched
+                                                        if t.outcome.ran]), "ooms": self.ooms},
             "exports": self.exports, "projection": self.projection,
         }
 
@@ -100,6 +186,8 @@ class Summary:
                 search=dict(d.get("search") or {}), exports=dict(d.get("exports") or {}),
                 projection=dict(d.get("projection") or {}),
                 memory_components=d.get("memory_components"),
+                confirmation=Confirmation.from_dict(d["confirmation"])
+                if d.get("confirmation") else None,
                 autotune_version=str(d.get("autotune_version", "unknown")))
         except (KeyError, TypeError, ValueError) as exc:
             raise AutotuneError(f"not an autotune summary: {exc!r}") from None

@@ -36,7 +36,7 @@ def _spec(tmp_path: Path, n_trials: int, *, predict: bool = False, **extra) -> P
         # Measured here: b8 grows RSS by ~350 MiB, b16 by ~600 MiB: b16 is a budget OOM.
         "hardware": {"memory_budget": "450MiB"},
         "search": {"space": str(tmp_path / "space.yaml"), "n_trials": n_trials,
-                   "trial_timeout": "3m", "timeout": "20m"},
+                   "trial_timeout": "3m", "timeout": "20m", "confirm_repeats": 0},
         "measure": {"warmup_steps": 1, "steps": 2},
         "output": str(tmp_path / "out"),
     } | extra
@@ -55,10 +55,10 @@ def _trials(out: Path) -> list[dict]:
 
 
 def test_search_end_to_end_then_resume(tmp_path):
-    spec = _spec(tmp_path, n_trials=8)
+    spec = _spec(tmp_path, n_trials=10)
     out = tmp_path / "out"
     # 1) start, interrupt after some trials are recorded
-    proc = _cli("search", str(spec), "--trials", "8")
+    proc = _cli("search", str(spec), "--trials", "10")
     storage = f"sqlite:///{(out / 'study.db').resolve()}"
     deadline = time.time() + 400
     while time.time() < deadline and proc.poll() is None:
@@ -83,7 +83,7 @@ def test_search_end_to_end_then_resume(tmp_path):
     assert len(before) >= 3 and len(in_flight) <= 1
 
     # 2) the same command again resumes: earlier trials kept, none rerun
-    proc = _cli("search", str(spec), "--trials", "8")
+    proc = _cli("search", str(spec), "--trials", "10")
     text = proc.communicate(timeout=900)[0]
     assert proc.returncode == 0, text
     trials = _trials(out)
@@ -91,7 +91,7 @@ def test_search_end_to_end_then_resume(tmp_path):
     assert len(configs) == len(set(configs)), "a config ran twice"
     assert [(t["number"], t["config"]) for t in trials[:len(before)]] == before
     ran = [t for t in trials if t["outcome"]["status"] != "pruned"]
-    assert len(trials) > len(before) and len(ran) <= 8  # it may stop early when nothing pays
+    assert len(trials) > len(before) and len(ran) <= 10  # it may stop early when nothing pays
     # The trial interrupted in flight was not lost: its config ran again after the resume.
     assert all(c in [t["config"] for t in trials[len(before):]] for c in in_flight)
 
@@ -103,23 +103,37 @@ def test_search_end_to_end_then_resume(tmp_path):
     assert any(t["outcome"]["status"] == "oom" and "budget" in t["outcome"]["error"]
                for t in ran)
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["best"] and summary["baseline"] and summary["speedup"] >= 1.0
-    assert summary["baseline"]["config"]["precision"] == "fp32"
+    # The baseline is what auto_find_batch_size gives: the largest batch of 16, 14, 12, ...
+    # (x0.9 per OOM, accumulation left at 1) that ran, found by real trials.
+    base = summary["baseline"]["config"]
+    assert base["precision"] == "fp32" and base["gradient_accumulation_steps"] == 1
+    chain = [16, 14, 12, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1]
+    tried = {t["config"]["per_device_train_batch_size"]: t["outcome"]["status"]
+             for t in trials if t["reason"] == "baseline"}
+    assert tried[base["per_device_train_batch_size"]] == "ok"
+    larger = [b for b in chain if b > base["per_device_train_batch_size"]]
+    assert all(tried.get(b) in (None, "oom") for b in larger)  # none larger ran
+    assert "oom" in tried.values()  # the probe met the frontier for real (b16 needs more)
+    assert summary["speedup"] == pytest.approx(
+        summary["best"]["outcome"]["samples_per_second"]
+        / summary["baseline"]["outcome"]["samples_per_second"])
     assert (out / "training_args.json").exists() and (out / "report.md").exists()
     assert "samples/s" in text
 
 
 def test_search_with_memory_model_prunes_instead_of_running_oom(tmp_path):
     """Same search, model given by config: configs predicted over the budget are recorded
-    as pruned (with the figure and the limit) and none runs out of memory."""
-    spec = _spec(tmp_path, n_trials=3, predict=True)
+    as pruned (with the figure and the limit) and none runs out of memory, but for at
+    most one step of the baseline's real probe up its batch chain."""
+    spec = _spec(tmp_path, n_trials=5, predict=True)
     proc = _cli("search", str(spec))
     text = proc.communicate(timeout=900)[0]
     assert proc.returncode == 0, text
     trials = _trials(tmp_path / "out")
     ran = [t for t in trials if t["outcome"]["status"] != "pruned"]
     pruned = [t for t in trials if t["outcome"]["status"] == "pruned"]
-    assert len(ran) == 3 and not any(t["outcome"]["status"] == "oom" for t in ran)
+    ooms = [t for t in ran if t["outcome"]["status"] == "oom"]
+    assert len(ran) == 5 and len(ooms) <= 1 and all(t["reason"] == "baseline" for t in ooms)
     assert pruned
     assert all("GiB limit" in t["reason"] and t["outcome"]["predicted_memory_bytes"]
                for t in pruned)
@@ -153,7 +167,7 @@ def test_tpe_sampler_runs_a_real_search_that_optuna_shows_running(tmp_path):
     gate), and Optuna's own command line sees each trial RUNNING while it runs."""
     spec = _spec(tmp_path, n_trials=4, predict=True)
     raw = yaml.safe_load(spec.read_text())
-    raw["search"]["sampler"] = "tpe"
+    raw["search"] |= {"sampler": "tpe", "confirm_repeats": 2}
     spec.write_text(yaml.safe_dump(raw))
     out = tmp_path / "out"
     storage = f"sqlite:///{(out / 'study.db').resolve()}"
@@ -174,4 +188,15 @@ def test_tpe_sampler_runs_a_real_search_that_optuna_shows_running(tmp_path):
     trials = _trials(out)
     reasons = {t["reason"] for t in trials if t["outcome"]["status"] != "pruned"}
     assert "baseline" in reasons and "tpe" in reasons
-    assert json.loads((out / "summary.json").read_text())["search"]["sampler"] == "tpe"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["search"]["sampler"] == "tpe"
+    # Confirmation: the contenders ran twice more each, from their exported files, and the
+    # winner is the best median, with an interval on the speedup around the median ratio.
+    c = summary["confirmation"]
+    assert c and all(len(row["samples_per_second"]) == 2 for row in c["configs"])
+    assert {row["role"] for row in c["configs"]} >= {"baseline"}
+    winner = max(c["configs"], key=lambda row: row["median"])
+    assert c["winner"] == winner["config"] == summary["best"]["config"]
+    assert c["speedup_low"] <= c["speedup"] <= c["speedup_high"]
+    assert (out / "confirm").is_dir() and any((out / "confirm").rglob("training_args.json"))
+    assert "## Confirmation" in (out / "report.md").read_text()

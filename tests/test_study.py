@@ -77,3 +77,10 @@ def test_an_optuna_sampler_asks_the_study_itself():
     assert log.study.trials[proposal.trial_number].state == TrialState.RUNNING
     assert proposal.config in CONFIGS
     assert isinstance(log.study.sampler, optuna.samplers.TPESampler)
+
+
+def test_a_config_pruned_on_a_prediction_may_still_run_later(tmp_path):
+    """A calibrated model can later say a pruned config fits; the prune is no claim."""
+    log = _log(f"sqlite:///{tmp_path / 'study.db'}")
+    log.prune(Proposal(CONFIGS[3], "predicted-oom: x", run=False))
+    assert log.start(Proposal(CONFIGS[3], "model")) is not None

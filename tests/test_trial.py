@@ -57,11 +57,27 @@ def test_non_finite_loss_is_nan(tiny_spec):
     assert out.status == "nan", out.error
 
 
+def test_a_really_diverging_run_is_nan(tiny_spec):
+    request = trial_request(_spec(tiny_spec), TrialConfig(4, 4))
+    request.training_args["learning_rate"] = 1e30  # weights blow up on the first update
+    out = run_trial(request)
+    assert out.status == "nan" and "non-finite loss" in out.error
+
+
+def test_trials_record_their_losses_from_one_seed(tiny_spec):
+    """Same seed, same effective batch: the same weights and data in the same order, so
+    two splits of the batch log the same losses (what the numerics check relies on)."""
+    a, b = _run(_spec(tiny_spec), TrialConfig(4, 4)), _run(_spec(tiny_spec), TrialConfig(8, 2))
+    assert a.ok and b.ok
+    assert a.extra["losses"] == pytest.approx(b.extra["losses"], rel=1e-3)
+
+
 def test_model_error_keeps_the_tail(tiny_spec):
     tiny_spec["data"]["seq_len"] = 128  # longer than the model's 64 positions
     out = _run(_spec(tiny_spec), TrialConfig(4, 4))
     assert out.status == "error"
-    assert "seq_len 128 exceeds" in out.error
+    assert "data.seq_len: 128 exceeds" in out.error
+    assert out.extra["setup_field"] == "data.seq_len"  # no config avoids it
 
 
 def test_mfu_needs_a_known_peak_and_shape_and_never_fails_a_trial():

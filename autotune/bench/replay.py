@@ -39,7 +39,8 @@ class ReplayExecutor(Executor):
             outcome.error = outcome.error or f"{outcome.status} (replayed)"
         return outcome
 
-    def submit(self, config: TrialConfig) -> int:
+    def submit(self, config: TrialConfig, *, training_args: dict | None = None,
+               steps: int | None = None) -> int:
         outcome = self._answer(config)
         ticket, self._next = self._next, self._next + 1
         heapq.heappush(self._running, (self.clock + (outcome.wall_seconds or 0.0), ticket,

@@ -107,11 +107,9 @@ def projected_seconds(summary: Summary, record: Record | None) -> float | None:
     if proj is None or record is None:
         return None
     _, samples, tokens = proj
-    sps = known(record.outcome.samples_per_second)
-    tps = known(record.outcome.tokens_per_second)
+    sps = known(summary.throughput(record))
     seq = known(summary.seq_len)
-    if tps is None and sps and seq:
-        tps = sps * seq
+    tps = sps * seq if sps and seq else known(record.outcome.tokens_per_second)
     if samples is not None:
         return samples / sps if sps else None
     return tokens / tps if tokens and tps else None
@@ -120,7 +118,7 @@ def projected_seconds(summary: Summary, record: Record | None) -> float | None:
 def headline(summary: Summary) -> list[Fact]:
     """The figures a user looks for first, best config first."""
     best, base = summary.best, summary.baseline
-    return [_best_fact(summary), _throughput_fact(best), _speedup_fact(summary, base),
+    return [_best_fact(summary), _throughput_fact(summary, best), _speedup_fact(summary, base),
             _memory_fact(summary, best), _mfu_fact(best), _projection_fact(summary, best, base),
             _search_fact(summary)]
 
@@ -133,12 +131,14 @@ def _best_fact(summary: Summary) -> Fact:
                 f"{summary.target_batch_size} × world {summary.world_size}")
 
 
-def _throughput_fact(best: Record | None) -> Fact:
-    o = best.outcome if best else None
-    sps = fmt_num(o.samples_per_second if o else None)
-    tps = fmt_num(o.tokens_per_second if o else None, 0)
+def _throughput_fact(summary: Summary, best: Record | None) -> Fact:
+    value = summary.throughput(best)
+    sps = fmt_num(value)
+    tps = fmt_num(value * summary.seq_len if value and summary.seq_len else None, 0)
+    how = (f"median of {summary.confirmation.repeats} confirmation runs"
+           if summary.confirmation else "one trial's measurement")
     return Fact("Throughput", DASH if sps == DASH else f"{sps} samples/s",
-                DASH if tps == DASH else f"{tps} tokens/s")
+                DASH if tps == DASH else f"{tps} tokens/s · {how}")
 
 
 def _mfu_fact(best: Record | None) -> Fact:
@@ -154,8 +154,19 @@ def _speedup_fact(summary: Summary, base: Record | None) -> Fact:
     if base is None:
         return Fact("Speedup vs baseline", DASH, "no baseline trial succeeded")
     value = DASH if speedup is None else f"{speedup:.2f}×"
-    return Fact("Speedup vs baseline", value, f"baseline {base.config.label()}"
-                f": {fmt_num(base.outcome.samples_per_second)} samples/s")
+    c = summary.confirmation
+    if c is not None and c.speedup_low is not None:
+        value += f" ({c.speedup_low:.2f}–{c.speedup_high:.2f})"
+        how = "90% interval over the confirmation runs"
+    else:
+        how = "single trials, not confirmed"
+    effective = (base.config.per_device_train_batch_size
+                 * base.config.gradient_accumulation_steps * summary.world_size)
+    shrunk = (f", effective batch {effective} not {summary.target_batch_size}"
+              if effective != summary.target_batch_size else "")
+    return Fact("Speedup vs baseline", value, f"{how}; baseline: Trainer defaults with "
+                f"auto_find_batch_size, {base.config.label()}{shrunk}: "
+                f"{fmt_num(summary.throughput(base))} samples/s")
 
 
 def _memory_fact(summary: Summary, best: Record | None) -> Fact:
@@ -257,7 +268,7 @@ def render_markdown(summary: Summary) -> str:
                   for t in ranked(trials)]
     else:
         lines.append("No trial ran.")
-    lines += _md_pruned(summary) + ["", "## Files", ""]
+    lines += _md_confirmation(summary) + _md_pruned(summary) + ["", "## Files", ""]
     files = exports_of(summary)
     for name, usage in files:
         lines += [f"- [`{name}`]({name})", "", "  ```", *("  " + u for u in
@@ -265,6 +276,38 @@ def render_markdown(summary: Summary) -> str:
     if not files:
         lines.append("No files exported: no trial succeeded.")
     return "\n".join(lines) + "\n"
+
+
+CONFIRM_COLUMNS = ("role", "config", "search trial", "repeats", "median samples/s", "spread",
+                   "samples/s of each repeat")
+
+
+def confirmation_rows(summary: Summary) -> list[list[str]]:
+    c = summary.confirmation
+    if c is None:
+        return []
+    return [[row.role + (" (winner)" if row.config == c.winner else ""), row.config.label(),
+             f"#{row.searched_number}", str(len(row.samples_per_second)), fmt_num(row.median),
+             fmt_pct(row.spread), ", ".join(f"{x:.1f}" for x in row.samples_per_second)]
+            for row in c.rows]
+
+
+def _confirmation_note(summary: Summary) -> str:
+    c = summary.confirmation
+    if c is None:
+        return ""
+    return (f"After the search, these configs ran {c.repeats} more times each, interleaved, "
+            f"{c.steps} timed steps, each from its exported training_args.json; the winner "
+            "is the highest median.")
+
+
+def _md_confirmation(summary: Summary) -> list[str]:
+    rows = confirmation_rows(summary)
+    if not rows:
+        return []
+    return (["", "## Confirmation", "", _confirmation_note(summary), "",
+             "| " + " | ".join(CONFIRM_COLUMNS) + " |", "|" + " --- |" * len(CONFIRM_COLUMNS)]
+            + ["| " + " | ".join(_md_cell(x) for x in row) + " |" for row in rows])
 
 
 def _md_pruned(summary: Summary) -> list[str]:
@@ -291,6 +334,14 @@ def render_summary(summary: Summary, console: Console) -> None:
     for f in headline(summary):
         grid.add_row(f.label, f.value, f.detail)
     console.print(Panel(grid, title=f"autotune: {_title(summary)}", expand=False))
+    rows = confirmation_rows(summary)
+    if rows:
+        table = Table(box=box.SIMPLE_HEAD, title="confirmation", title_justify="left")
+        for name in CONFIRM_COLUMNS:
+            table.add_column(name)
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
     trials = ranked(summary.trials)
     if not trials:
         console.print("[yellow]no trial ran[/yellow]")
@@ -391,7 +442,7 @@ def render_html(summary: Summary) -> str:
 
     trials = summary.trials
     parts = [_html_header(summary), _html_plots(trials, summary), _html_table(summary, trials),
-             _html_pruned(summary), _html_files(summary),
+             _html_confirmation(summary), _html_pruned(summary), _html_files(summary),
              f"<footer>autotune {esc(summary.autotune_version)} · study "
              f"{esc(summary.search.get('study_name') or DASH)}</footer>"]
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
@@ -471,6 +522,18 @@ def _html_table(summary: Summary, trials: list[Record]) -> str:
     return (f"<h2>Trials ({len(trials)}) <span class=\"note\">· click a column to sort"
             f"</span></h2><div class=\"tablewrap\"><table class=\"sortable\" id=\"trials\">"
             f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>")
+
+
+def _html_confirmation(summary: Summary) -> str:
+    rows = confirmation_rows(summary)
+    if not rows:
+        return ""
+    head = "".join(f"<th>{esc(c)}</th>" for c in CONFIRM_COLUMNS)
+    body = "".join("<tr>" + "".join(f"<td>{esc(x)}</td>" for x in row) + "</tr>"
+                   for row in rows)
+    return (f"<h2>Confirmation</h2><p class=\"note\">{esc(_confirmation_note(summary))}</p>"
+            f"<div class=\"tablewrap\"><table id=\"confirmation\"><thead><tr>{head}</tr>"
+            f"</thead><tbody>{body}</tbody></table></div>")
 
 
 def _html_pruned(summary: Summary) -> str:

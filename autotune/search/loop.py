@@ -6,6 +6,7 @@ and the records are the same code either way.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from autotune.records import Record
 from autotune.search.study import HEARTBEAT_SECONDS
 
 if TYPE_CHECKING:
+    from autotune.config import TrialConfig
     from autotune.search.strategies.base import Proposal, Strategy
     from autotune.search.study import StudyLog
     from autotune.trials.executor import Executor
@@ -33,11 +35,15 @@ class Limits:
     max_trials: int | None = None
     deadline: float | None = None
     budget_seconds: float | None = None
+    # Trials to leave time for before the deadline (confirmation, after the search), each
+    # priced at the median trial so far.
+    reserve_trials: float = 0.0
 
     def exhausted(self, costs: list[float], in_flight: int) -> bool:
         if self.max_trials is not None and len(costs) + in_flight >= self.max_trials:
             return True
-        if self.deadline is not None and time.time() >= self.deadline:
+        reserve = self.reserve_trials * statistics.median(costs) if costs else 0.0
+        if self.deadline is not None and time.time() + reserve >= self.deadline:
             return True
         return self.budget_seconds is not None and bool(costs) and (
             sum(costs) + max(costs) > self.budget_seconds)
@@ -49,14 +55,19 @@ def drive(
     log: StudyLog,
     limits: Limits,
     *,
+    history: list[Record] | None = None,
     on_start: Callable[[Proposal], None] | None = None,
     on_record: Callable[[Record], None] | None = None,
+    review: Callable[[Record, list[Record]], None] | None = None,
 ) -> list[Record]:
     """Ask, run, record until the strategy has nothing more or a limit is reached; trials
-    in flight then finish. Returns the whole history, earlier sessions' records first."""
-    history = log.history()
+    in flight then finish. `history` (default: the study's records) is extended in place,
+    so a caller keeps what finished even when the loop is interrupted. `review` may
+    reject a finished trial's outcome before the study is told (numerics)."""
+    history = log.history() if history is None else history
     costs = [r.outcome.wall_seconds or 0.0 for r in history if r.outcome.ran]
     in_flight: dict[int, tuple[int, Proposal]] = {}  # ticket -> (trial number, proposal)
+    claimed: list[TrialConfig] = []  # configs another driver took first
     asking, pruned_in_a_row = True, 0
 
     def record(r: Record) -> None:
@@ -68,7 +79,8 @@ def drive(
         while True:
             while asking and len(in_flight) < executor.capacity and not limits.exhausted(
                     costs, len(in_flight)):
-                pending = [p.config for _, p in in_flight.values()] + log.running_elsewhere()
+                pending = ([p.config for _, p in in_flight.values()] + log.running_elsewhere()
+                           + claimed)
                 proposal = strategy.ask(history, pending)
                 if proposal is None or pruned_in_a_row >= MAX_PRUNED_IN_A_ROW:
                     asking = False
@@ -79,16 +91,20 @@ def drive(
                     continue
                 number = log.start(proposal)
                 if number is None:  # another driver took this config first
+                    claimed.append(proposal.config)
                     continue
                 pruned_in_a_row = 0
                 if on_start is not None:
                     on_start(proposal)
-                in_flight[executor.submit(proposal.config)] = (number, proposal)
+                in_flight[executor.submit(proposal.config, **proposal.overrides)] = (
+                    number, proposal)
             if not in_flight:
                 break
             for ticket, outcome in executor.wait(timeout=HEARTBEAT_SECONDS):
                 number, proposal = in_flight.pop(ticket)
                 costs.append(outcome.wall_seconds or 0.0)
+                if review is not None:
+                    review(Record(proposal.config, outcome, proposal.reason, number), history)
                 record(log.finish(number, proposal, outcome))
                 asking = True  # new evidence: the strategy may have more to ask
             log.heartbeat()

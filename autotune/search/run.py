@@ -13,13 +13,16 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.errors import SpecError
+from autotune import knobs
+from autotune.errors import SetupError, SpecError
 from autotune.plan.calibration import MemoryModel
 from autotune.plan.device import DeviceSpec, local_device, memory_limit
 from autotune.plan.shape import ModelShape, model_shape
+from autotune.search import confirm, numerics
 from autotune.search.loop import Limits, drive
 from autotune.search.result import SearchResult
 from autotune.search.strategies.base import SearchContext
+from autotune.search.strategies.baseline import auto_find_chain
 from autotune.search.strategies.registry import make_strategy, sampler_for
 from autotune.search.study import StudyLog
 from autotune.space import Space, build_space
@@ -85,6 +88,7 @@ def run_search(
     log.recover_abandoned()
     ctx = SearchContext(space.candidates, device, spec.world_size, spec.target_batch_size,
                         limit, shape, spec.search.seed)
+    ctx.baseline_chain = auto_find_chain(ctx)
     strategy = make_strategy(spec.search.sampler, ctx, log)
     owns_executor = executor is None
     if executor is None:
@@ -94,23 +98,55 @@ def run_search(
                                shape=shape.to_dict() if shape else None,
                                memory_budget_bytes=limit,
                                timeout_s=parse_duration(spec.search.trial_timeout))
-    limits = Limits(max_trials=spec.search.n_trials,
-                    deadline=started + parse_duration(spec.search.timeout))
+    deadline = started + parse_duration(spec.search.timeout)
+    repeats = spec.search.confirm_repeats
+    # The confirmation's trials are paid from the same time budget: the search leaves room
+    # for about three contenders' repeats.
+    limits = Limits(max_trials=spec.search.n_trials, deadline=deadline,
+                    reserve_trials=3 * repeats * confirm.STEPS_FACTOR)
+    history = log.history()
+
+    def recorded(record: Record) -> None:
+        if on_record is not None:
+            on_record(record)
+        _stop_on_setup_error(record)
+
+    def review(record: Record, seen: list[Record]) -> None:
+        numerics.review(record, seen, spec.target_batch_size, spec.world_size,
+                        spec.measure.loss_tolerance)
+
     try:
-        history = drive(strategy, executor, log, limits, on_start=on_start,
-                        on_record=on_record)
+        drive(strategy, executor, log, limits, history=history, on_start=on_start,
+              on_record=recorded, review=review)
+        picked = confirm.contenders(history) if repeats else []
+        if picked:
+            confirmer = confirm.ConfirmStrategy(ctx, spec, output / "confirm", picked, repeats,
+                                                on_cpu=not device.is_cuda)
+            drive(confirmer, executor, log, Limits(deadline=deadline), history=history,
+                  on_start=on_start, on_record=recorded)
     finally:
         if owns_executor:
             executor.close()
-    search_info = {"wall_seconds": log.add_wall_seconds(time.time() - started),
-                   "study_name": study_name, "storage": storage,
-                   "sampler": spec.search.sampler}
-    summary = summarise(spec, device, limit, shape, history, space.pruned, search_info)
-    from autotune.outputs.export import write_outputs
+        # Whatever finished is written, even when the search was interrupted or stopped.
+        search_info = {"wall_seconds": log.add_wall_seconds(time.time() - started),
+                       "study_name": study_name, "storage": storage,
+                       "sampler": spec.search.sampler}
+        summary = summarise(spec, device, limit, shape, history, space.pruned, search_info)
+        from autotune.outputs.export import write_outputs
 
-    write_outputs(summary, output, spec, on_cpu=not device.is_cuda)
-    log.save_summary(summary.to_dict())
+        write_outputs(summary, output, spec, on_cpu=not device.is_cuda)
+        log.save_summary(summary.to_dict())
     return SearchResult(spec, device, summary, output)
+
+
+def _stop_on_setup_error(record: Record) -> None:
+    """A failure to load what every config shares (model, data, tokenizer) stops the
+    search at once, naming the field; unless a knob that changes how the model is built
+    is off its baseline, when the config may be at fault and the search goes on."""
+    field = record.outcome.extra.get("setup_field")
+    if field and all(getattr(record.config, k.name) == k.baseline
+                     for k in knobs.table() if k.affects_model):
+        raise SetupError(field, str(record.outcome.extra.get("setup_message", "")))
 
 
 def summarise(spec: Spec, device: DeviceSpec, limit: int, shape: ModelShape | None,
@@ -125,7 +161,10 @@ def summarise(spec: Spec, device: DeviceSpec, limit: int, shape: ModelShape | No
         memory_limit_bytes=limit, target_batch_size=spec.target_batch_size,
         world_size=spec.world_size, seq_len=spec.data.seq_len, trials=history,
         pruned_by_rules=pruned_by_rules, search=search_info,
-        projection=spec.run.model_dump())
+        projection=spec.run.model_dump(),
+        confirmation=confirm.summarise(history, spec.search.confirm_repeats,
+                                       spec.measure.steps * confirm.STEPS_FACTOR,
+                                       spec.search.seed))
     if summary.best is not None and learned is not None:
         model = MemoryModel.from_history(learned, device, spec.world_size, history, limit)
         summary.memory_components = dict(model.predict(summary.best.config).components)

@@ -107,8 +107,11 @@ class StudyLog:
         out = []
         for t in sorted(self._trials(done), key=lambda t: t.number):
             a = t.user_attrs
+            # A setup failure (the data, the tokenizer) says nothing of its config: once the
+            # spec is fixed, the config runs again.
+            setup = (a.get("outcome") or {}).get("extra", {}).get("setup_field")
             if t.number > after and "outcome" in a and SKIPPED_KEY not in a \
-                    and ABANDONED_KEY not in a:
+                    and ABANDONED_KEY not in a and not setup:
                 out.append(Record(TrialConfig.from_dict(a["config"]),
                                   Outcome.from_dict(a["outcome"]), a.get("reason", ""),
                                   t.number))
@@ -152,7 +155,7 @@ class StudyLog:
             number = self.storage.get_trial_number_from_id(trial_id)
         self._numbers.add(number)
         self._set(number, {DRIVER_KEY: self.driver, HEARTBEAT_KEY: time.time()}, system=True)
-        if self.shared and self._taken(proposal.config, number):
+        if self.shared and not proposal.repeat and self._taken(proposal.config, number):
             self.skip(number, "claimed by another driver first")
             return None
         return number
@@ -163,8 +166,8 @@ class StudyLog:
         for t in self._trials():
             a = t.user_attrs
             if t.number == number or a.get("config") != mine or SKIPPED_KEY in a \
-                    or ABANDONED_KEY in a:
-                continue
+                    or ABANDONED_KEY in a or t.state == TrialState.PRUNED:
+                continue  # a prediction that pruned it is no claim on running it
             if t.state != TrialState.RUNNING or t.number < number:
                 return True
         return False

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from autotune.spec import Spec
 
 log = logging.getLogger("autotune")
+RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 
 
 class Executor(ABC):
@@ -33,8 +34,11 @@ class Executor(ABC):
     capacity: int = 1
 
     @abstractmethod
-    def submit(self, config: TrialConfig) -> int:
-        """Start one trial; never raises for a trial that fails (that is an Outcome)."""
+    def submit(self, config: TrialConfig, *, training_args: dict | None = None,
+               steps: int | None = None) -> int:
+        """Start one trial; never raises for a trial that fails (that is an Outcome).
+        `training_args` replace the kwargs built from the config (an exported file's),
+        `steps` the spec's timed steps."""
 
     @abstractmethod
     def wait(self, timeout: float | None = None) -> list[tuple[int, Outcome]]:
@@ -83,16 +87,22 @@ class RayExecutor(Executor):
                                 "log_to_driver": False, "logging_level": logging.WARNING}
         if self.address is None:  # embedded: this search's own Ray, never another's
             init |= {"address": "local", "num_cpus": node_cpus()}
+            # Ray turns token authentication on for a new local cluster and warns so at
+            # every start; that is the default we want, so the notice is not shown.
+            logging.getLogger(RAY_AUTH_LOGGER).setLevel(logging.ERROR)
         ray.init(**init)
         self._owns_ray = True
 
-    def submit(self, config: TrialConfig) -> int:
+    def submit(self, config: TrialConfig, *, training_args: dict | None = None,
+               steps: int | None = None) -> int:
         self._connect()
         # One trial at a time: it gets every core of the node, as the real run would.
         threads = node_cpus()
         request = make_request(self.spec, config, on_cpu=self.on_cpu, shape=self.shape,
                                memory_budget_bytes=self.budget, timeout_s=self.timeout_s,
-                               cpu_threads=threads)
+                               cpu_threads=threads, steps=steps)
+        if training_args is not None:
+            request.training_args = training_args
         task = self._remote.options(num_cpus=threads, num_gpus=self.gpus)
         ticket, self._next = self._next, self._next + 1
         self._refs[task.remote(vars(request))] = ticket

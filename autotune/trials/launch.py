@@ -110,6 +110,8 @@ def _classify(returncode: int, timed_out: bool, result_path: Path, log_tail: str
                        f"\n{log_tail}")
     if returncode < 0:
         sig = signal.Signals(-returncode).name
+        if is_oom_message(log_tail):  # e.g. SIGABRT after a C++ std::bad_alloc
+            return Outcome(OOM, error=f"killed by {sig} after running out of memory\n{log_tail}")
         if is_oom_signal(returncode):
             return Outcome(OOM, error=f"killed by {sig} (the kernel's OOM killer sends it)"
                            f"\n{log_tail}")

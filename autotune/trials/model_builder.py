@@ -7,11 +7,29 @@ import json
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import TrialError
+from autotune.errors import SetupError
 from autotune.plan.shape import AUTO_CLASSES, load_hf_config
+from autotune.trials.oom import is_oom_exception
+
+
+def _model_field(model: dict[str, Any]) -> str:
+    return next(f"model.{k}" for k in ("factory", "name_or_path", "config") if model.get(k))
 
 
 def build_model(model: dict[str, Any]):
+    """The spec's model. A failure that is not a lack of memory is a SetupError naming
+    the spec's field: no config of the search could avoid it."""
+    try:
+        return _build_model(model)
+    except SetupError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - re-raised, classified
+        if is_oom_exception(exc):
+            raise
+        raise SetupError(_model_field(model), f"{type(exc).__name__}: {exc}") from exc
+
+
+def _build_model(model: dict[str, Any]):
     import transformers
 
     hf_config = load_hf_config(model)
@@ -24,7 +42,7 @@ def build_model(model: dict[str, Any]):
         try:
             factory = getattr(importlib.import_module(module_name), func_name)
         except (ImportError, AttributeError) as exc:
-            raise TrialError(f"model.factory {model['factory']!r}: {exc}") from exc
+            raise SetupError("model.factory", f"{model['factory']!r}: {exc}") from exc
         return factory(hf_config)
     auto = getattr(transformers, AUTO_CLASSES[model.get("task", "causal-lm")])
     kwargs = {}
@@ -65,7 +83,7 @@ def build_dataset(spec: dict[str, Any], model, n_samples: int, seed: int = 0) ->
     seq_len = data["seq_len"]
     limit = max_positions(model)
     if limit is not None and seq_len > limit:
-        raise TrialError(f"data.seq_len {seq_len} exceeds the model's {limit} positions")
+        raise SetupError("data.seq_len", f"{seq_len} exceeds the model's {limit} positions")
     g = torch.Generator().manual_seed(seed)
     if data.get("source", "synthetic") == "synthetic":
         vocab = int(getattr(model.config, "vocab_size", 30000))
@@ -107,10 +125,19 @@ def _read_texts(source: str, field: str) -> list[str]:
 def _tokenized(data: dict[str, Any], n_samples: int):
     import transformers
 
-    texts = _read_texts(data["source"], data.get("text_field", "text"))
+    try:
+        texts = _read_texts(data["source"], data.get("text_field", "text"))
+    except KeyError as exc:
+        raise SetupError("data.text_field", f"{exc} is not a field of {data['source']}") from exc
+    except Exception as exc:  # noqa: BLE001 - whatever the reader raised, named
+        raise SetupError("data.source", f"{type(exc).__name__}: {exc}") from exc
     if not texts:
-        raise TrialError(f"data.source {data['source']!r} holds no texts")
-    tok = transformers.AutoTokenizer.from_pretrained(data["tokenizer"])
+        raise SetupError("data.source", f"{data['source']!r} holds no texts")
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(data["tokenizer"])
+    except Exception as exc:  # noqa: BLE001 - a broken folder raises anything
+        raise SetupError("data.tokenizer", f"{data['tokenizer']!r} could not be loaded: "
+                         f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}") from exc
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token or tok.unk_token
     texts = (texts * (n_samples // len(texts) + 1))[:n_samples]

@@ -48,11 +48,15 @@ class TrialRequest:
 
 def make_request(spec: Spec, config: TrialConfig, *, on_cpu: bool, shape: dict | None,
                  memory_budget_bytes: int | None, timeout_s: float,
-                 cpu_threads: int) -> TrialRequest:
-    """The request for one trial of `spec`, built in the driver."""
+                 cpu_threads: int, steps: int | None = None) -> TrialRequest:
+    """The request for one trial of `spec`, built in the driver; `steps` replaces the
+    spec's timed steps (confirmation measures longer)."""
     seed = spec.search.seed
+    dumped = spec.model_dump(mode="json")
+    if steps is not None:
+        dumped["measure"]["steps"] = steps
     return TrialRequest(
-        spec=spec.model_dump(mode="json"), config=config.to_dict(),
+        spec=dumped, config=config.to_dict(),
         training_args=training_arguments_kwargs(config, seed=seed,
                                                 world_size=spec.world_size, on_cpu=on_cpu),
         shape=shape, memory_budget_bytes=memory_budget_bytes, timeout_s=timeout_s,

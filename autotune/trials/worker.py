@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import os
 import resource
-import statistics
 import sys
 import threading
 import time
@@ -24,9 +23,11 @@ from autotune.records import ERROR, NAN, OK, OOM, Outcome
 from autotune.trials.protocol import TrialRequest, write_result
 
 ERROR_TAIL_LINES = 25
+# Trial-only settings: how long to run and what not to do; never a knob. NaN losses are
+# logged as they are (Trainer's filter would hide a real divergence).
 TRIAL_ONLY = {"logging_steps": 1, "save_strategy": "no", "disable_tqdm": True,
-              "dataloader_num_workers": 0, "log_level": "error",
-              "remove_unused_columns": False}
+              "log_level": "error", "remove_unused_columns": False,
+              "logging_nan_inf_filter": False}
 
 
 def _rss() -> int:
@@ -60,11 +61,13 @@ class BudgetWatch(threading.Thread):
             time.sleep(0.01)
 
 
-def _step_timer(sync):
+def _step_timer(sync, warmup: int):
     from transformers import TrainerCallback
 
     class StepTimer(TrainerCallback):
-        """Wall time per optimizer step, device synchronised at each boundary."""
+        """Wall time per optimizer step. The device is synchronised only where the timed
+        window starts and ends (after the warm-up, after the last step): a sync after every
+        step would remove the overlap of host and device work that a long run keeps."""
 
         def __init__(self) -> None:
             self.marks: list[float] = []
@@ -74,22 +77,41 @@ def _step_timer(sync):
             self.marks.append(time.perf_counter())
 
         def on_step_end(self, args, state, control, **kw):
-            sync()
+            if state.global_step in (warmup, state.max_steps):
+                sync()
             self.marks.append(time.perf_counter())
 
         def durations(self) -> list[float]:
             return [b - a for a, b in zip(self.marks, self.marks[1:], strict=False)]
 
+        def window(self) -> float:
+            """Synchronised seconds from the end of the warm-up to the end of the run."""
+            return self.marks[-1] - self.marks[warmup]
+
     return StepTimer()
 
 
-def _non_finite(log_history: list[dict]) -> str | None:
-    for entry in log_history:
-        for key in ("loss", "grad_norm"):
-            v = entry.get(key)
-            if isinstance(v, int | float) and not math.isfinite(v):
-                return f"non-finite {key} ({v}) at step {entry.get('step')}"
-    return None
+def _finite(v) -> bool:
+    return not isinstance(v, int | float) or math.isfinite(v)
+
+
+def numerics(log_history: list[dict], precision: str) -> tuple[str | None, int]:
+    """(why the run diverged, or None; loss-scale skips). Under fp16 the scaler skips a
+    step whose gradients overflow (logged as grad_norm inf) and lowers the scale; a few
+    such steps while it settles are normal. The run is `nan` when a loss is non-finite,
+    or the gradients are still non-finite at the last step (the scale never settled);
+    in other precisions, at any non-finite gradient norm."""
+    steps = [e for e in log_history if "loss" in e]
+    for e in steps:
+        if not _finite(e["loss"]):
+            return f"non-finite loss ({e['loss']}) at step {e.get('step')}", 0
+    overflow = [e for e in steps if not _finite(e.get("grad_norm"))]
+    if overflow and (precision != "fp16" or overflow[-1] is steps[-1]):
+        e = overflow[-1] if precision == "fp16" else overflow[0]
+        return (f"non-finite grad_norm ({e['grad_norm']}) at step {e.get('step')}"
+                + (" after the loss scale had time to settle" if precision == "fp16" else ""),
+                len(overflow))
+    return None, len(overflow)
 
 
 def _flops_per_token(n_params: int, shape: dict) -> float:
@@ -100,10 +122,11 @@ def _flops_per_token(n_params: int, shape: dict) -> float:
 def run(request: TrialRequest, result_path: str) -> Outcome:
     started = time.time()
     import torch
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer, TrainingArguments, set_seed
     from transformers.utils import logging as hf_logging
 
     from autotune.config import TrialConfig
+    from autotune.errors import SetupError
     from autotune.plan.device import local_device
     from autotune.spec import Spec
     from autotune.trials.model_builder import build_dataset, build_model
@@ -111,6 +134,7 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
 
     hf_logging.set_verbosity_error()
     spec = Spec.model_validate(request.spec)  # the same validation the CLI ran
+    set_seed(request.seed)  # one seed: the same initial weights and data order everywhere
     cfg = TrialConfig.from_dict(request.config)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     cuda = torch.cuda.is_available()
@@ -138,18 +162,21 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
         dataset = build_dataset(spec.model_dump(), model, samples, seed=request.seed)
         kwargs = request.training_args | TRIAL_ONLY | {
             "output_dir": str(Path.cwd() / "out"), "max_steps": n_steps}
-        timer = _step_timer(sync)
+        timer = _step_timer(sync, spec.measure.warmup_steps)
         trainer = Trainer(model=model, args=TrainingArguments(**kwargs), train_dataset=dataset,
                           callbacks=[timer])
         trainer.train()
-        outcome = _measure(timer.durations(), spec, cfg, world, model, trainer)
+        outcome = _measure(timer, spec, cfg, world, model, trainer)
+    except SetupError as exc:  # no config avoids it: the search stops on it
+        outcome = Outcome(ERROR, error=str(exc), extra={"setup_field": exc.field,
+                                                        "setup_message": exc.message})
     except Exception as exc:  # noqa: BLE001 - every failure becomes an outcome
         tail = "".join(traceback.format_exception(exc)).splitlines()[-ERROR_TAIL_LINES:]
         outcome = Outcome(OOM if is_oom_exception(exc) else ERROR, error="\n".join(tail))
     outcome.shape = shape
     outcome.wall_seconds = time.time() - started
     if cuda:
-        peak, extra = _gpu_memory()
+        peak, extra = _gpu_memory(torch.cuda.current_device())
         outcome.peak_memory_bytes = peak
         outcome.extra |= extra
     else:
@@ -172,7 +199,8 @@ def model_flops_utilisation(outcome: Outcome, shape: dict[str, Any] | None, devi
     peak = device.peak_flops.get(precision)
     if not peak or not shape or "num_layers" not in shape or not outcome.tokens_per_second:
         return None
-    flops = _flops_per_token(outcome.extra["num_parameters"], shape)
+    flops = _flops_per_token(outcome.extra.get("num_parameters") or shape["num_parameters"],
+                             shape)
     return flops * outcome.tokens_per_second / (peak * world)
 
 
@@ -184,45 +212,60 @@ def _learned_shape(model, spec) -> dict[str, Any] | None:
     return shape.to_dict() if shape is not None else None
 
 
-def _measure(durations, spec, cfg, world, model, trainer) -> Outcome:
+def _measure(timer, spec, cfg, world, model, trainer) -> Outcome:
     import torch
 
-    warmup = spec.measure.warmup_steps
+    warmup, durations = spec.measure.warmup_steps, timer.durations()
     timed = durations[warmup:]
     if not timed:
         return Outcome(ERROR, error=f"only {len(durations)} steps ran")
-    step = statistics.median(timed)
-    samples_per_s = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * world / step
-    bad = _non_finite(trainer.state.log_history)
+    window = timer.window()
+    per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * world
+    samples_per_s = per_step * len(timed) / window
+    history = trainer.state.log_history
+    bad, skips = numerics(history, cfg.precision)
     return Outcome(
         NAN if bad else OK, error=bad, samples_per_second=samples_per_s,
         tokens_per_second=samples_per_s * spec.data.seq_len, step_seconds=durations,
-        timed_seconds=sum(timed),
-        extra={"num_parameters": sum(p.numel() for p in model.parameters()),
-               "cpu_threads": torch.get_num_threads(),
-               "warmup_seconds": sum(durations[:warmup])})
+        timed_seconds=window,
+        extra={"num_parameters": _parameters(model), "cpu_threads": torch.get_num_threads(),
+               "warmup_seconds": sum(durations[:warmup]), "loss_scale_skips": skips,
+               "losses": [e["loss"] for e in history if "loss" in e]})
 
 
-def _gpu_memory() -> tuple[int, dict[str, Any]]:
+def _parameters(model) -> int:
+    """Every parameter, counted whole: ZeRO-3 leaves each rank a 0-element placeholder
+    and keeps the real size in `ds_numel`."""
+    return sum(getattr(p, "ds_numel", 0) or p.numel() for p in model.parameters())
+
+
+def _gpu_memory(index: int) -> tuple[int, dict[str, Any]]:
     """Allocator peak plus what the allocator does not see (CUDA context, cuBLAS
-    workspaces), which NVML reports for the process."""
+    workspaces, NCCL buffers), which NVML reports for the process. The GPU is found in
+    NVML by its UUID: torch's index differs from NVML's when CUDA_VISIBLE_DEVICES remaps
+    them. Where NVML cannot tell, the figure says "unavailable", never 0."""
     import torch
 
     reserved_peak = torch.cuda.max_memory_reserved()
-    extra = 0
+    extra: dict[str, Any] = {"allocator_peak_reserved": reserved_peak}
     try:
         import pynvml
 
         pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        uuid = str(torch.cuda.get_device_properties(index).uuid)
+        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-")
+                                                   else f"GPU-{uuid}")
         mine = [p for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
                 if p.pid == os.getpid()]
-        if mine and mine[0].usedGpuMemory:
-            extra = max(0, mine[0].usedGpuMemory - torch.cuda.memory_reserved())
-    except Exception:  # noqa: BLE001 - NVML is optional; allocator figures still stand
-        extra = 0
-    return reserved_peak + extra, {"allocator_peak_reserved": reserved_peak,
-                                   "nvml_overhead": extra}
+        if not mine or not mine[0].usedGpuMemory:
+            raise LookupError("NVML lists no memory for this process (a container's PID "
+                              "namespace hides it)")
+        overhead = max(0, mine[0].usedGpuMemory - torch.cuda.memory_reserved())
+    except Exception as exc:  # noqa: BLE001 - the allocator's figure still stands, said so
+        extra["nvml_overhead"] = f"unavailable: {type(exc).__name__}: {exc}"[:300]
+        return reserved_peak, extra
+    extra["nvml_overhead"] = overhead
+    return reserved_peak + overhead, extra
 
 
 def main(argv: list[str]) -> int:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from autotune.config import TrialConfig
 from autotune.records import Record
@@ -33,6 +33,9 @@ class SearchContext:
     memory_limit_bytes: int  # per rank: device memory or the user's budget
     shape: ModelShape | None = None
     seed: int = 0
+    # The configs auto_find_batch_size would try, largest first (baseline.py); None: the
+    # halving chain among the candidates (a landscape holds nothing else).
+    baseline_chain: list[TrialConfig] | None = None
 
 
 @dataclass
@@ -42,6 +45,10 @@ class Proposal:
     run: bool = True  # False: record as pruned without running (predicted not to fit)
     predicted_memory_bytes: int | None = None
     trial_number: int | None = None  # set when a sampler already asked the study
+    # A deliberate re-measurement of a config that ran (confirmation): not refused as a
+    # duplicate. `overrides` go to the executor (exported TrainingArguments, steps).
+    repeat: bool = False
+    overrides: dict[str, Any] = field(default_factory=dict)
 
 
 class Strategy(ABC):

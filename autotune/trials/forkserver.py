@@ -1,0 +1,180 @@
+"""A warm launcher: a process that imports torch, transformers and the trial worker once,
+then forks each trial from that state, so a trial starts in milliseconds instead of the
+seconds its imports take.
+
+Each forked trial is still its own process with its own limits: its own session (the
+launcher kills its group past the time limit), its own environment and thread count, its
+own log, and it dies with the server (which dies with its launcher). CUDA is never touched
+before the fork (a forked CUDA context is unusable), only imported. Trials of several
+ranks go through torchrun instead, cold.
+
+Protocol, one JSON object per line: the launcher writes {"request", "result", "log",
+"cwd", "env"}; the server answers {"pid"} once the trial runs, then {"pid",
+"returncode"} when it has ended (negative: killed by that signal).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib
+import importlib.util
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+# What every trial imports; the optional ones only where installed. Importing them is
+# most of a cold trial's overhead (about 4-8 s on the development machine).
+PRELOAD = ("torch", "transformers", "transformers.trainer", "autotune.trials.worker",
+           "autotune.trials.model_builder")
+PRELOAD_IF_INSTALLED = ("deepspeed", "bitsandbytes", "peft")
+START_TIMEOUT_S = 300.0
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent exits (a no-op elsewhere): a
+    trial never outlives what launched it, even when that was killed with SIGKILL."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+# --- the server -----------------------------------------------------------------------
+
+def _preload() -> None:
+    for name in PRELOAD:
+        importlib.import_module(name)
+    for name in PRELOAD_IF_INSTALLED:
+        if importlib.util.find_spec(name) is not None:
+            with contextlib.suppress(Exception):  # an optional extra that fails stays cold
+                importlib.import_module(name)
+
+
+def _child(job: dict[str, Any]) -> None:
+    """In the forked process: become the trial, then exit with its status."""
+    code = 1
+    try:
+        os.setsid()
+        die_with_parent()
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # the server's pipes are not the trial's
+        fd = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.chdir(job["cwd"])
+        os.environ.clear()
+        os.environ.update(job["env"])
+        import torch
+
+        torch.set_num_threads(int(job["env"].get("OMP_NUM_THREADS", "1")))
+        from autotune.trials import worker
+
+        code = worker.main(["worker", job["request"], job["result"]])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - the traceback goes to the trial's log
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def serve() -> None:
+    die_with_parent()
+    _preload()
+    out = sys.stdout
+    out.write(json.dumps({"ready": os.getpid()}) + "\n")
+    out.flush()
+    for line in sys.stdin:
+        job = json.loads(line)
+        out.flush()
+        pid = os.fork()
+        if pid == 0:
+            _child(job)
+        out.write(json.dumps({"pid": pid}) + "\n")
+        out.flush()
+        _, status = os.waitpid(pid, 0)
+        out.write(json.dumps({"pid": pid, "returncode": os.waitstatus_to_exitcode(status)})
+                  + "\n")
+        out.flush()
+
+
+# --- the client, in the launching process -------------------------------------------------
+
+class ForkServer:
+    """One server per launching process (a Ray worker runs one trial at a time)."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "autotune.trials.forkserver"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True,
+            preexec_fn=die_with_parent)
+        if self._read(START_TIMEOUT_S) is None:
+            self.close()
+            raise RuntimeError("the warm launcher did not start")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def _read(self, timeout: float | None) -> dict[str, Any] | None:
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:
+            return None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the warm launcher exited")
+        return json.loads(line)
+
+    def start(self, job: dict[str, Any]) -> int:
+        """Fork the trial; returns its pid."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(job) + "\n")
+        self.proc.stdin.flush()
+        reply = self._read(START_TIMEOUT_S)
+        if reply is None or "pid" not in reply:
+            raise RuntimeError("the warm launcher did not fork the trial")
+        return int(reply["pid"])
+
+    def wait(self, pid: int, timeout: float | None) -> int | None:
+        """The trial's return code, or None when `timeout` passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            reply = self._read(left)
+            if reply is None:
+                return None
+            if reply.get("pid") == pid and "returncode" in reply:
+                return int(reply["returncode"])
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+_SERVER: ForkServer | None = None
+_LOCK = threading.Lock()
+
+
+def server(env: dict[str, str]) -> ForkServer:
+    """This process's warm launcher, started on first use (and again if it died)."""
+    global _SERVER
+    with _LOCK:
+        if _SERVER is None or not _SERVER.alive():
+            _SERVER = ForkServer(env)
+        return _SERVER
+
+
+if __name__ == "__main__":
+    serve()

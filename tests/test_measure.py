@@ -1,0 +1,106 @@
+"""Measurements that mean one thing: what a trial's logs say about its numerics, how a
+dead process is classified, what makes two searches' figures comparable, how the
+confirmation's interval is drawn."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from autotune.config import TrialConfig
+from autotune.plan.device import named_device
+from autotune.records import Outcome, Record
+from autotune.search import confirm, numerics
+from autotune.search.run import fingerprint
+from autotune.space import Space, build_space
+from autotune.spec import load_spec
+from autotune.trials.launch import _classify
+from autotune.trials.worker import _parameters
+from autotune.trials.worker import numerics as trial_numerics
+
+INF = math.inf
+
+
+def _log(losses, norms):
+    return [{"loss": loss, "grad_norm": g, "step": i + 1}
+            for i, (loss, g) in enumerate(zip(losses, norms, strict=True))]
+
+
+def test_fp16_loss_scale_skips_are_counted_not_nan():
+    """What an fp16 run logs while the GradScaler settles: overflowing steps (grad_norm
+    inf) are skipped, the scale drops, later steps are finite."""
+    settles = _log([6.2, 6.2, 6.2, 6.1, 6.0, 5.9], [INF, INF, INF, 1.3, 1.1, 0.9])
+    assert trial_numerics(settles, "fp16") == (None, 3)
+    never = _log([6.2, 6.2, 6.2, 6.2], [INF, INF, INF, INF])
+    why, skips = trial_numerics(never, "fp16")
+    assert "settle" in why and skips == 4
+    # Without a scaler nothing is skipped: an infinite gradient norm is a failure.
+    assert trial_numerics(settles, "bf16")[0] is not None
+    assert "loss" in trial_numerics(_log([6.0, math.nan], [1.0, 1.0]), "fp16")[0]
+
+
+def test_a_killed_process_that_ran_out_of_host_memory_is_an_oom(tmp_path: Path):
+    log = "terminate called after throwing an instance of 'std::bad_alloc'\n"
+    assert _classify(-6, False, tmp_path / "none.json", log, 60).status == "oom"  # SIGABRT
+    assert _classify(-11, False, tmp_path / "none.json", "Segfault", 60).status == "crashed"
+
+
+def test_zero3_partitioned_parameters_count_whole():
+    model = torch.nn.Linear(4, 4)
+    for p in model.parameters():
+        p.ds_numel = p.numel()
+        p.data = torch.empty(0)  # what a ZeRO-3 rank holds between gathers
+    assert _parameters(model) == 20
+
+
+def test_fingerprint_covers_device_space_and_model():
+    spec = load_spec({"model": {"config": {"model_type": "gpt2", "n_layer": 1}},
+                      "target_batch_size": 8})
+    a100, h100 = named_device("A100-80GB"), named_device("H100-80GB")
+    space = build_space(spec, a100).space
+    key = fingerprint(spec, a100, space)
+    assert key == fingerprint(load_spec(spec, **{"search.n_trials": 3}), a100, space)
+    assert key != fingerprint(spec, h100, space)
+    smaller = Space(space.batch_sizes, space.values | {"precision": ["fp32"]})
+    assert key != fingerprint(spec, a100, smaller)  # the space file's contents changed
+    assert key != fingerprint(load_spec(spec, **{"target_batch_size": 16}), a100, space)
+
+
+def _rec(n, precision, losses, batch=4, reason="model", sps=10.0):
+    cfg = TrialConfig.of(batch, 16 // batch, precision=precision)
+    return Record(cfg, Outcome("ok", samples_per_second=sps, extra={"losses": losses}),
+                  reason, n)
+
+
+def test_a_precision_whose_losses_drift_is_rejected_with_the_figures():
+    history = [_rec(0, "fp32", [6.0, 5.5, 5.0])]
+    close = _rec(1, "bf16", [6.01, 5.52, 5.03])
+    numerics.review(close, history, 16, 1, 0.05)
+    assert close.outcome.ok and close.outcome.extra["loss_drift"] == pytest.approx(0.006)
+    far = _rec(2, "bf16", [6.0, 6.4, 7.0])
+    numerics.review(far, history, 16, 1, 0.05)
+    assert far.outcome.status == "nan" and "40.0%" in far.outcome.error
+    assert "fp32 reference" in far.outcome.error
+
+
+def test_confirmation_picks_the_winner_on_medians_with_an_interval():
+    searched = [_rec(0, "fp32", [], batch=8, reason="baseline", sps=10.0),
+                _rec(1, "bf16", [], sps=15.0), _rec(2, "bf16", [], batch=2, sps=14.6),
+                _rec(3, "bf16", [], batch=8, sps=12.0)]
+    roles = [(role, r.number) for role, r in confirm.contenders(searched)]
+    assert roles == [("best", 1), ("runner-up", 2), ("baseline", 0)]  # 12.0 is not within 5%
+    runs = {1: [13.0, 13.2, 12.9], 2: [14.1, 14.3, 14.0], 0: [10.0, 10.2, 9.9]}
+    history = list(searched)
+    for rep in range(3):
+        for n in (1, 2, 0):
+            r = searched[n] if n else searched[0]
+            history.append(Record(r.config, Outcome("ok", samples_per_second=runs[n][rep]),
+                                  confirm.REASON, 10 + len(history)))
+    c = confirm.summarise(history, 3, 8)
+    assert c.winner == searched[2].config  # the single best measurement did not hold up
+    assert c.speedup == pytest.approx(14.1 / 10.0)
+    assert c.speedup_low <= c.speedup <= c.speedup_high
+    assert c.speedup_low > 1.3
