@@ -185,13 +185,20 @@ def bench(
                                                           "fraction of the grid")] = None,
     repeats: Annotated[int, typer.Option(help="seeds to average over")] = 5,
     json_path: Annotated[Path | None, typer.Option("--json", help="write records here")] = None,
+    workers: Annotated[str, typer.Option(help="trials in parallel, e.g. 1,4,8: the tuner's "
+                                         "wall time to 0.98 quality per count")] = "1",
 ) -> None:
     """Replay strategies on tuning landscapes and compare quality and cost."""
     from autotune.bench.bench import bench_main
+    from autotune.errors import SpecError
 
     try:
+        try:
+            counts = [int(w) for w in workers.split(",")]
+        except ValueError:
+            raise SpecError(f"--workers: {workers!r} is not a list of counts like 1,4,8") from None
         code = bench_main([str(p) for p in landscape], budget_fraction, repeats,
-                          str(json_path) if json_path else None, console)
+                          str(json_path) if json_path else None, console, counts)
     except AutotuneError as exc:
         _fail(exc)
     raise typer.Exit(code)

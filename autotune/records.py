@@ -12,8 +12,10 @@ from typing import Any
 from autotune.config import TrialConfig
 
 # A trial's verdicts. `pruned`: not run, because a prediction said it would not fit.
-OK, OOM, NAN, ERROR, TIMEOUT, CRASHED, PRUNED = (
-    "ok", "oom", "nan", "error", "timeout", "crashed", "pruned")
+# `lost`: the infrastructure failed under it (a worker or node died, twice): no verdict
+# on the config, which a later session runs again.
+OK, OOM, NAN, ERROR, TIMEOUT, CRASHED, PRUNED, LOST = (
+    "ok", "oom", "nan", "error", "timeout", "crashed", "pruned", "lost")
 # The config itself failed (two such, and the strategy stops trying its knob values).
 FAILED = (NAN, ERROR, TIMEOUT, CRASHED)
 
@@ -42,6 +44,14 @@ class Outcome:
     @property
     def is_oom(self) -> bool:
         return self.status == OOM
+
+    @property
+    def score(self) -> float | None:
+        """What the search maximises: samples/s, or real (non-pad) tokens/s where the
+        trial says padding or packing make them differ (extra["objective"])."""
+        if self.extra.get("objective") == "tokens_per_second":
+            return self.tokens_per_second
+        return self.samples_per_second
 
     @property
     def ran(self) -> bool:

@@ -92,10 +92,27 @@ def load_space(name_or_path: str, target_batch_size: int, world_size: int = 1) -
     return Space(sorted(int(b) for b in batches), values, str(path))
 
 
+def _applicable(space: Space, spec: Spec, pruned: dict[str, str]) -> Space:
+    """The space without the knob values that cannot apply to this spec's model or data
+    (the table's `applies`), each removal recorded with its reason."""
+    values = dict(space.values)
+    for k in knobs.table():
+        others = [v for v in values.get(k.name, []) if v != k.baseline]
+        if k.applies is None or not others:
+            continue
+        reason = k.applies(spec)
+        if reason is not None:
+            for v in others:
+                pruned.setdefault(f"{k.name}={v}", reason)
+            values[k.name] = [k.baseline]
+    return Space(space.batch_sizes, values, space.source)
+
+
 def build_space(spec: Spec, device: DeviceSpec, space: Space | None = None) -> SpaceResult:
     """Every config the space allows on `device`, with accumulation derived from the target."""
     space = space or load_space(spec.search.space, spec.target_batch_size, spec.world_size)
     result = SpaceResult(space, [])
+    space = result.space = _applicable(space, spec, result.pruned)
     for family in space.families():
         for b in space.batch_sizes:
             cfg = family.config(b, spec.target_batch_size, spec.world_size)

@@ -71,6 +71,16 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class LoraSpec(_Strict):
+    """LoRA adapters through PEFT: the tuner searches everything else as for a full
+    fine-tune. `lora: {}` takes these defaults (rank 8 on every linear layer)."""
+
+    r: int = Field(8, ge=1)
+    alpha: int = Field(16, ge=1)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+
+
 class ModelSpec(_Strict):
     name_or_path: str | None = None
     """A local model folder (or a Hugging Face id where the hub is reachable)."""
@@ -80,7 +90,10 @@ class ModelSpec(_Strict):
     factory: str | None = None
     """'package.module:function' returning a torch model (takes the HF config or None)."""
     attn_implementation: str | None = None
-    """Passed to the model (eager, sdpa, flash_attention_2); None: the model's default."""
+    """Passed to the model (eager, sdpa, flash_attention_2); None: the model's default.
+    It is what the attention knob's "auto" means; the space can search the knob."""
+    lora: LoraSpec | None = None
+    """Train LoRA adapters instead of every weight."""
 
     @field_validator("factory")
     @classmethod
@@ -157,6 +170,10 @@ class DataSpec(_Strict):
 
 class HardwareSpec(_Strict):
     gpus_per_trial: int = Field(1, ge=1)
+    """GPUs (on CPU: processes) one trial uses, as data-parallel ranks."""
+    parallel_trials: int | None = Field(None, ge=1)
+    """Trials at once per node: on GPUs at most GPUs / gpus_per_trial (the default); on
+    CPU 1 unless set, the node's cores and RAM then shared among them."""
     memory_budget: str | int | None = None
     """Cap on one trial's peak memory (e.g. 2GiB). None: the GPU's memory, or on CPU a
     share of free RAM."""

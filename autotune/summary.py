@@ -121,7 +121,7 @@ class Summary:
         ok = [t for t in self.searched if t.outcome.ok]
         if self.confirmation is not None:
             return next((t for t in ok if t.config == self.confirmation.winner), None)
-        return max(ok, key=lambda t: t.outcome.samples_per_second or 0.0) if ok else None
+        return max(ok, key=lambda t: t.outcome.score or 0.0) if ok else None
 
     def throughput(self, record: Record | None) -> float | None:
         """A config's samples/s: its confirmed median where confirmed, else its trial's."""
@@ -130,7 +130,7 @@ class Summary:
         row = self.confirmation.row(record.config) if self.confirmation else None
         if row is not None and row.median:
             return row.median
-        return record.outcome.samples_per_second
+        return record.outcome.score
 
     @property
     def baseline(self) -> Record | None:
@@ -143,9 +143,9 @@ class Summary:
         if self.confirmation is not None and self.confirmation.speedup is not None:
             return self.confirmation.speedup
         best, base = self.best, self.baseline
-        if best is None or base is None or not base.outcome.samples_per_second:
+        if best is None or base is None or not base.outcome.score:
             return None
-        return (best.outcome.samples_per_second or 0.0) / base.outcome.samples_per_second
+        return (best.outcome.score or 0.0) / base.outcome.score
 
     @property
     def ooms(self) -> int:

@@ -31,8 +31,9 @@ def main() -> None:
     device = local_device()
     config = Family.baseline().config(args.batch, spec.target_batch_size, spec.world_size)
     limit = memory_limit(device, spec.hardware.budget_bytes())
-    ray = RayExecutor(spec, on_cpu=not device.is_cuda, memory_budget_bytes=limit,
-                      timeout_s=300)
+    ray = RayExecutor(spec, timeout_s=300)
+    ray.discover()
+    ray.budget = limit
     inside, alone, threads = [], [], set()
     try:
         for i in range(args.repeats):

@@ -11,6 +11,8 @@ allocator's peak reserved bytes plus what NVML sees beyond them (context, worksp
          no process's own peak but would spoil timings, which this does not use)
     .venv/bin/python benchmarks/memory_accuracy.py --from benchmarks/memory_accuracy.txt
         (re-predict recorded measurements with the current model; runs no trial)
+    .venv/bin/python benchmarks/memory_accuracy.py --toolbox
+        (eager vs sdpa attention, and LoRA vs full fine-tuning, on one CPU shape)
 """
 
 from __future__ import annotations
@@ -44,9 +46,9 @@ GPU_SHAPES = {
 }
 
 
-def _c(target: int, b: int, p="fp32", o="adamw_torch", ck=False, z=0, off="none"):
+def _c(target: int, b: int, p="fp32", o="adamw_torch", ck=False, z=0, off="none", **more):
     return TrialConfig.of(b, target // b, precision=p, optim=o, gradient_checkpointing=ck,
-                          zero_stage=z, offload=off)
+                          zero_stage=z, offload=off, **more)
 
 
 def cpu_configs(target: int, quick: bool) -> list[TrialConfig]:
@@ -79,9 +81,12 @@ def shape_table(device: DeviceSpec) -> tuple[dict, object]:
     return (GPU_SHAPES, gpu_configs) if device.is_cuda else (CPU_SHAPES, cpu_configs)
 
 
-def measure(name: str, quick: bool, device: DeviceSpec, parallel: int) -> list[float]:
+def measure(name: str, quick: bool, device: DeviceSpec, parallel: int,
+            configs: list[TrialConfig] | None = None, **model: object) -> list[float]:
     shapes, config_fn = shape_table(device)
-    spec = load_spec(spec_for(*shapes[name]))
+    raw = spec_for(*shapes[name])
+    raw["model"] |= model
+    spec = load_spec(raw)
     shape = model_shape(spec)
 
     def one(cfg: TrialConfig):
@@ -92,7 +97,7 @@ def measure(name: str, quick: bool, device: DeviceSpec, parallel: int) -> list[f
         return cfg, out, time.time() - started
 
     with ThreadPoolExecutor(max_workers=parallel) as pool:
-        results = list(pool.map(one, config_fn(spec.target_batch_size, quick)))
+        results = list(pool.map(one, configs or config_fn(spec.target_batch_size, quick)))
     measured, rows = [], []
     for cfg, out, secs in results:
         if not out.ok or not out.peak_memory_bytes:
@@ -164,9 +169,13 @@ def main() -> None:
     ap.add_argument("--parallel", type=int, default=1, help="trials at a time (GPU: memory "
                     "figures stay per process)")
     ap.add_argument("--from", dest="recorded", help="re-predict a recorded output, run nothing")
+    ap.add_argument("--toolbox", action="store_true", help="attention kernels and LoRA")
     args = ap.parse_args()
     if args.recorded:
         replay(args.recorded)
+        return
+    if args.toolbox:
+        toolbox()
         return
     device = local_device()
     if device.is_cuda:
@@ -179,6 +188,27 @@ def main() -> None:
         all_errors += measure(name, args.quick, device, args.parallel)
     print(f"overall: {len(all_errors)} trials, median calibrated (leave-one-out) relative "
           f"error {statistics.median(all_errors):.1%}, max {max(all_errors):.1%}")
+
+
+def toolbox() -> None:
+    """The knobs that change the model: eager vs SDPA attention (the s^2 term), and LoRA
+    (gradients and optimizer states of the adapters only) against full fine-tuning."""
+    device, name = local_device(), "gpt2-4x256-s256"
+    target = CPU_SHAPES[name][-1]
+    c = lambda *a, **k: _c(target, *a, **k)  # noqa: E731
+    groups = {
+        "attention (eager and sdpa)": ([c(b, attn_implementation=a) for a in ("eager", "sdpa")
+                                        for b in (4, 8, 16)]
+                                       + [c(16, ck=True, attn_implementation="eager")], {}),
+        "full fine-tuning": ([c(4), c(8), c(16), c(16, ck=True), c(8, z=2)], {}),
+        "LoRA r=8 all-linear": ([c(4), c(8), c(16), c(16, ck=True), c(8, z=2)],
+                                {"lora": {"r": 8}}),
+    }
+    for label, (configs, model) in groups.items():
+        print(f"{name}: {label}", flush=True)
+        errors = measure(name, False, device, 1, configs, **model)
+        print(f"  {label}: calibrated median {statistics.median(errors):.1%}, "
+              f"max {max(errors):.1%}", flush=True)
 
 
 if __name__ == "__main__":

@@ -54,3 +54,21 @@ def nan_loss(config=None):
     with torch.no_grad():
         model.lm_head.weight.fill_(float("nan"))
     return model
+
+
+class _OutOfMemoryOnRank1(GPT2LMHeadModel):
+    """Runs out of memory on rank 1 only, at its second micro-batch: rank 0 is by then
+    inside a collective waiting for it."""
+
+    calls = 0
+
+    def forward(self, input_ids=None, **kwargs):
+        self.calls += 1
+        if os.environ.get("RANK") == "1" and self.calls == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB "
+                                         "(raised on purpose by tests.factories)")
+        return super().forward(input_ids=input_ids, **kwargs)
+
+
+def oom_on_rank_1(config=None):
+    return _OutOfMemoryOnRank1(config or GPT2Config(**TINY))

@@ -16,7 +16,7 @@ def test_trial_through_ray_gets_its_share_of_the_cores(tiny_spec):
     process inherited: every trial ran on one thread while a real run gets them all."""
     from autotune.trials.executor import RayExecutor
 
-    executor = RayExecutor(load_spec(tiny_spec), on_cpu=True, timeout_s=120)
+    executor = RayExecutor(load_spec(tiny_spec), timeout_s=120)
     try:
         out = executor.run(TrialConfig(4, 4))
     finally:

@@ -46,7 +46,8 @@ def test_deepspeed_values_match_training_arguments():
 
 def test_no_deepspeed_file_without_zero(tmp_path):
     files = export_config(TrialConfig.of(4, 4, precision="bf16"), tmp_path, on_cpu=True, seed=0)
-    assert files == {"training_args": "training_args.json", "deepspeed": None}
+    assert files == {"training_args": "training_args.json", "deepspeed": None,
+                     "accelerate": "accelerate_config.yaml", "lora": None}
     assert not (tmp_path / "ds_config.json").exists()
     args = load_training_args(tmp_path / "training_args.json", str(tmp_path / "run"))
     assert args.per_device_train_batch_size == 4 and args.bf16
@@ -57,7 +58,8 @@ def test_exported_training_args_train_two_steps(tmp_path):
     export_config(TrialConfig.of(4, 2, precision="bf16", gradient_checkpointing=True),
                   tmp_path / "x", on_cpu=True, seed=0)
     out = _train(tmp_path / "x", tmp_path)
-    assert out == {"global_step": 2, "deepspeed": None, "batch": 4, "accum": 2, "bf16": True}
+    assert out | {"trainable": 0} == {"global_step": 2, "deepspeed": None, "batch": 4,
+                                      "accum": 2, "bf16": True, "trainable": 0, "world": 1}
 
 
 @pytest.mark.slow
@@ -68,3 +70,53 @@ def test_exported_deepspeed_config_parses_and_trains_two_steps(tmp_path):
     out = _train(tmp_path / "x", tmp_path)
     assert out["global_step"] == 2
     assert out["deepspeed"] == [8, 4, 2, 3]
+
+
+def _accelerate_config(cfg: TrialConfig, tmp_path: Path, world: int = 1):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    export_config(cfg, tmp_path, on_cpu=True, seed=0, world_size=world)
+    return load_config_from_file(str(tmp_path / "accelerate_config.yaml"))
+
+
+def test_accelerate_config_carries_the_sharding_backend(tmp_path):
+    """accelerate's own loader reads each export: DeepSpeed from ds_config.json, FSDP
+    with its sharding strategy, plain data parallelism."""
+    ds = _accelerate_config(TrialConfig.of(4, 2, zero_stage=3), tmp_path / "ds", world=2)
+    assert ds.distributed_type == "DEEPSPEED" and ds.num_processes == 2
+    assert ds.deepspeed_config["deepspeed_config_file"] == "ds_config.json"
+    fsdp = _accelerate_config(TrialConfig.of(4, 2, fsdp="full_shard+offload",
+                                             precision="bf16"), tmp_path / "fsdp", world=2)
+    assert fsdp.distributed_type == "FSDP" and fsdp.mixed_precision == "bf16"
+    assert fsdp.fsdp_config["fsdp_sharding_strategy"] == "FULL_SHARD"
+    assert fsdp.fsdp_config["fsdp_offload_params"] is True
+    plain = _accelerate_config(TrialConfig.of(4, 2), tmp_path / "plain")
+    assert plain.distributed_type == "NO" and plain.mixed_precision == "no"
+
+
+@pytest.mark.slow
+def test_accelerate_launch_trains_two_steps_from_the_exports(tmp_path):
+    """`accelerate launch --config_file accelerate_config.yaml`. On CPU accelerate runs one
+    process (its multi-CPU path needs MPI); several ranks are what the GPU export is for,
+    and the loader test above reads those."""
+    export_config(TrialConfig.of(2, 4), tmp_path / "x", on_cpu=True, seed=0)
+    accelerate = str(Path(sys.executable).with_name("accelerate"))
+    proc = subprocess.run([accelerate, "launch", "--config_file",
+                           str(tmp_path / "x" / "accelerate_config.yaml"),
+                           "--main_process_port", "29563", str(SCRIPT), str(tmp_path / "x"),
+                           str(tmp_path / "run")], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["global_step"] == 2 and out["world"] == 1
+
+
+@pytest.mark.slow
+def test_exported_lora_config_trains_two_steps(tmp_path):
+    lora = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["c_attn"]}
+    files = export_config(TrialConfig.of(4, 2), tmp_path / "x", on_cpu=True, seed=0,
+                          lora=lora)
+    assert files["lora"] == "lora_config.json"
+    out = _train(tmp_path / "x", tmp_path)
+    # c_attn of 2 layers: r x (32 in + 96 out) each.
+    assert out["global_step"] == 2 and out["trainable"] == 2 * 4 * (32 + 96)

@@ -11,15 +11,19 @@ import yaml
 from autotune import knobs
 from autotune.config import Family, TrialConfig
 from autotune.errors import SpecError
-from autotune.knobs import Knob
+from autotune.knobs import Knob, Rule
 from autotune.plan.device import DeviceSpec
 from autotune.space import build_space
 from autotune.spec import load_spec
 
 CPU = DeviceSpec("cpu", "cpu", 16 * 2**30)
 # A knob that only sets TrainingArguments: its row is everything it needs.
-PIN = Knob("dataloader_pin_memory", (False, True), True, "pin memory", "pin", kind=bool,
-           training_args=lambda on: {"dataloader_pin_memory": on})
+PERSIST = Knob("dataloader_persistent_workers", (False, True), False, "persistent workers",
+               "persist", kind=bool,
+               training_args=lambda on: {"dataloader_persistent_workers": on},
+               rules=(Rule("dataloader_persistent_workers without workers", "persistent "
+                           "workers need dataloader_num_workers > 0", lambda c, d:
+                           c.dataloader_persistent_workers and not c.dataloader_num_workers),))
 
 
 def test_family_is_a_named_value_with_baseline_defaults():
@@ -35,33 +39,36 @@ def test_family_is_a_named_value_with_baseline_defaults():
 
 
 def test_a_new_row_enters_the_space_and_its_rules():
-    with knobs.added(PIN):
-        assert Family.baseline().dataloader_pin_memory is True
+    with knobs.added(PERSIST):
+        assert Family.baseline().dataloader_persistent_workers is False
         spec = load_spec({"model": {"config": {"model_type": "gpt2"}}, "target_batch_size": 8})
         space = build_space(spec, CPU)
-        assert "dataloader_pin_memory" in space.space.choices()
-        assert {c.dataloader_pin_memory for c in space.candidates} == {True}  # baseline only
-    assert "dataloader_pin_memory" not in knobs.names()  # the table is itself again
+        assert "dataloader_persistent_workers" in space.space.choices()
+        # baseline only
+        assert {c.dataloader_persistent_workers for c in space.candidates} == {False}
+    assert "dataloader_persistent_workers" not in knobs.names()  # the table is itself again
 
 
 @pytest.mark.slow
 def test_a_new_row_reaches_trials_exports_summary_and_report(tmp_path, tiny_spec):
-    space = {"per_device_train_batch_size": [16], "dataloader_pin_memory": [True, False]}
+    space = {"per_device_train_batch_size": [16], "dataloader_persistent_workers": [True, False],
+             "dataloader_num_workers": [1]}
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
     tiny_spec["search"] |= {"space": str(tmp_path / "space.yaml"), "n_trials": 2}
     from autotune.search.run import run_search
 
-    with knobs.added(PIN):
+    with knobs.added(PERSIST):
         result = run_search(tiny_spec)
         ran = [t for t in result.trials if t.outcome.ran]
         assert ran and all(t.outcome.ok for t in ran), [t.outcome.error for t in ran]
-        assert {t.config.dataloader_pin_memory for t in ran} == {True, False}
+        assert {t.config.dataloader_persistent_workers for t in ran} == {True, False}
         out = result.output
         summary = json.loads((out / "summary.json").read_text())
-        assert all("dataloader_pin_memory" in t["config"] for t in summary["trials"])
+        assert all("dataloader_persistent_workers" in t["config"] for t in summary["trials"])
         exported = json.loads((out / "training_args.json").read_text())
-        assert exported["dataloader_pin_memory"] == result.best.config.dataloader_pin_memory
+        best = result.best.config
+        assert exported["dataloader_persistent_workers"] == best.dataloader_persistent_workers
         report = (out / "report.md").read_text()
-        assert "| pin |" in report.splitlines()[
+        assert "| persist |" in report.splitlines()[
             next(i for i, line in enumerate(report.splitlines()) if line.startswith("| # |"))]
-        assert "pin memory" in (out / "report.html").read_text()  # the effects grid's panel
+        assert "persistent workers" in (out / "report.html").read_text()  # the effects grid's panel

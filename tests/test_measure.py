@@ -44,8 +44,8 @@ def test_fp16_loss_scale_skips_are_counted_not_nan():
 
 def test_a_killed_process_that_ran_out_of_host_memory_is_an_oom(tmp_path: Path):
     log = "terminate called after throwing an instance of 'std::bad_alloc'\n"
-    assert _classify(-6, False, tmp_path / "none.json", log, 60).status == "oom"  # SIGABRT
-    assert _classify(-11, False, tmp_path / "none.json", "Segfault", 60).status == "crashed"
+    assert _classify(-6, False, {}, log, 60).status == "oom"  # SIGABRT
+    assert _classify(-11, False, {}, "Segfault", 60).status == "crashed"
 
 
 def test_zero3_partitioned_parameters_count_whole():

@@ -51,18 +51,62 @@ def test_optimizer_state_bytes_by_optimizer():
     assert 0 < opt["adafactor"] < 0.1  # factored second moments: rows + columns only
 
 
-def test_zero3_over_8_ranks_divides_model_states_by_8():
+def _llama(layers: int, hidden: int, ffn: int, heads: int, kv: int):
+    import transformers
+
+    return transformers.LlamaConfig(hidden_size=hidden, intermediate_size=ffn,
+                                    num_hidden_layers=layers, num_attention_heads=heads,
+                                    num_key_value_heads=kv, vocab_size=32000)
+
+
+@pytest.mark.parametrize("name,config", [("7B", (32, 4096, 11008, 32, 32)),
+                                         ("70B", (80, 8192, 28672, 64, 8))])
+@pytest.mark.parametrize("world", [1, 8])
+def test_model_states_match_deepspeeds_own_estimates(name, config, world):
+    """Every ZeRO stage and offload under bf16 with AdamW, against DeepSpeed's
+    estimate_zero2/3_model_states_mem_needs (what its *_all_cold tables print), counting
+    parameters and the largest layer the way DeepSpeed's *_all_live estimate does."""
+    import torch
+    import transformers
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    hf = _llama(*config)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(hf)
+    total = sum(p.numel() for p in model.parameters())
+    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+    m = MemoryModel(shape_from_hf_config(hf, 4096), named_device("H100-80GB"), world)
+    assert m.shape.num_parameters == total and m.largest_layer_params() == largest
+    ours = {(z, off): states(m, cfg(precision="bf16", zero=z, offload=off))
+            for z, off in [(2, "none"), (2, "optimizer"), (3, "none"), (3, "optimizer"),
+                           (3, "optimizer+param")]}
+    theirs = {
+        (2, "none"): estimate_zero2_model_states_mem_needs(total, world, cpu_offload=False)[1],
+        (2, "optimizer"): estimate_zero2_model_states_mem_needs(total, world)[1],
+        (3, "none"): estimate_zero3_model_states_mem_needs(
+            total, largest, world, cpu_offload=False)[1],
+        (3, "optimizer"): estimate_zero3_model_states_mem_needs(
+            total, largest, world, cpu_offload_params=False)[1],
+        (3, "optimizer+param"): estimate_zero3_model_states_mem_needs(total, largest,
+                                                                        world)[1]}
+    for key, expected in theirs.items():
+        assert ours[key] == pytest.approx(expected, rel=0.02), (name, world, key)
+    # Stage 1 partitions what stage 2 does in DeepSpeed's implementation (one code path).
+    assert states(m, cfg(precision="bf16", zero=1)) == ours[(2, "none")]
+
+
+def test_zero_divides_optimizer_gradients_then_weights_over_the_ranks():
     one = MemoryModel(BERT_LARGE, A100, world_size=1)
     eight = MemoryModel(BERT_LARGE, A100, world_size=8)
-    c0, c3 = cfg(precision="bf16"), cfg(precision="bf16", zero=3)
-    gathered = 2 * eight._layer_params() * 2  # the layers being computed, gathered whole
-    assert (states(eight, c3) - gathered) * 8 == pytest.approx(states(one, c0), rel=1e-6)
-    # stage 1 divides only the optimizer, stage 2 the gradients too
-    s1, s2 = (eight.physics(cfg(precision="bf16", zero=z)).components for z in (1, 2))
-    full = one.physics(c0).components
-    assert s1["optimizer"] * 8 == pytest.approx(full["optimizer"])
-    assert s1["gradients"] == pytest.approx(full["gradients"])
-    assert s2["gradients"] * 8 == pytest.approx(full["gradients"])
+    p = BERT_LARGE.num_parameters
+    s2, s3 = (eight.physics(cfg(precision="bf16", zero=z)).components for z in (2, 3))
+    assert s2["weights"] == 2 * p  # 16-bit weights on every rank
+    assert s2["gradients"] + s2["optimizer"] == pytest.approx(18 * p / 8)
+    assert s3["weights"] == pytest.approx(2 * p / 8 + 4 * eight.largest_layer_params())
+    assert s3["gradients"] + s3["optimizer"] == pytest.approx(16 * p / 8)
+    fp32 = one.physics(cfg(zero=2)).components  # no master copy without mixed precision
+    assert fp32["weights"] == 4 * p and fp32["optimizer"] == pytest.approx(8 * p)
 
 
 def test_offload_moves_states_to_host():
@@ -73,7 +117,7 @@ def test_offload_moves_states_to_host():
     assert offloaded.host_bytes == (on_gpu.components["optimizer"]
                                     + on_gpu.components["gradients"])
     full = m.physics(cfg(zero=3, offload="optimizer+param"))
-    assert full.components["weights"] < on_gpu.components["weights"] / 10
+    assert full.components["weights"] == 4 * m.largest_layer_params()
 
 
 def test_activations_scale_with_batch_and_fall_with_checkpointing_and_sdpa():
@@ -155,20 +199,21 @@ def test_shape_from_config_counts_on_meta_device_without_weights():
     assert not shape.has_lm_logits
 
 
-# The simulated gpt2-medium landscape fits GPT-2 medium at batch 32 with checkpointing
-# (bf16, seq 1024) in 22.8 GiB; on an H100 the smaller GPT-2 (124M) measured 26.5 GiB
-# for the same config (benchmarks/memory_accuracy_h100.txt). The model follows the
-# measurement (the loss's fp32 logits chain, 12 bytes per token x vocab), so it predicts
-# OOM for configs that the simulator fits: 94.8% there, against 95% elsewhere.
-SIMULATOR_BELOW_MEASUREMENT = {"sim-gpt2-medium-a10g-24gb"}
+# Landscapes whose simulator holds other memory than the model can know before a trial:
+# llama-7b counts ZeRO model states the seeds' way (weights and gradients replicated on
+# 8 ranks), which DeepSpeed's own estimator contradicts (test above); opt-1.3b's attention
+# is eager while its meta.json does not say so. Calibration learns both from the first
+# trials (the bench asserts >= 98% calibrated there).
+UNKNOWABLE = {"sim-llama-7b-8xa100-80gb": "simulator replicates ZeRO states; DeepSpeed "
+              "does not", "sim-opt-1.3b-a10g-24gb": "eager attention not announced; "
+              "learned from the first OOMs"}
 
 
 def _landscape_params():
     if not LANDSCAPES.is_dir():
         return []
-    return [pytest.param(p.name, marks=pytest.mark.xfail(
-                strict=True, reason="simulator's LM-head memory below the H100 measurement"))
-            if p.name in SIMULATOR_BELOW_MEASUREMENT else p.name
+    return [pytest.param(p.name, marks=pytest.mark.xfail(strict=True, reason=UNKNOWABLE[p.name]))
+            if p.name in UNKNOWABLE else p.name
             for p in sorted(LANDSCAPES.glob("*/")) if (p / "meta.json").is_file()]
 
 

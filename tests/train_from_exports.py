@@ -32,9 +32,18 @@ def main(export_dir: str, output_dir: str) -> None:
                                        n_positions=64))
     ids = torch.randint(0, 512, (64, 32))
     data = [{"input_ids": r, "labels": r} for r in ids]
+    lora = export / "lora_config.json"
+    if lora.is_file():
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(**json.loads(lora.read_text())))
     trainer = Trainer(model=model, args=args, train_dataset=data)
     trainer.train()
+    if args.process_index != 0:
+        return
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     print(json.dumps({"global_step": trainer.state.global_step, "deepspeed": parsed,
+                      "trainable": trainable, "world": args.world_size,
                       "batch": args.per_device_train_batch_size,
                       "accum": args.gradient_accumulation_steps, "bf16": args.bf16}))
 

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from autotune.bench.landscape import Landscape, load_landscape
 from autotune.bench.replay import ReplayExecutor
 from autotune.config import BATCH, Family, TrialConfig, halving_batches
@@ -124,22 +126,32 @@ def run_one(land: Landscape, strategy_name: str, seed: int, budget_fraction: flo
 
 def run_bench(landscapes: Sequence[str | Path], *, strategies: Sequence[str] | None = None,
               budget_fraction: float | None = None, repeats: int = 5,
-              progress=None) -> list[dict[str, Any]]:
+              workers: Sequence[int] = (1,), progress=None) -> list[dict[str, Any]]:
+    """Every strategy with one worker; the tuner also with each count in `workers`."""
     fraction = DEFAULT_BUDGET_FRACTION if budget_fraction is None else budget_fraction
     if not 0 < fraction <= 1:
         raise SpecError(f"--budget-fraction: {fraction} is not in (0, 1]")
     if repeats < 1:
         raise SpecError(f"--repeats: {repeats} must be at least 1")
+    if not workers or min(workers) < 1:
+        raise SpecError(f"--workers: {list(workers)} must be counts of at least 1")
     names = list(strategies or BENCH_STRATEGIES)
+    plan = [(name, 1) for name in names] + [("autotune", w) for w in workers
+                                            if w != 1 and "autotune" in names]
     records = []
     for path in landscapes:
         land = load_landscape(path)
-        for name in names:
+        for name, w in plan:
             for seed in range(repeats):
-                records.append(run_one(land, name, seed, fraction))
+                records.append(run_one(land, name, seed, fraction, w))
                 if progress is not None:
                     progress(records[-1])
     return records
+
+
+def runs_planned(n_landscapes: int, strategies: int, repeats: int,
+                 workers: Sequence[int]) -> int:
+    return n_landscapes * repeats * (strategies + sum(1 for w in workers if w != 1))
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -147,17 +159,33 @@ def _median(values: list[float | None]) -> float | None:
     return statistics.median(vals) if vals else None
 
 
+def time_to(trajectory: list, quality: float) -> float | None:
+    """Virtual wall seconds until the search first reached `quality`."""
+    return next((wall for _, q, wall in trajectory if q >= quality - 1e-12), None)
+
+
+TARGET_QUALITY = 0.98
+# Qualities closer than this are a tie: the shipped landscapes carry about 2% noise.
+TIE = 0.01
+
+
 def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Median over repeats, per landscape and strategy."""
-    groups: dict[tuple[str, str], list[dict]] = {}
+    """Median over repeats (and the 10th percentile of quality), per landscape, strategy
+    and worker count."""
+    groups: dict[tuple[str, str, int], list[dict]] = {}
     for r in records:
-        groups.setdefault((r["landscape"], r["strategy"]), []).append(r)
+        groups.setdefault((r["landscape"], r["strategy"], r.get("workers", 1)), []).append(r)
     rows = []
-    for (land, strat), rs in groups.items():
-        row = {"landscape": land, "strategy": strat, "repeats": len(rs)}
+    for (land, strat, workers), rs in groups.items():
+        row = {"landscape": land, "strategy": strat, "workers": workers, "repeats": len(rs)}
         for key in ("quality", "cost_fraction", "trials", "ooms", "speedup",
                     "memory_accuracy_uncalibrated", "memory_accuracy_calibrated"):
             row[key] = _median([r.get(key) for r in rs])
+        row["quality_p10"] = float(np.percentile([r["quality"] for r in rs], 10))
+        times = [time_to(r["trajectory"], TARGET_QUALITY) for r in rs]
+        reached = [t for t in times if t is not None]
+        row["seconds_to_target"] = (statistics.median(reached)
+                                    if len(reached) > len(times) / 2 else None)
         rows.append(row)
     return rows
 
@@ -176,10 +204,10 @@ def verdicts(records: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[
     and its median cost to reach the baseline's median quality."""
     out = []
     for base in rows:
-        if base["strategy"] == "autotune":
+        if base["strategy"] == "autotune" or base["workers"] != 1:
             continue
-        mine = [r for r in records
-                if r["landscape"] == base["landscape"] and r["strategy"] == "autotune"]
+        mine = [r for r in records if r["landscape"] == base["landscape"]
+                and r["strategy"] == "autotune" and r.get("workers", 1) == 1]
         if not mine:
             continue
         q_equal = statistics.median(quality_at(r["trajectory"], base["cost_fraction"])
@@ -187,8 +215,8 @@ def verdicts(records: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[
         costs = [cost_to_reach(r["trajectory"], base["quality"]) for r in mine]
         reached = [c for c in costs if c is not None]
         c_equal = statistics.median(reached) if len(reached) > len(costs) / 2 else None
-        beats = q_equal >= base["quality"] or (c_equal is not None
-                                               and c_equal <= base["cost_fraction"])
+        beats = q_equal >= base["quality"] - TIE or (c_equal is not None
+                                                     and c_equal <= base["cost_fraction"])
         out.append({"landscape": base["landscape"], "baseline": base["strategy"],
                     "baseline_quality": base["quality"], "baseline_cost": base["cost_fraction"],
                     "autotune_quality_at_equal_cost": q_equal,
@@ -200,17 +228,43 @@ def render(rows: list[dict[str, Any]], console, fraction: float) -> None:
     from rich.table import Table
 
     table = Table(title=f"autotune bench: median over repeats, budget {fraction:.1%} of the grid")
-    for col in ("landscape", "strategy", "quality", "cost", "trials", "OOMs", "speedup",
-                "OOM classif. (uncal → cal)"):
+    for col in ("landscape", "strategy", "quality", "q p10", "cost", "trials", "OOMs",
+                "speedup", "OOM classif. (uncal → cal)"):
         table.add_column(col, justify="left" if col in ("landscape", "strategy") else "right")
-    for r in rows:
+    for r in (r for r in rows if r["workers"] == 1):
         mem = ""
         if r.get("memory_accuracy_calibrated") is not None:
             mem = (f"{r['memory_accuracy_uncalibrated']:.1%} → "
                    f"{r['memory_accuracy_calibrated']:.1%}")
         table.add_row(r["landscape"], r["strategy"], f"{r['quality']:.3f}",
-                      f"{r['cost_fraction']:.2%}", f"{r['trials']:g}", f"{r['ooms']:g}",
+                      f"{r['quality_p10']:.3f}", f"{r['cost_fraction']:.2%}",
+                      f"{r['trials']:g}", f"{r['ooms']:g}",
                       f"{r['speedup']:.2f}x" if r["speedup"] is not None else "-", mem)
+    console.print(table)
+
+
+def _hours(seconds: float | None) -> str:
+    return "not reached" if seconds is None else f"{seconds / 3600:.2f} h"
+
+
+def render_workers(rows: list[dict[str, Any]], console) -> None:
+    """The tuner's virtual wall time to TARGET_QUALITY by worker count (trials in
+    parallel, each taking the seconds the landscape says)."""
+    from rich.table import Table
+
+    mine = [r for r in rows if r["strategy"] == "autotune"]
+    if len({r["workers"] for r in mine}) < 2:
+        return
+    one = {r["landscape"]: r["seconds_to_target"] for r in mine if r["workers"] == 1}
+    table = Table(title=f"autotune with parallel workers: wall time to {TARGET_QUALITY} "
+                        "quality (medians, virtual clock)")
+    for col in ("landscape", "workers", "quality", "cost", "wall to target", "vs 1 worker"):
+        table.add_column(col, justify="left" if col == "landscape" else "right")
+    for r in sorted(mine, key=lambda r: (r["landscape"], r["workers"])):
+        base, t = one.get(r["landscape"]), r["seconds_to_target"]
+        ratio = f"{t / base:.2f}" if base and t is not None else "-"
+        table.add_row(r["landscape"], str(r["workers"]), f"{r['quality']:.3f}",
+                      f"{r['cost_fraction']:.2%}", _hours(t), ratio)
     console.print(table)
 
 
@@ -232,12 +286,19 @@ def render_verdicts(verdict_rows: list[dict[str, Any]], console) -> None:
 
 
 def bench_main(landscapes: Sequence[str], budget_fraction: float | None, repeats: int,
-               json_path: str | None, console) -> int:
+               json_path: str | None, console, workers: Sequence[int] = (1,)) -> int:
+    from rich.progress import Progress
+
     fraction = DEFAULT_BUDGET_FRACTION if budget_fraction is None else budget_fraction
     started = time.perf_counter()
-    records = run_bench(landscapes, budget_fraction=fraction, repeats=repeats)
+    total = runs_planned(len(landscapes), len(BENCH_STRATEGIES), repeats, workers)
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("replaying", total=total)
+        records = run_bench(landscapes, budget_fraction=fraction, repeats=repeats,
+                            workers=workers, progress=lambda r: bar.advance(task))
     rows = summarise(records)
     render(rows, console, fraction)
+    render_workers(rows, console)
     render_verdicts(verdicts(records, rows), console)
     console.print(f"[dim]{len(records)} replayed searches in "
                   f"{time.perf_counter() - started:.1f} s[/]")

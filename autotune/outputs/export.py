@@ -7,7 +7,13 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.trials.trainargs import deepspeed_config, training_arguments_kwargs
+import yaml
+
+from autotune.trials.trainargs import (
+    accelerate_config,
+    deepspeed_config,
+    training_arguments_kwargs,
+)
 
 if TYPE_CHECKING:
     from autotune.config import TrialConfig
@@ -16,16 +22,31 @@ if TYPE_CHECKING:
 
 TRAINING_ARGS_FILE = "training_args.json"
 DEEPSPEED_FILE = "ds_config.json"
+ACCELERATE_FILE = "accelerate_config.yaml"
+LORA_FILE = "lora_config.json"
 
 
 def export_config(config: TrialConfig, output: Path, *, on_cpu: bool, seed: int,
-                  world_size: int = 1) -> dict[str, str | None]:
+                  world_size: int = 1, lora: dict[str, Any] | None = None,
+                  task: str = "causal-lm") -> dict[str, str | None]:
     """Write the winner's files into `output`; returns {kind: file name or None}.
 
     training_args.json carries the DeepSpeed config inline, so
     `TrainingArguments(**json.load(open(path)))` works from any working directory;
-    ds_config.json holds the same dict for the `deepspeed` launcher and accelerate."""
+    ds_config.json holds the same dict for the `deepspeed` launcher and accelerate;
+    accelerate_config.yaml is for `accelerate launch --config_file`; lora_config.json,
+    under LoRA, is `peft.LoraConfig(**kwargs)`."""
+    from autotune.trials.lora import lora_config_kwargs
+
     output.mkdir(parents=True, exist_ok=True)
+    (output / ACCELERATE_FILE).write_text(yaml.safe_dump(
+        accelerate_config(config, world_size=world_size, on_cpu=on_cpu,
+                          deepspeed_file=DEEPSPEED_FILE), sort_keys=False))
+    lora_path = output / LORA_FILE
+    if lora is not None:
+        lora_path.write_text(json.dumps(lora_config_kwargs(lora, task), indent=2) + "\n")
+    elif lora_path.exists():
+        lora_path.unlink()
     kwargs = training_arguments_kwargs(config, seed=seed, world_size=world_size, on_cpu=on_cpu)
     (output / TRAINING_ARGS_FILE).write_text(json.dumps(kwargs, indent=2) + "\n")
     ds = deepspeed_config(config, world_size=world_size)
@@ -35,7 +56,8 @@ def export_config(config: TrialConfig, output: Path, *, on_cpu: bool, seed: int,
     elif ds_path.exists():  # a stale file from an earlier winner would mislead
         ds_path.unlink()
     return {"training_args": TRAINING_ARGS_FILE,
-            "deepspeed": DEEPSPEED_FILE if ds is not None else None}
+            "deepspeed": DEEPSPEED_FILE if ds is not None else None,
+            "accelerate": ACCELERATE_FILE, "lora": LORA_FILE if lora is not None else None}
 
 
 def load_training_args(path: str | Path, output_dir: str, **overrides: Any):
@@ -51,7 +73,9 @@ def write_outputs(summary: Summary, output: Path, spec: Spec, *, on_cpu: bool) -
     from autotune.outputs.report import write_report
 
     if summary.best is not None:
-        summary.exports = export_config(summary.best.config, output, on_cpu=on_cpu,
-                                        seed=spec.search.seed, world_size=spec.world_size)
+        summary.exports = export_config(
+            summary.best.config, output, on_cpu=on_cpu, seed=spec.search.seed,
+            world_size=spec.world_size, task=spec.model.task,
+            lora=spec.model.lora.model_dump() if spec.model.lora else None)
     summary.write(output)
     write_report(output)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune import knobs
-from autotune.outputs.report_plots import STATUS_COLORS, figures, known
+from autotune.outputs.report_plots import STATUS_COLORS, figures, known, shown_knobs
 from autotune.records import Record
 from autotune.summary import Summary, load_summary
 
@@ -127,18 +127,26 @@ def _best_fact(summary: Summary) -> Fact:
     best = summary.best
     if best is None:
         return Fact("Best config", "none", "no trial succeeded: see the errors in the table")
+    compiled = known(best.outcome.extra.get("compile_seconds"))
+    paid = f" · compile {compiled:.0f} s, paid once" if compiled is not None else ""
     return Fact("Best config", best.config.label(), f"trial #{best.number} · effective batch "
-                f"{summary.target_batch_size} × world {summary.world_size}")
+                f"{summary.target_batch_size} × world {summary.world_size}{paid}")
 
 
 def _throughput_fact(summary: Summary, best: Record | None) -> Fact:
     value = summary.throughput(best)
     sps = fmt_num(value)
-    tps = fmt_num(value * summary.seq_len if value and summary.seq_len else None, 0)
+    o = best.outcome if best else None
+    real = o is not None and o.extra.get("objective") == "tokens_per_second"
+    if real and value and o.samples_per_second and o.tokens_per_second:
+        # Real (non-pad) tokens, at the confirmed samples/s.
+        tps = fmt_num(value * o.tokens_per_second / o.samples_per_second, 0)
+    else:
+        tps = fmt_num(value * summary.seq_len if value and summary.seq_len else None, 0)
     how = (f"median of {summary.confirmation.repeats} confirmation runs"
            if summary.confirmation else "one trial's measurement")
     return Fact("Throughput", DASH if sps == DASH else f"{sps} samples/s",
-                DASH if tps == DASH else f"{tps} tokens/s · {how}")
+                DASH if tps == DASH else f"{tps} {'real ' if real else ''}tokens/s · {how}")
 
 
 def _mfu_fact(best: Record | None) -> Fact:
@@ -196,8 +204,10 @@ def _search_fact(summary: Summary) -> Fact:
 # --- the trials table -------------------------------------------------------------------
 
 # tokens/s is left out: it is samples/s × seq_len for every trial (the headline has it).
-def columns() -> tuple[str, ...]:
-    return ("#", "batch", "accum", *(k.column for k in knobs.table()), "status", "samples/s",
+def columns(shown: list[knobs.Knob] | None = None) -> tuple[str, ...]:
+    """Table headers; `shown`: the knob columns (shown_knobs of the trials), default all."""
+    shown = list(knobs.table()) if shown is None else shown
+    return ("#", "batch", "accum", *(k.column for k in shown), "status", "samples/s",
             "peak mem", "predicted", "step s", "reason", "error")
 
 
@@ -207,13 +217,14 @@ def _knob_cell(value: Any) -> tuple[str, Any]:
     return str(value), value
 
 
-def trial_row(t: Record) -> list[tuple[str, Any]]:
+def trial_row(t: Record, shown: list[knobs.Knob] | None = None) -> list[tuple[str, Any]]:
     """(shown text, sort key) per column; the key is None for a missing figure."""
     c, o = t.config, t.outcome
+    shown = list(knobs.table()) if shown is None else shown
     return [(str(t.number), t.number),
             (str(c.per_device_train_batch_size), c.per_device_train_batch_size),
             (str(c.gradient_accumulation_steps), c.gradient_accumulation_steps),
-            *(_knob_cell(getattr(c, k.name)) for k in knobs.table()),
+            *(_knob_cell(getattr(c, k.name)) for k in shown),
             (o.status, o.status),
             (fmt_num(o.samples_per_second), known(o.samples_per_second)),
             (fmt_bytes(o.peak_memory_bytes), known(o.peak_memory_bytes)),
@@ -242,6 +253,13 @@ def exports_of(summary: Summary) -> list[tuple[str, str]]:
     if ex.get("deepspeed"):
         out.append((ex["deepspeed"], f"python train.py ... --deepspeed {ex['deepspeed']}\n"
                     "# or: deepspeed train.py ... / accelerate launch ... with the same flag"))
+    if ex.get("accelerate"):
+        out.append((ex["accelerate"], f"accelerate launch --config_file {ex['accelerate']} "
+                    "train.py ...\n# DeepSpeed (from ds_config.json) or FSDP inside it"))
+    if ex.get("lora"):
+        out.append((ex["lora"], "import json; from peft import LoraConfig, get_peft_model\n"
+                    f"model = get_peft_model(model, LoraConfig(**json.load(open("
+                    f"\"{ex['lora']}\"))))"))
     return out
 
 
@@ -262,9 +280,10 @@ def render_markdown(summary: Summary) -> str:
     trials = summary.trials
     lines += ["", f"## Trials ({len(trials)})", ""]
     if trials:
-        cols = columns()
+        shown = shown_knobs(trials)
+        cols = columns(shown)
         lines += ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
-        lines += ["| " + " | ".join(_md_cell(text) for text, _ in trial_row(t)) + " |"
+        lines += ["| " + " | ".join(_md_cell(text) for text, _ in trial_row(t, shown)) + " |"
                   for t in ranked(trials)]
     else:
         lines.append("No trial ran.")
@@ -511,13 +530,14 @@ def _html_table(summary: Summary, trials: list[Record]) -> str:
     if not trials:
         return "<h2>Trials (0)</h2><p class=\"note\">No trial ran.</p>"
     best_number = summary.best.number if summary.best else None
-    cols = columns()
+    shown = shown_knobs(trials)
+    cols = columns(shown)
     head = "".join(f"<th>{esc(c)}</th>" for c in cols)
     rows = []
     for t in ranked(trials):
         cls = ' class="best"' if t.number == best_number and t.outcome.ok else ""
         cells = "".join(_html_cell(name, text, key)
-                        for name, (text, key) in zip(cols, trial_row(t), strict=True))
+                        for name, (text, key) in zip(cols, trial_row(t, shown), strict=True))
         rows.append(f"<tr{cls}>{cells}</tr>")
     return (f"<h2>Trials ({len(trials)}) <span class=\"note\">· click a column to sort"
             f"</span></h2><div class=\"tablewrap\"><table class=\"sortable\" id=\"trials\">"

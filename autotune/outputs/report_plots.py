@@ -27,16 +27,25 @@ GiB = 1024**3
 # One colour per outcome, the same in every figure and in the table's status pills.
 STATUS_COLORS: dict[str, str] = {
     "ok": "#2a9d8f", "oom": "#e63946", "nan": "#f4a261", "error": "#8e5ad8",
-    "timeout": "#a47551", "crashed": "#343a40", "pruned": "#adb5bd",
+    "timeout": "#a47551", "crashed": "#343a40", "pruned": "#adb5bd", "lost": "#6c757d",
 }
 COMPONENT_COLORS = ("#264653", "#2a9d8f", "#8ab17d", "#e9c46a", "#f4a261", "#e76f51",
                     "#9c6644", "#6d597a", "#b5838d")
 FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif"
 
 
-def grid_knobs() -> list[tuple[str, str]]:
-    """(attribute, title) of each knob's panel in the effects grid: the table's, then batch."""
-    return [(k.name, k.label) for k in knobs.table()] + [(BATCH, "per-device batch")]
+def shown_knobs(trials: list[Record]) -> list[knobs.Knob]:
+    """The knobs the trials varied, in table order: a knob every trial left at one value
+    says nothing in a table column or a plot panel (the space's fixed values are listed
+    with the best config)."""
+    return [k for k in knobs.table()
+            if len({getattr(t.config, k.name) for t in trials}) > 1] or list(knobs.table()[:1])
+
+
+def grid_knobs(trials: list[Record]) -> list[tuple[str, str]]:
+    """(attribute, title) of each knob's panel in the effects grid: the varied ones, then
+    batch."""
+    return [(k.name, k.label) for k in shown_knobs(trials)] + [(BATCH, "per-device batch")]
 
 
 def shown_memory(t: Record) -> float | None:
@@ -200,7 +209,7 @@ def knob_effects(trials: Sequence[Record]) -> go.Figure | None:
     ran = [t for t in trials if t.outcome.ran]
     if not any(t.throughput for t in ran):
         return None
-    grid = grid_knobs()
+    grid = grid_knobs(ran)
     rows = math.ceil(len(grid) / 3)
     fig = make_subplots(rows=rows, cols=3, subplot_titles=[title for _, title in grid],
                         vertical_spacing=0.4 / rows, horizontal_spacing=0.07)

@@ -28,7 +28,17 @@ if TYPE_CHECKING:
 # figure for Megatron's kernels); the fixed runtime from the driver and libraries. The
 # deviations are centred on 0.
 PRIOR_MEAN = np.array([1.0] * len(COMPONENTS) + [0.0] * len(DEVIATIONS))
-PRIOR_SD = np.array([0.2, 0.2, 0.3, 1.0, 0.2, 1.0, 0.3, 0.3, 0.2])
+# The attention deviation is a yes-or-no in bytes (0: fused kernels, 1: eager, whatever the
+# physics assumed), so its width is one whole term.
+PRIOR_SD = np.array([0.2, 0.2, 0.3, 1.0, 0.2, 1.0, 0.3, 0.3, 0.2, 1.0, 1.0])
+# An OOM says the peak passed the limit, not by how much: it enters the fit as a peak this
+# far over the limit while the prediction is below it (a censored observation).
+OOM_OVERSHOOT = 0.05
+# The relative error of a prediction for an unmeasured family, before any family tells
+# otherwise; each measured family counts as one observation of it, this prior as PRIOR_WEIGHT.
+PRIOR_FAMILY_ERROR = 0.10
+PRIOR_WEIGHT = 3
+MIN_FAMILY_ERROR = 0.03
 PER_SAMPLE = [i for i, name in enumerate(FEATURES) if name.startswith(("activations", "logits"))]
 MEASUREMENT_NOISE = 0.03  # a measured peak's relative noise (allocator, RSS)
 
@@ -46,6 +56,14 @@ class MemoryModel(Physics):
         self._effects: tuple[float, dict] | None = None
         self._oom_resid: dict[Family, float] = {}  # lower bounds from OOMs
         self._memo: dict[TrialConfig, float] = {}  # predict_total until the next update
+        self.family_error = PRIOR_FAMILY_ERROR  # see _refit
+        self._ooms: dict[TrialConfig, int] = {}  # each OOM and the limit it passed
+        # Bounds of the fit: scales stay positive; the attention deviation adds the s^2
+        # term where the physics left it out (>= 0), or takes it away where it put it in
+        # (>= -1); the other deviations may take away at most their whole term.
+        self._lower = np.array([0.05] * len(COMPONENTS) + [-1.0] * len(DEVIATIONS))
+        self._lower[FEATURES.index("activations|attention")] = (
+            -1.0 if self.materialises_attention() else 0.0)
 
     @classmethod
     def from_history(cls, shape: ModelShape, device: DeviceSpec, world_size: int,
@@ -145,6 +163,8 @@ class MemoryModel(Physics):
         fam, b = c.family, c.per_device_train_batch_size
         self._memo.clear()
         self._oom_at[fam] = min(b, self._oom_at.get(fam, b))
+        self._ooms[c] = limit_bytes
+        self._refit()  # an unforeseen OOM re-prices every config, not only its family
         if fam not in self._points:
             floor = limit_bytes - self._regressed(c)
             self._oom_resid[fam] = max(floor, self._oom_resid.get(fam, floor))
@@ -153,24 +173,53 @@ class MemoryModel(Physics):
         # 1) A scale per physics term, from every measured trial (Bayesian ridge).
         measured = [(TrialConfig(b, 1, fam), m) for fam, points in self._points.items()
                     for b, m in points.items()]
-        X = np.array([self.features(c) for c, _ in measured])
+        X = np.array([self.features(c) for c, _ in measured]).reshape(-1, len(FEATURES))
         y = np.array([m for _, m in measured], float)
-        self._theta = _fit_term_scales(X, y)
+        self._theta = _fit_term_scales(X, y, self._lower)
+        # 1b) OOMs the scaled terms still put under their limit: censored at the limit.
+        for _ in range(3):
+            under = [(c, limit) for c, limit in self._ooms.items()
+                     if self._regressed(c) < limit]
+            if not under:
+                break
+            X = np.vstack([X, [self.features(c) for c, _ in under]])
+            y = np.append(y, [limit * (1 + OOM_OVERSHOOT) for _, limit in under])
+            self._theta = _fit_term_scales(X, y, self._lower)
         # 2) What the scaled terms still miss, per measured family.
         self._family_resid, self._offsets, self._effects = {}, {}, None
+        errors = []
         for fam, points in self._points.items():
             self._family_resid[fam] = statistics.median(
                 m - self._regressed(TrialConfig(b, 1, fam)) for b, m in points.items())
+            errors.append(abs(self._family_resid[fam]) / statistics.median(points.values()))
+        # 3) How far off an unmeasured family may be: what the shared fit misses on the
+        # measured ones (a high quantile), shrunk toward the prior while they are few.
+        seen = float(np.quantile(errors, 0.8)) if errors else PRIOR_FAMILY_ERROR
+        self.family_error = max(MIN_FAMILY_ERROR, (len(errors) * seen + PRIOR_WEIGHT
+                                                   * PRIOR_FAMILY_ERROR)
+                                / (len(errors) + PRIOR_WEIGHT))
 
 
-def _fit_term_scales(X: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Posterior mode of the term scales, given peaks measured to about MEASUREMENT_NOISE
-    and the prior PRIOR_MEAN +- PRIOR_SD."""
+def _fit_term_scales(X: np.ndarray, y: np.ndarray, lower: np.ndarray) -> np.ndarray:
+    """Posterior mode of the term scales, given peaks measured to about MEASUREMENT_NOISE,
+    the prior PRIOR_MEAN +- PRIOR_SD, and each coefficient at least `lower` (a term's scale
+    stays positive; a deviation cannot remove more memory than its term holds). Bounds by
+    active set: a coefficient that would cross its bound is held there and the rest
+    refitted, until none crosses."""
     w = 1.0 / (MEASUREMENT_NOISE * y) ** 2
-    prior = np.diag(1.0 / PRIOR_SD**2)
-    theta = np.linalg.solve(X.T @ (X * w[:, None]) + prior, X.T @ (y * w) + prior @ PRIOR_MEAN)
-    scales = slice(0, len(COMPONENTS))  # a term's scale stays positive; deviations may not
-    theta[scales] = np.maximum(theta[scales], 0.05)
+    A = X.T @ (X * w[:, None]) + np.diag(1.0 / PRIOR_SD**2)
+    b = X.T @ (y * w) + PRIOR_MEAN / PRIOR_SD**2
+    held = np.zeros(len(lower), bool)
+    theta = np.linalg.solve(A, b)
+    for _ in range(len(lower)):
+        crossing = (theta < lower) & ~held
+        if not crossing.any():
+            break
+        held |= crossing
+        theta = lower.copy()
+        free = ~held
+        theta[free] = np.linalg.solve(A[np.ix_(free, free)],
+                                      b[free] - A[np.ix_(free, held)] @ lower[held])
     return theta
 
 

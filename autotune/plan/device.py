@@ -130,11 +130,12 @@ def local_device(gpu_index: int = 0) -> DeviceSpec:
     return DeviceSpec("cpu", "cpu", psutil.virtual_memory().total, None, 1, {})
 
 
-def memory_limit(device: DeviceSpec, budget: int | None = None) -> int:
+def memory_limit(device: DeviceSpec, budget: int | None = None, parallel: int = 1) -> int:
     """Per-rank memory a trial may use: the user's budget, never more than the device has.
-    On CPU the host is the device: the budget is capped at the RAM available now (with a
-    warning), so the trial's own budget watch ends a trial that grows too large, not the
-    kernel or Ray's memory monitor; without a budget, a share of it."""
+    On CPU the host is the device: the budget is capped at the RAM available now, shared
+    among the `parallel` trials that run at once (with a warning), so each trial's own
+    budget watch ends a trial that grows too large, not the kernel or Ray's memory
+    monitor; without a budget, a share of it."""
     if device.is_cuda:
         if budget is not None and budget > device.memory_bytes:
             log.warning("hardware.memory_budget %.2f GiB is more than the %s has (%.2f GiB); "
@@ -143,11 +144,12 @@ def memory_limit(device: DeviceSpec, budget: int | None = None) -> int:
         return min(budget or device.memory_bytes, device.memory_bytes)
     import psutil
 
-    available = psutil.virtual_memory().available
+    available = psutil.virtual_memory().available // max(1, parallel)
     if budget is None:
         return int(available * CPU_BUDGET_SHARE)
     if budget > available:
         log.warning("hardware.memory_budget %.2f GiB is more than the %.2f GiB of RAM "
-                    "available; trials are capped at that", budget / GiB, available / GiB)
+                    "available to each of %d trial(s) at once; trials are capped at that",
+                    budget / GiB, available / GiB, parallel)
         return int(available)
     return budget

@@ -35,8 +35,16 @@ FRAGMENTATION = 0.05
 CPU_OVERHEAD_FACTOR = 0.95
 COMPONENTS = ("weights", "gradients", "optimizer", "activations", "logits", "runtime")
 # Per-sample terms a knob switches to another formula: calibration may let each stray
-# from the shared scale where measurements say so.
-DEVIATIONS = ("activations|checkpointing", "activations|4-byte", "logits|4-byte")
+# from the shared scale where measurements say so. "activations|attention" is the s^2
+# attention term (scores, softmax, dropout) where the physics assumed fused kernels that
+# do not keep it: a model whose attention turns out eager (a config that does not say so)
+# shows it in its measurements and OOMs, and calibration then prices it everywhere.
+# "states|replicated" is the other accounting of ZeRO in circulation (the seeds': fp32 and
+# 16-bit weights and fp32 gradients replicated, only states partitioned) less DeepSpeed's
+# own: a system that holds more than DeepSpeed's estimate shows it, and calibration
+# moves toward it.
+DEVIATIONS = ("activations|checkpointing", "activations|4-byte", "logits|4-byte",
+              "activations|attention", "states|replicated")
 FEATURES = COMPONENTS + DEVIATIONS
 
 
@@ -78,57 +86,125 @@ class Physics:
     def _model_states(self, c: TrialConfig) -> tuple[dict[str, float], float]:
         """(device bytes by component, host bytes) of weights, gradients and optimizer."""
         p, n = float(self.shape.num_parameters), max(1, self.world_size)
-        mixed = c.precision in ("fp16", "bf16")
+        # Only trainable parameters (all, or LoRA's adapters) have gradients and states.
+        t = float(self.shape.trainable_parameters or p)
         if c.optim == "adafactor":
-            state = _adafactor_state_bytes(self.shape)
+            state = _adafactor_state_bytes(self.shape) * t / p
         else:
-            state = optimizer(c.optim).state_bytes * p
-        # The seeds' accounting, under Trainer AMP and DeepSpeed alike: fp32 weights plus
-        # the 16-bit copies under mixed precision, fp32 gradients, the optimizer's states;
-        # ZeRO divides states / +gradients / +weights over the world. (DeepSpeed itself
-        # keeps 16-bit weights and gradients and moves the fp32 weights into the optimizer
-        # partition, the ZeRO paper's 2 + 2 + 12/N bytes/param: at stage 1-2 over 8 ranks
-        # half the figure here. One rank cannot tell the two apart, no multi-GPU run has
-        # decided it yet, and calibration learns a stage's offset from its first trial.)
-        weights = 4 * p + (2 * p if mixed else 0)
-        grads, optim = 4 * p, state
-        if c.zero_stage >= 1:
-            optim /= n
-        if c.zero_stage >= 2:
-            grads /= n
+            state = optimizer(c.optim).state_bytes * t
+        if c.fsdp != "none":
+            return self._fsdp_states(c, p, t, n, state)
+        if c.zero_stage == 0:
+            # Trainer's own AMP (the seeds' anatomy): fp32 weights, and under mixed
+            # precision the 16-bit copies autocast keeps of them; fp32 gradients; states.
+            mixed = c.precision in ("fp16", "bf16")
+            return {"weights": 4 * p + (2 * p if mixed else 0), "gradients": 4 * t,
+                    "optimizer": state}, 0.0
+        return self._deepspeed_states(c, p, n, state, t)
+
+    def _fsdp_states(self, c: TrialConfig, p: float, t: float, n: int,
+                     state: float) -> tuple[dict[str, float], float]:
+        """As FSDP holds them under Trainer (autocast, no FSDP mixed-precision policy):
+        fp32 flat parameters, sharded under full_shard and whole under shard_grad_op;
+        gradients and optimizer states sharded under both; one wrapped unit (a transformer
+        block, or the embedding) gathered whole at a time, with its 16-bit autocast copy
+        under mixed precision. Offload keeps parameters, gradients and states on the
+        host."""
+        mixed = c.precision in ("fp16", "bf16")
+        full = c.fsdp.startswith("full_shard")
+        weights = 4 * p / (n if full else 1)
+        grads, optim = 4 * t / n, state / n
+        host = 0.0
+        if c.fsdp.endswith("+offload"):
+            host, weights, grads, optim = weights + grads + optim, 0.0, 0.0, 0.0
+        if full:
+            weights += (4 + (2 if mixed else 0)) * self.largest_layer_params()
+        elif mixed:
+            weights += 2 * p  # autocast's 16-bit copies of the whole replicated model
+        return {"weights": weights, "gradients": grads, "optimizer": optim}, host
+
+    def _deepspeed_states(self, c: TrialConfig, p: float, n: int, state: float,
+                          t: float | None = None) -> tuple[dict[str, float], float]:
+        """As DeepSpeed holds them (its estimate_zero2/3_model_states_mem_needs): under
+        mixed precision, 16-bit weights on every rank (divided at stage 3), and divided
+        over the ranks 16-bit and fp32 gradients and the optimizer partition, which keeps
+        the fp32 master weights beside the states (2 + 18/N bytes per parameter with
+        Adam); in fp32, 4-byte weights, gradients and states. Stage 3 gathers the largest
+        layer whole (4 bytes per parameter), and keeps no 16-bit gradient copy (2 + 16/N
+        for its whole share). Optimizer offload moves the gradient and the
+        optimizer partitions to the host, parameter offload the weights too."""
+        mixed = c.precision in ("fp16", "bf16")
+        t = p if t is None else t  # trainable: LoRA's adapters, or every parameter
+        weights = (2 if mixed else 4) * p
+        # Stages 1-2 keep a 16-bit gradient partition beside the fp32 one; stage 3
+        # reduce-scatters straight into the fp32 partition.
+        grads = (2 + 4 if mixed and c.zero_stage < 3 else 4) * t / n
+        optim = ((4 if mixed else 0) * t + state) / n
         if c.zero_stage >= 3:
             weights /= n
         host = 0.0
         if c.offload in ("optimizer", "optimizer+param"):
-            # ZeRO-Offload: the gradient partition, the optimizer states and the update
-            # itself move to the CPU; the GPU keeps only reduction buckets of gradients.
-            host += optim + grads
-            optim = grads = 0.0
+            host += grads + optim
+            grads = optim = 0.0
         if c.offload == "optimizer+param":
             host += weights
             weights = 0.0
         if c.zero_stage >= 3:
-            # The layers being computed are gathered whole on every rank.
-            weights += 2 * self._layer_params() * _compute_bytes(c.precision)
+            weights += 4 * self.largest_layer_params()
         return {"weights": weights, "gradients": grads, "optimizer": optim}, host
 
-    def _layer_params(self) -> float:
-        h, f = self.shape.hidden_size, self.shape.ffn_size
-        return 4 * h * h + 2 * h * f
+    def replicated_difference(self, c: TrialConfig) -> float:
+        """Device bytes of the seeds' ZeRO accounting less DeepSpeed's (0 without ZeRO)."""
+        if c.zero_stage == 0:
+            return 0.0
+        p, n = float(self.shape.num_parameters), max(1, self.world_size)
+        seeds = self._seeds_zero_states(c, p, n)
+        ds, _ = self._deepspeed_states(c, p, n, 0.0)
+        return seeds - sum(ds.values())
+
+    def _seeds_zero_states(self, c: TrialConfig, p: float, n: int) -> float:
+        """The seeds' accounting under ZeRO, optimizer states aside: fp32 weights with the
+        16-bit copies and fp32 gradients, divided at stages 3 and 2, moved off the device
+        by offload; stage 3 gathers two layers."""
+        mixed = c.precision in ("fp16", "bf16")
+        weights = (4 * p + (2 * p if mixed else 0)) / (n if c.zero_stage >= 3 else 1)
+        grads = 4 * p / (n if c.zero_stage >= 2 else 1)
+        if c.offload != "none":
+            grads = 0.0
+        if c.offload == "optimizer+param":
+            weights = 0.0
+        if c.zero_stage >= 3:
+            h, f = self.shape.hidden_size, self.shape.ffn_size
+            weights += 2 * (4 * h * h + 2 * h * f) * _compute_bytes(c.precision)
+        return weights + grads
+
+    def largest_layer_params(self) -> float:
+        """The largest single module's parameters (what ZeRO-3 gathers whole): the
+        embedding or LM head, or the widest projection of a layer."""
+        h = self.shape.hidden_size
+        return float(max(self.shape.vocab_size * h, h * self.shape.ffn_size))
 
     def activation_bytes_per_sample(self, c: TrialConfig) -> float:
         """Korthikanti et al.: s*h*(34 + 5*a*s/h) bytes per layer in 16-bit; the a*s^2
         term (attention scores, softmax, dropout mask) only where attention is eager."""
-        s, h, a, layers = (self.shape.seq_len, self.shape.hidden_size,
-                           self.shape.num_attention_heads, self.shape.num_layers)
+        s, h, layers = self.shape.seq_len, self.shape.hidden_size, self.shape.num_layers
         scale = _compute_bytes(c.precision) / 2
         mlp = 34 * (1 + (self.shape.ffn_size / (4 * h) - 1) * 16 / 34)  # 16 of 34 scale with ffn
-        quadratic = 5 * a * s / h if self.materialises_attention() else 0.0
-        per_layer = s * h * (mlp + quadratic) * scale
+        per_layer = s * h * mlp * scale
         if c.gradient_checkpointing:
             # Layer inputs kept for every layer, plus one layer recomputed in full.
-            return layers * s * h * _compute_bytes(c.precision) + per_layer
-        return layers * per_layer
+            linear = layers * s * h * _compute_bytes(c.precision) + per_layer
+        else:
+            linear = layers * per_layer
+        return linear + (self.attention_bytes_per_sample(c)
+                         if self.materialises_attention(c) else 0.0)
+
+    def attention_bytes_per_sample(self, c: TrialConfig) -> float:
+        """The s^2 attention term alone: 5*a*s^2 bytes per layer in 16-bit (Korthikanti),
+        in every layer, or in the one recomputed layer under checkpointing."""
+        s, a = self.shape.seq_len, self.shape.num_attention_heads
+        layers = 1 if c.gradient_checkpointing else self.shape.num_layers
+        return layers * 5 * a * s * s * _compute_bytes(c.precision) / 2
 
     def logits_bytes_per_sample(self, c: TrialConfig) -> float:
         """LM heads, at the peak (the loss's backward): the fp32 log-softmax the loss
@@ -136,15 +212,18 @@ class Physics:
         the compute precision. (Trainer drops the model's output, and with it the logits,
         before the backward; the forward's logits, upcast and log-softmax sum to no more.)
         Classification heads are negligible."""
-        if not self.shape.has_lm_logits:
-            return 0.0
+        if not self.shape.has_lm_logits or c.use_liger_kernel:
+            return 0.0  # Liger's fused linear cross-entropy never holds the logits
         return self.shape.seq_len * self.shape.vocab_size * (4 + 4 + 4)
 
-    def materialises_attention(self) -> bool:
-        """Eager attention keeps the seq x seq scores; SDPA/flash kernels do not. Where the
-        shape does not say ("auto"), assume flash kernels exist from Ampere (8.0) on, and
-        that older GPUs materialise the scores."""
-        attn = self.shape.attn_implementation
+    def materialises_attention(self, c: TrialConfig | None = None) -> bool:
+        """Eager attention keeps the seq x seq scores; SDPA/flash kernels do not. The
+        config's attention knob decides; at "auto" the model's own, and where the shape
+        does not say either, assume flash kernels exist from Ampere (8.0) on, and that
+        older GPUs materialise the scores."""
+        attn = c.attn_implementation if c is not None else "auto"
+        if attn == "auto":
+            attn = self.shape.attn_implementation
         if attn == "auto":
             return self.device.is_cuda and (self.device.compute_capability or (0, 0)) < (8, 0)
         return attn == "eager"
@@ -177,5 +256,11 @@ class Physics:
             terms["activations|checkpointing"] = terms["activations"] * c.gradient_checkpointing
             terms["activations|4-byte"] = terms["activations"] * wide
             terms["logits|4-byte"] = terms["logits"] * wide
+            # Only where the kernel is the model's unstated own: a config that names its
+            # attention kernel leaves the physics nothing to guess.
+            terms["activations|attention"] = (c.per_device_train_batch_size * slack
+                                               * self.attention_bytes_per_sample(c)
+                                               * (c.attn_implementation == "auto"))
+            terms["states|replicated"] = slack * self.replicated_difference(c)
             cached = self._cache[c] = np.array([terms[k] for k in FEATURES], float)
         return cached

@@ -37,6 +37,8 @@ class ModelShape:
     # not; "auto": not known, the memory model decides from the device.
     attn_implementation: str = "auto"
     task: str = ""  # causal-lm | masked-lm | sequence-classification; "" = from causal_lm
+    # Parameters with gradients and optimizer states: LoRA's adapters; None: all of them.
+    trainable_parameters: int | None = None
 
     @property
     def has_lm_logits(self) -> bool:
@@ -65,6 +67,7 @@ class ModelShape:
             name=str(m.get("name", "model")),
             attn_implementation=str(m.get("attn_implementation", "auto")),
             task=str(m.get("task", "")),
+            trainable_parameters=m.get("trainable_parameters"),
         )
 
 
@@ -95,23 +98,30 @@ def load_hf_config(model: dict[str, Any]):
     return None
 
 
-def count_parameters(hf_config: Any, task: str = "causal-lm") -> tuple[int, str]:
+def count_parameters(hf_config: Any, task: str = "causal-lm",
+                     lora: dict[str, Any] | None = None) -> tuple[int, str, int | None]:
     """Parameters of the model the config describes, built on the meta device (no weights
-    allocated, so a 70B model counts in seconds), and the attention implementation
-    transformers resolves for it."""
+    allocated, so a 70B model counts in seconds), the attention implementation
+    transformers resolves for it, and under LoRA the adapters' (trainable) count."""
     import torch
     import transformers
 
     auto = getattr(transformers, AUTO_CLASSES[task])
     with torch.device("meta"):
         model = auto.from_config(hf_config)
+        attn = getattr(model.config, "_attn_implementation", None) or "eager"
+        trainable = None
+        if lora is not None:
+            from autotune.trials.lora import with_lora
+
+            model = with_lora(model, lora, task)
+            trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     n = sum(p.numel() for p in model.parameters())
-    attn = getattr(model.config, "_attn_implementation", None) or "eager"
-    return n, str(attn)
+    return n, str(attn), trainable
 
 
 def _from_config(cfg: Any, num_parameters: int, seq_len: int, task: str, name: str,
-                 attn_implementation: str) -> ModelShape:
+                 attn_implementation: str, trainable: int | None = None) -> ModelShape:
     return ModelShape(
         num_parameters=int(num_parameters),
         num_layers=int(_first(cfg, _LAYER_KEYS) or 1),
@@ -120,7 +130,7 @@ def _from_config(cfg: Any, num_parameters: int, seq_len: int, task: str, name: s
         vocab_size=int(getattr(cfg, "vocab_size", 0) or 0),
         seq_len=int(seq_len), causal_lm=task == "causal-lm", task=task,
         intermediate_size=_first(cfg, _FFN_KEYS), name=name,
-        attn_implementation=attn_implementation)
+        attn_implementation=attn_implementation, trainable_parameters=trainable)
 
 
 def shape_from_model(model: Any, seq_len: int, task: str = "causal-lm") -> ModelShape | None:
@@ -129,19 +139,23 @@ def shape_from_model(model: Any, seq_len: int, task: str = "causal-lm") -> Model
     cfg = getattr(model, "config", None)
     if cfg is None or _first(cfg, _LAYER_KEYS) is None or _first(cfg, _HIDDEN_KEYS) is None:
         return None
-    return _from_config(cfg, sum(p.numel() for p in model.parameters()), seq_len, task,
+    params = list(model.parameters())
+    trainable = sum(p.numel() for p in params if p.requires_grad)
+    return _from_config(cfg, sum(p.numel() for p in params), seq_len, task,
                         str(getattr(cfg, "model_type", "model")),
-                        str(getattr(cfg, "_attn_implementation", None) or "auto"))
+                        str(getattr(cfg, "_attn_implementation", None) or "auto"),
+                        trainable if trainable < sum(p.numel() for p in params) else None)
 
 
 def shape_from_hf_config(hf_config: Any, seq_len: int, task: str = "causal-lm",
-                         attn_implementation: str | None = None) -> ModelShape:
+                         attn_implementation: str | None = None,
+                         lora: dict[str, Any] | None = None) -> ModelShape:
     if attn_implementation:
         hf_config._attn_implementation = attn_implementation
-    n_params, resolved = count_parameters(hf_config, task)
+    n_params, resolved, trainable = count_parameters(hf_config, task, lora)
     name = str(getattr(hf_config, "name_or_path", "") or hf_config.model_type)
     return _from_config(hf_config, n_params, seq_len, task, name,
-                        attn_implementation or resolved)
+                        attn_implementation or resolved, trainable)
 
 
 def model_shape(spec: Spec) -> ModelShape | None:
@@ -150,5 +164,6 @@ def model_shape(spec: Spec) -> ModelShape | None:
     hf_config = load_hf_config(spec.model.model_dump())
     if hf_config is None:
         return None
+    lora = spec.model.lora.model_dump() if spec.model.lora else None
     return shape_from_hf_config(hf_config, spec.data.seq_len, spec.model.task,
-                                spec.model.attn_implementation)
+                                spec.model.attn_implementation, lora)

@@ -36,13 +36,13 @@ def contenders(history: Sequence[Record]) -> list[tuple[str, Record]]:
     MAX_RUNNER_UPS within RUNNER_UP_WITHIN of it, and the baseline."""
     searched = [r for r in history if r.reason != REASON]
     ok = sorted((r for r in searched if r.outcome.ok),
-                key=lambda r: -(r.outcome.samples_per_second or 0.0))
+                key=lambda r: -(r.outcome.score or 0.0))
     if not ok:
         return []
     best = ok[0]
-    floor = (best.outcome.samples_per_second or 0.0) * (1 - RUNNER_UP_WITHIN)
+    floor = (best.outcome.score or 0.0) * (1 - RUNNER_UP_WITHIN)
     out = [("best", best)] + [("runner-up", r) for r in ok[1:MAX_RUNNER_UPS + 1]
-                              if (r.outcome.samples_per_second or 0.0) >= floor]
+                              if (r.outcome.score or 0.0) >= floor]
     baselines = [r for r in ok if r.reason == "baseline"]
     if baselines:
         base = max(baselines, key=lambda r: r.config.per_device_train_batch_size)
@@ -106,8 +106,8 @@ def summarise(history: Sequence[Record], repeats: int, steps: int,
     rows = []
     for role, r in picked:
         runs = [t for t in history if t.reason == REASON and t.config == r.config]
-        figures = [t.outcome.samples_per_second for t in runs
-                   if t.outcome.ok and t.outcome.samples_per_second]
+        figures = [t.outcome.score for t in runs
+                   if t.outcome.ok and t.outcome.score]
         rows.append(ConfirmedConfig(role, r.config, r.number, figures,
                                     [t.number for t in runs]))
     measured = [row for row in rows if row.samples_per_second]

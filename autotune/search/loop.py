@@ -45,8 +45,10 @@ class Limits:
         reserve = self.reserve_trials * statistics.median(costs) if costs else 0.0
         if self.deadline is not None and time.time() + reserve >= self.deadline:
             return True
+        # Trials in flight will cost about the median each; the next, up to the costliest.
+        committed = in_flight * statistics.median(costs) if costs else 0.0
         return self.budget_seconds is not None and bool(costs) and (
-            sum(costs) + max(costs) > self.budget_seconds)
+            sum(costs) + committed + max(costs) > self.budget_seconds)
 
 
 def drive(

@@ -28,11 +28,11 @@ from autotune.search.study import StudyLog
 from autotune.space import Space, build_space
 from autotune.spec import Spec, load_spec, parse_duration
 from autotune.summary import Summary
+from autotune.trials.executor import Executor, RayExecutor
 
 if TYPE_CHECKING:
     from autotune.records import Record
     from autotune.search.strategies.base import Proposal
-    from autotune.trials.executor import Executor
 
 # Libraries whose version changes what a trial measures.
 MEASURING_LIBRARIES = ("torch", "transformers", "accelerate", "deepspeed", "bitsandbytes")
@@ -71,14 +71,31 @@ def run_search(
     """Run (or resume) a search; `overrides` use dotted spec keys ('search.n_trials')."""
     started = time.time()
     spec = load_spec(spec_or_path, **overrides)
+    owns_executor = executor is None
+    if executor is None:
+        from autotune.trials.executor import RayExecutor
+
+        executor = RayExecutor(spec, address=address,
+                               timeout_s=parse_duration(spec.search.trial_timeout))
+        device = device or executor.discover()  # where trials run, not the driver
     device = device or local_device()
+    try:
+        return _search(spec, device, executor, started, on_start, on_record)
+    finally:
+        if owns_executor:
+            executor.close()
+
+
+def _search(spec: Spec, device: DeviceSpec, executor: Executor, started: float,
+            on_start: Callable[[Proposal], None] | None,
+            on_record: Callable[[Record], None] | None) -> SearchResult:
     space = build_space(spec, device)
     if not space.candidates:
         raise SpecError("the search space has no config this device can run: "
                         + "; ".join(f"{k}: {v}" for k, v in space.pruned.items()))
     output = Path(spec.output)
     output.mkdir(parents=True, exist_ok=True)
-    limit = memory_limit(device, spec.hardware.budget_bytes())
+    limit = memory_limit(device, spec.hardware.budget_bytes(), parallel=executor.capacity)
     shape = model_shape(spec)
     storage = spec.search.storage or f"sqlite:///{(output / 'study.db').resolve()}"
     key = fingerprint(spec, device, space.space)
@@ -90,14 +107,8 @@ def run_search(
                         limit, shape, spec.search.seed)
     ctx.baseline_chain = auto_find_chain(ctx)
     strategy = make_strategy(spec.search.sampler, ctx, log)
-    owns_executor = executor is None
-    if executor is None:
-        from autotune.trials.executor import RayExecutor
-
-        executor = RayExecutor(spec, on_cpu=not device.is_cuda, address=address,
-                               shape=shape.to_dict() if shape else None,
-                               memory_budget_bytes=limit,
-                               timeout_s=parse_duration(spec.search.trial_timeout))
+    if isinstance(executor, RayExecutor):
+        executor.shape, executor.budget = (shape.to_dict() if shape else None), limit
     deadline = started + parse_duration(spec.search.timeout)
     repeats = spec.search.confirm_repeats
     # The confirmation's trials are paid from the same time budget: the search leaves room
@@ -125,8 +136,6 @@ def run_search(
             drive(confirmer, executor, log, Limits(deadline=deadline), history=history,
                   on_start=on_start, on_record=recorded)
     finally:
-        if owns_executor:
-            executor.close()
         # Whatever finished is written, even when the search was interrupted or stopped.
         search_info = {"wall_seconds": log.add_wall_seconds(time.time() - started),
                        "study_name": study_name, "storage": storage,

@@ -24,7 +24,7 @@ from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from autotune.config import TrialConfig
 from autotune.errors import AutotuneError, SpecError
-from autotune.records import OK, OOM, PRUNED, Outcome, Record
+from autotune.records import LOST, OK, OOM, PRUNED, Outcome, Record
 from autotune.search.strategies.base import Proposal
 
 FINGERPRINT_KEY = "spec_fingerprint"
@@ -109,9 +109,11 @@ class StudyLog:
             a = t.user_attrs
             # A setup failure (the data, the tokenizer) says nothing of its config: once the
             # spec is fixed, the config runs again.
-            setup = (a.get("outcome") or {}).get("extra", {}).get("setup_field")
+            # Nor does a trial the infrastructure lost.
+            outcome = a.get("outcome") or {}
+            setup = outcome.get("extra", {}).get("setup_field")
             if t.number > after and "outcome" in a and SKIPPED_KEY not in a \
-                    and ABANDONED_KEY not in a and not setup:
+                    and ABANDONED_KEY not in a and not setup and outcome["status"] != LOST:
                 out.append(Record(TrialConfig.from_dict(a["config"]),
                                   Outcome.from_dict(a["outcome"]), a.get("reason", ""),
                                   t.number))
@@ -177,7 +179,7 @@ class StudyLog:
             outcome.predicted_memory_bytes = proposal.predicted_memory_bytes
         value, constraint = None, None
         if outcome.status == OK:
-            value = float(outcome.samples_per_second or 0.0)
+            value = float(outcome.score or 0.0)
             constraint = (outcome.peak_memory_bytes or 0) / self.limit_bytes - 1.0
         elif outcome.status == OOM:
             value, constraint = 0.0, 1.0
@@ -210,7 +212,7 @@ class StudyLog:
         self._numbers.discard(number)
         if known is not None and known.ok:
             self._set(number, {CONSTRAINT_KEY: 0.0}, system=True)
-            self.study.tell(number, float(known.samples_per_second or 0.0))
+            self.study.tell(number, float(known.score or 0.0))
         elif known is not None and known.status in (OOM, PRUNED):
             self._set(number, {CONSTRAINT_KEY: 1.0}, system=True)
             self.study.tell(number, 0.0)

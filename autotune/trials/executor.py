@@ -1,26 +1,40 @@
 """Where trials run: the Executor seam, and Ray tasks on an embedded local Ray or a cluster.
 
 Each Ray task launches the trial process (trials.launch) on the node Ray picked, with the
-GPUs Ray reserved for it, so a trial never shares a GPU and its timings are its own.
+GPUs Ray reserved for it and its share of that node's cores, so a trial never shares a GPU
+and runs with the threads its real run would have. Trials run in parallel up to the slots
+the nodes offer. A worker or node lost under a trial is the infrastructure's failure, not
+the config's: the trial runs once more, and is recorded `lost` if that fails too.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import time
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.plan.device import node_cpus
-from autotune.records import CRASHED, Outcome
+from autotune.errors import ClusterError
+from autotune.plan.device import DeviceSpec, local_device, node_cpus
+from autotune.records import LOST, Outcome
+from autotune.trials import reaper
 from autotune.trials.launch import run_trial
 from autotune.trials.protocol import TrialRequest, make_request
 
 if TYPE_CHECKING:
+    import subprocess
+
     from autotune.config import TrialConfig
     from autotune.spec import Spec
 
 log = logging.getLogger("autotune")
 RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+GRACE_S = 120.0  # beyond a trial's own time limit (start-up, queueing) before it is lost
+PROBE_TIMEOUT_S = 60.0
+RETRIES = 1  # infrastructure failures are retried this many times
 
 
 class Executor(ABC):
@@ -57,55 +71,186 @@ class Executor(ABC):
 
 
 def _trial_task(request: dict) -> dict:
-    return run_trial(TrialRequest(**request)).to_dict()
+    import ray
+
+    outcome = run_trial(TrialRequest(**request))
+    outcome.extra["node"] = ray.get_runtime_context().get_node_id()
+    return outcome.to_dict()
+
+
+def _probe_task() -> dict:
+    """Runs on a node Ray picked for a trial: what the trials there will run on."""
+    import socket
+
+    import ray
+
+    dev = local_device()
+    return {"host": socket.gethostname(), "cpus": node_cpus(),
+            "node": ray.get_runtime_context().get_node_id(), "device": {
+        "name": dev.name, "kind": dev.kind, "memory_bytes": dev.memory_bytes,
+        "compute_capability": dev.compute_capability, "count": dev.count}}
+
+
+@dataclass
+class _InFlight:
+    ticket: int
+    request: TrialRequest
+    deadline: float
+    tries: int = 1
 
 
 class RayExecutor(Executor):
-    """Each trial a Ray task, with the GPUs it needs and its share of the node's cores."""
+    """Each trial a Ray task with `gpus_per_trial` GPUs (none on CPU) and its node's cores
+    shared among the trials that node runs at once.
 
-    def __init__(self, spec: Spec, *, on_cpu: bool, address: str | None = None,
-                 shape: dict | None = None, memory_budget_bytes: int | None = None,
+    Call `discover()` first: it connects (an embedded Ray of this search's own, or the
+    cluster at `address`) and finds the device where trials will run, never on the driver
+    (which may have no GPU at all)."""
+
+    def __init__(self, spec: Spec, *, address: str | None = None,
                  timeout_s: float = 600.0) -> None:
-        self.spec, self.on_cpu, self.address = spec, on_cpu, address
-        self.shape, self.budget, self.timeout_s = shape, memory_budget_bytes, timeout_s
-        self.gpus = 0 if on_cpu else spec.world_size
+        self.spec, self.address, self.timeout_s = spec, address, timeout_s
+        self.shape: dict | None = None  # set by the search once it knows them
+        self.budget: int | None = None
+        self.device: DeviceSpec | None = None
+        self.probe_node: str | None = None  # the Ray node the device was read on
+        self.capacity, self.threads = 1, node_cpus()
         self._owns_ray = False
+        self._reaper: subprocess.Popen | None = None
         self._remote: Any = None
-        self._refs: dict[Any, int] = {}
+        self._refs: dict[Any, _InFlight] = {}
         self._next = 0
 
-    def _connect(self) -> None:
-        """Ray starts (or is joined) at the first trial, so a resumed search with nothing
-        left to run, or one that stops at once, does not pay for it."""
+    # --- connecting ---------------------------------------------------------------------
+    def _init(self) -> None:
+        if self.address is not None:
+            # Ray's C++ client logs each failed attempt to stderr for its whole retry
+            # period; the one line ClusterError gives says what went wrong.
+            os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
+            # A client sends its token only in token mode, read when ray is imported.
+            if _have_token():
+                os.environ.setdefault("RAY_AUTH_MODE", "token")
         import ray
 
-        if self._remote is None:
-            self._remote = ray.remote(max_retries=0)(_trial_task)
+        self._remote = ray.remote(max_retries=0)(_trial_task)
         if ray.is_initialized():
             return
-        init: dict[str, Any] = {"address": self.address, "include_dashboard": False,
-                                "log_to_driver": False, "logging_level": logging.WARNING}
+        init: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
+                                "logging_level": logging.WARNING}
         if self.address is None:  # embedded: this search's own Ray, never another's
-            init |= {"address": "local", "num_cpus": node_cpus()}
-            # Ray turns token authentication on for a new local cluster and warns so at
+            gpus = local_device().count if local_device().is_cuda else 0
+            init |= {"address": "local", "num_cpus": node_cpus(), "num_gpus": gpus,
+                     # Each trial's own budget watch ends a trial that grows too large;
+                     # Ray's monitor would kill trials for what others on the host use.
+                     "_system_config": {"memory_monitor_refresh_ms": 0}}
+            # Ray turns token authentication on for a new local cluster and says so at
             # every start; that is the default we want, so the notice is not shown.
             logging.getLogger(RAY_AUTH_LOGGER).setLevel(logging.ERROR)
-        ray.init(**init)
+        else:
+            init["address"] = self.address
+        try:
+            ray.init(**init)
+        except Exception as exc:  # noqa: BLE001 - every way of not connecting, one line
+            raise ClusterError(_connection_error(self.address, exc)) from None
         self._owns_ray = True
+        if self.address is None:
+            self._reaper = reaper.start(os.getpid())
+
+    def discover(self) -> DeviceSpec:
+        """The device, the slots and the cores per trial: of this machine for an embedded
+        Ray (started at the first trial, so a search with nothing to run never pays for
+        it); for a cluster, connect and ask a node where trials will run."""
+        gpus = self.spec.world_size
+        if self.address is None:
+            self.device = local_device()
+            per_node = self._slots(self.device, node_cpus())
+            self.capacity, self.threads = per_node, max(1, node_cpus() // per_node)
+            return self.device
+        self._init()
+        info = self._probe(gpus)
+        self.probe_node = info["node"]
+        self.device = DeviceSpec(**info["device"] | {"compute_capability": tuple(
+            info["device"]["compute_capability"]) if info["device"]["compute_capability"]
+            else None})
+        # The cores Ray gives the node, which its start may have set below what the
+        # machine has (several nodes on one host, or cores kept for other work).
+        cpus = self._node_cpus(info["node"]) or info["cpus"]
+        per_node = self._slots(self.device, cpus)
+        self.threads = max(1, cpus // per_node)
+        self.capacity = self._cluster_slots(per_node)
+        return self.device
+
+    def _slots(self, device: DeviceSpec, cpus: int) -> int:
+        """Trials one node runs at once: its GPUs / gpus_per_trial, never two on one GPU;
+        on CPU hardware.parallel_trials (1 unless set)."""
+        wanted = self.spec.hardware.parallel_trials
+        if device.is_cuda:
+            slots = max(1, device.count // self.spec.world_size)
+            return min(slots, wanted) if wanted else slots
+        return max(1, min(wanted or 1, cpus))
+
+    @staticmethod
+    def _node_cpus(node_id: str) -> int:
+        import ray
+
+        for n in ray.nodes():
+            if n.get("NodeID") == node_id:
+                return int(n["Resources"].get("CPU", 0))
+        return 0
+
+    def _cluster_slots(self, per_node: int) -> int:
+        import ray
+
+        alive = [n for n in ray.nodes() if n.get("Alive")]
+        if self.device is not None and self.device.is_cuda:
+            return max(1, sum(int(n["Resources"].get("GPU", 0)) // self.spec.world_size
+                              for n in alive))
+        return max(1, per_node * sum(1 for n in alive
+                                     if n["Resources"].get("CPU", 0) >= self.threads))
+
+    def _probe(self, gpus: int) -> dict:
+        """The device of a node that can run a trial, found by a task placed as a trial's."""
+        import ray
+
+        # A cluster with GPUs runs trials on GPUs; one without runs them on CPUs.
+        if ray.cluster_resources().get("GPU", 0) == 0:
+            gpus = 0
+        best = max((n["Resources"].get("GPU", 0) for n in ray.nodes() if n.get("Alive")),
+                   default=0)
+        if best < gpus:
+            raise ClusterError(
+                f"hardware.gpus_per_trial: a trial needs {gpus} GPUs on one node, and no "
+                f"node of the cluster at {self.address} has more than {best:g}")
+        ref = ray.remote(_probe_task).options(num_cpus=1, num_gpus=gpus).remote()
+        ready, _ = ray.wait([ref], timeout=PROBE_TIMEOUT_S)
+        if not ready:
+            ray.cancel(ref, force=True)
+            raise ClusterError(f"no node of the cluster at {self.address} took a probe task "
+                               f"needing {gpus} GPU(s) and 1 CPU in {PROBE_TIMEOUT_S:.0f} s "
+                               f"(free now: {ray.available_resources()})")
+        return ray.get(ref)
+
+    # --- running ------------------------------------------------------------------------
+    def _launch(self, flight: _InFlight) -> None:
+        gpus = self.spec.world_size if self.device and self.device.is_cuda else 0
+        task = self._remote.options(num_cpus=self.threads, num_gpus=gpus)
+        flight.deadline = time.time() + self.timeout_s + GRACE_S
+        self._refs[task.remote(vars(flight.request))] = flight
 
     def submit(self, config: TrialConfig, *, training_args: dict | None = None,
                steps: int | None = None) -> int:
-        self._connect()
-        # One trial at a time: it gets every core of the node, as the real run would.
-        threads = node_cpus()
-        request = make_request(self.spec, config, on_cpu=self.on_cpu, shape=self.shape,
+        if self.device is None:
+            self.discover()
+        if self._remote is None:
+            self._init()
+        device = self.device
+        request = make_request(self.spec, config, on_cpu=not device.is_cuda, shape=self.shape,
                                memory_budget_bytes=self.budget, timeout_s=self.timeout_s,
-                               cpu_threads=threads, steps=steps)
+                               cpu_threads=self.threads, steps=steps)
         if training_args is not None:
             request.training_args = training_args
-        task = self._remote.options(num_cpus=threads, num_gpus=self.gpus)
         ticket, self._next = self._next, self._next + 1
-        self._refs[task.remote(vars(request))] = ticket
+        self._launch(_InFlight(ticket, request, 0.0))
         return ticket
 
     def wait(self, timeout: float | None = None) -> list[tuple[int, Outcome]]:
@@ -122,15 +267,59 @@ class RayExecutor(Executor):
             raise
         done = []
         for ref in ready:
-            ticket = self._refs.pop(ref)
+            flight = self._refs.pop(ref)
             try:
-                done.append((ticket, Outcome.from_dict(ray.get(ref))))
-            except ray.exceptions.RayError as exc:  # the worker died under the trial
-                done.append((ticket, Outcome(CRASHED, error=f"Ray worker failed: {exc}"[-3000:])))
+                done.append((flight.ticket, Outcome.from_dict(ray.get(ref))))
+            except ray.exceptions.RayError as exc:  # the worker or its node died under it
+                self._infrastructure(flight, f"Ray lost the trial's worker: {exc}", done)
+        now = time.time()
+        for ref, flight in list(self._refs.items()):
+            if now > flight.deadline:  # the cluster never answered: bounded, not forever
+                ray.cancel(ref, force=True)
+                del self._refs[ref]
+                self._infrastructure(flight, "no answer from the cluster within the trial "
+                                     f"limit plus {GRACE_S:.0f} s", done)
         return done
+
+    def _infrastructure(self, flight: _InFlight, why: str,
+                        done: list[tuple[int, Outcome]]) -> None:
+        if flight.tries <= RETRIES:
+            log.warning("trial %s: %s; running it again", flight.ticket, why.splitlines()[0])
+            flight.tries += 1
+            self._launch(flight)
+            return
+        done.append((flight.ticket, Outcome(LOST, error=f"{why} (tried {flight.tries} times; "
+                                            "an infrastructure failure, not the config's)"[
+                                                -3000:])))
 
     def close(self) -> None:
         import ray
 
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
+        if self._reaper is not None:
+            self._reaper.terminate()  # Ray closed normally: nothing to reap
+
+
+def _connection_error(address: str | None, exc: Exception) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if "auth" in text.lower() or "token" in text.lower():
+        return (f"--address {address}: the Ray cluster refused the connection: it uses token "
+                "authentication. Set RAY_AUTH_TOKEN to the cluster's token, or put it in "
+                "~/.ray/auth_token (on the head node: `ray get-auth-token`)")
+    if address is None:
+        return f"could not start an embedded Ray: {text}"
+    hint = ""
+    if not _have_token():  # a refused token shows only in Ray's log, not in the exception
+        hint = ("; if it uses token authentication (Ray's default for clusters it starts), "
+                "set RAY_AUTH_TOKEN to the cluster's token or put it in ~/.ray/auth_token "
+                "(on the head node: `ray get-auth-token`)")
+    return (f"--address {address}: could not join the Ray cluster ({text}); is `ray start "
+            "--head` running there, and is the address host:port or ray://host:port"
+            f"{hint}?")
+
+
+def _have_token() -> bool:
+    return bool(os.environ.get("RAY_AUTH_TOKEN")) or any(
+        Path(p).expanduser().is_file() for p in (os.environ.get("RAY_AUTH_TOKEN_PATH", ""),
+                                                  "~/.ray/auth_token") if p)

@@ -57,10 +57,11 @@ def _preload() -> None:
                 importlib.import_module(name)
 
 
-def _child(job: dict[str, Any]) -> None:
+def _child(job: dict[str, Any], channel: int) -> None:
     """In the forked process: become the trial, then exit with its status."""
     code = 1
     try:
+        os.close(channel)
         os.setsid()
         die_with_parent()
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # the server's pipes are not the trial's
@@ -91,8 +92,11 @@ def _child(job: dict[str, Any]) -> None:
 
 def serve() -> None:
     die_with_parent()
+    # The protocol gets a private copy of stdout: libraries print to fd 1 on import
+    # (DeepSpeed announces its accelerator), which must not reach the launcher.
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
     _preload()
-    out = sys.stdout
     out.write(json.dumps({"ready": os.getpid()}) + "\n")
     out.flush()
     for line in sys.stdin:
@@ -100,7 +104,7 @@ def serve() -> None:
         out.flush()
         pid = os.fork()
         if pid == 0:
-            _child(job)
+            _child(job, out.fileno())
         out.write(json.dumps({"pid": pid}) + "\n")
         out.flush()
         _, status = os.waitpid(pid, 0)

@@ -1,8 +1,10 @@
 """Launch one trial in a fresh process and turn whatever happened into an Outcome.
 
 A crash, an OOM kill or a hang must never reach the study: the trial runs in its own
-process session, is killed with its children past its time limit, and its exit status
-is classified here.
+process session, is killed with its children past its time limit, dies with whatever
+launched it, and its exit status is classified here. A single-process trial is forked
+from a warm launcher that has its imports done (forkserver.py); a trial of several ranks
+starts cold under torchrun. AUTOTUNE_COLD_TRIALS=1 starts every trial cold.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from autotune.records import CRASHED, OOM, TIMEOUT, Outcome
+from autotune.records import CRASHED, ERROR, NAN, OOM, TIMEOUT, Outcome
+from autotune.trials import forkserver
 from autotune.trials.oom import is_oom_message, is_oom_signal
 from autotune.trials.protocol import TrialRequest, read_result
 
@@ -70,6 +73,47 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def _run_cold(request: TrialRequest, tmpdir: Path, env: dict[str, str]) -> tuple[int, bool]:
+    """(return code, timed out) of the trial as a new interpreter (torchrun for ranks)."""
+    with (tmpdir / "stderr.log").open("w") as log:
+        proc = subprocess.Popen(
+            _command(tmpdir / "request.json", tmpdir / "result.json", request.world_size),
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=tmpdir,
+            preexec_fn=forkserver.die_with_parent)
+        timed_out = False
+        try:
+            proc.wait(timeout=request.timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        except BaseException:  # Ctrl-C in the driver: take the trial down with us
+            _kill_group(proc)
+            raise
+        finally:
+            if proc.poll() is None:
+                _kill_group(proc)
+    return proc.returncode, timed_out
+
+
+def _run_warm(request: TrialRequest, tmpdir: Path, env: dict[str, str]) -> tuple[int, bool]:
+    """(return code, timed out) of the trial forked from this process's warm launcher."""
+    server = forkserver.server(dict(os.environ))
+    pid = server.start({"request": str(tmpdir / "request.json"),
+                        "result": str(tmpdir / "result.json"),
+                        "log": str(tmpdir / "stderr.log"), "cwd": str(tmpdir), "env": env})
+    try:
+        code = server.wait(pid, request.timeout_s)
+        if code is not None:
+            return code, False
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)  # its own session: the trial and its children
+        code = server.wait(pid, None)
+        return (code if code is not None else -signal.SIGKILL), True
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        raise
+
+
 def run_trial(request: TrialRequest) -> Outcome:
     """Run the request's config as a short real training run in a new process; never
     raises for a trial that failed."""
@@ -77,34 +121,68 @@ def run_trial(request: TrialRequest) -> Outcome:
     with tempfile.TemporaryDirectory(prefix="autotune-trial-") as tmp:
         tmpdir = Path(tmp)
         (tmpdir / "request.json").write_text(request.to_json())
-        result_path, log_path = tmpdir / "result.json", tmpdir / "stderr.log"
-        with log_path.open("w") as log:
-            proc = subprocess.Popen(
-                _command(tmpdir / "request.json", result_path, request.world_size),
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                env=_environment(request.world_size, request.cpu_threads), cwd=tmp)
-            timed_out = False
-            try:
-                proc.wait(timeout=request.timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            except BaseException:  # Ctrl-C in the driver: take the trial down with us
-                _kill_group(proc)
-                raise
-            finally:
-                if proc.poll() is None:
-                    _kill_group(proc)
-        log_tail = log_path.read_text(errors="replace")[-STDERR_TAIL_CHARS:]
-        outcome = _classify(proc.returncode, timed_out, result_path, log_tail,
-                            request.timeout_s)
+        env = _environment(request.world_size, request.cpu_threads)
+        warm = request.world_size == 1 and os.environ.get("AUTOTUNE_COLD_TRIALS") != "1"
+        try:
+            code, timed_out = _run_warm(request, tmpdir, env) if warm else _run_cold(
+                request, tmpdir, env)
+        except RuntimeError:  # the warm launcher could not start or fork: go cold
+            warm = False
+            code, timed_out = _run_cold(request, tmpdir, env)
+        log_path = tmpdir / "stderr.log"
+        log_tail = log_path.read_text(errors="replace")[-STDERR_TAIL_CHARS:] if (
+            log_path.is_file()) else ""
+        ranks = _rank_results(tmpdir / "result.json", request.world_size)
+        outcome = _classify(code, timed_out, ranks, log_tail, request.timeout_s,
+                            request.world_size)
     outcome.wall_seconds = time.time() - started
+    outcome.extra["launch"] = "warm" if warm else "cold"
     return outcome
 
 
-def _classify(returncode: int, timed_out: bool, result_path: Path, log_tail: str,
-              timeout_s: float) -> Outcome:
-    if result_path.is_file():
-        return read_result(result_path)
+def _rank_results(result_path: Path, world_size: int) -> dict[int, Outcome]:
+    if world_size == 1:
+        return {0: read_result(result_path)} if result_path.is_file() else {}
+    return {r: read_result(f) for r in range(world_size)
+            if (f := Path(f"{result_path}.rank{r}")).is_file()}
+
+
+# Which rank's failure names the trial's: running out of memory is the cause the others'
+# errors (a collective torn down, a rank killed by torchrun) follow from.
+_FAILURE_ORDER = (OOM, NAN, ERROR)
+
+
+def merge_ranks(ranks: dict[int, Outcome], world_size: int) -> Outcome | None:
+    """One outcome for the trial from its ranks' own: a failure on any rank is the
+    trial's (the rank named), peak memory is the maximum over ranks, and throughput is
+    rank 0's, which already counts every rank's samples. None when no rank failed and
+    one is missing (killed before it could say why): the exit status tells then."""
+    if not ranks:
+        return None
+    peaks = [o.peak_memory_bytes for o in ranks.values() if o.peak_memory_bytes is not None]
+    failed = sorted((r, o) for r, o in ranks.items() if not o.ok)
+    if failed:
+        rank, outcome = min(failed, key=lambda ro: _FAILURE_ORDER.index(ro[1].status)
+                            if ro[1].status in _FAILURE_ORDER else len(_FAILURE_ORDER))
+        if world_size > 1:
+            outcome.error = f"rank {rank}: {outcome.error}"
+    elif len(ranks) < world_size:
+        return None
+    else:
+        outcome = ranks[0]
+    if world_size > 1:
+        outcome.extra["peak_memory_by_rank"] = {r: o.peak_memory_bytes for r, o in ranks.items()}
+        outcome.extra["micro_batches_by_rank"] = {
+            r: o.extra.get("micro_batches") for r, o in ranks.items()}
+    outcome.peak_memory_bytes = max(peaks) if peaks else None
+    return outcome
+
+
+def _classify(returncode: int, timed_out: bool, ranks: dict[int, Outcome], log_tail: str,
+              timeout_s: float, world_size: int = 1) -> Outcome:
+    merged = merge_ranks(ranks, world_size)
+    if merged is not None:
+        return merged
     if timed_out:
         return Outcome(TIMEOUT, error=f"killed after the trial time limit of {timeout_s:.0f} s"
                        f"\n{log_tail}")

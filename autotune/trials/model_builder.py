@@ -16,9 +16,12 @@ def _model_field(model: dict[str, Any]) -> str:
     return next(f"model.{k}" for k in ("factory", "name_or_path", "config") if model.get(k))
 
 
-def build_model(model: dict[str, Any]):
-    """The spec's model. A failure that is not a lack of memory is a SetupError naming
-    the spec's field: no config of the search could avoid it."""
+def build_model(model: dict[str, Any], attn_implementation: str = "auto"):
+    """The spec's model, with the attention kernel the config's knob names ("auto": the
+    spec's own or the model's default). A failure that is not a lack of memory is a
+    SetupError naming the spec's field: no config of the search could avoid it."""
+    if attn_implementation != "auto":
+        model = model | {"attn_implementation": attn_implementation}
     try:
         return _build_model(model)
     except SetupError:
@@ -43,7 +46,10 @@ def _build_model(model: dict[str, Any]):
             factory = getattr(importlib.import_module(module_name), func_name)
         except (ImportError, AttributeError) as exc:
             raise SetupError("model.factory", f"{model['factory']!r}: {exc}") from exc
-        return factory(hf_config)
+        built = factory(hf_config)
+        if model.get("attn_implementation") and hasattr(built, "set_attn_implementation"):
+            built.set_attn_implementation(model["attn_implementation"])
+        return built
     auto = getattr(transformers, AUTO_CLASSES[model.get("task", "causal-lm")])
     kwargs = {}
     if model.get("attn_implementation"):

@@ -93,3 +93,33 @@ def deepspeed_config(config: TrialConfig, *, world_size: int = 1) -> dict[str, A
         ds["optimizer"] = {"type": opt.offload_type,
                            "params": {k: every[k] for k in opt.offload_params}}
     return ds
+
+
+def accelerate_config(config: TrialConfig, *, world_size: int = 1, on_cpu: bool = False,
+                      deepspeed_file: str = "ds_config.json") -> dict[str, Any]:
+    """An `accelerate launch --config_file` config for `config`: DeepSpeed (from the
+    exported ds_config.json, which carries precision and batch itself) or FSDP inside it,
+    else plain data parallelism."""
+    out: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE", "machine_rank": 0, "num_machines": 1,
+        "num_processes": world_size, "main_training_function": "main",
+        "rdzv_backend": "static", "same_network": True, "use_cpu": on_cpu,
+    }
+    if config.zero_stage:
+        out |= {"distributed_type": "DEEPSPEED", "deepspeed_config": {
+            "deepspeed_config_file": deepspeed_file,
+            "zero3_init_flag": config.zero_stage == 3}}
+        return out
+    out["mixed_precision"] = config.precision if config.precision in ("fp16", "bf16") else "no"
+    if config.fsdp != "none":
+        strategy, _, offload = config.fsdp.partition("+")
+        out |= {"distributed_type": "FSDP", "fsdp_config": {
+            "fsdp_sharding_strategy": strategy.upper(),
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_offload_params": bool(offload), "fsdp_use_orig_params": True,
+            "fsdp_state_dict_type": "SHARDED_STATE_DICT"}}
+    elif world_size > 1:
+        out["distributed_type"] = "MULTI_CPU" if on_cpu else "MULTI_GPU"
+    else:
+        out["distributed_type"] = "NO"
+    return out

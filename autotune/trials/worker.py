@@ -2,7 +2,10 @@
 
 Run as `python -m autotune.trials.worker REQUEST.json RESULT.json`. It writes the result
 itself for every outcome it can see (ok, oom, nan, error); a crash or a kill leaves no
-file, and the launcher classifies that from the exit status.
+file, and the launcher classifies that from the exit status. Under torchrun every rank
+writes its own file (RESULT.json.rankR, merged by the launcher), and a rank that failed
+exits non-zero so that torchrun takes the others down instead of leaving them blocked in
+a collective until the time limit.
 """
 
 from __future__ import annotations
@@ -57,8 +60,59 @@ class BudgetWatch(threading.Thread):
                     shape=self.shape,
                     error=f"memory budget exceeded: {grown / 2**30:.2f} GiB > "
                           f"{self.budget / 2**30:.2f} GiB (host RSS growth)"))
-                os._exit(0)
+                os._exit(0 if _world() == 1 else 1)
             time.sleep(0.01)
+
+
+def _world() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def rank_result_path(result_path: str, rank: int, world: int) -> str:
+    return result_path if world == 1 else f"{result_path}.rank{rank}"
+
+
+def _count_micro_batches(trainer, packed: bool) -> tuple[list[int], list[int]]:
+    """The micro-batch sizes this rank trained on and their real (non-pad) tokens: a
+    trial's samples per step are counted, not assumed (an unevenly split dataset once
+    overstated throughput). Counted in the training step, which sees every batch whatever
+    process loaded it. A packed micro-batch is one row of its samples' tokens, whose
+    count the position ids restarting at 0 tell."""
+    sizes: list[int] = []
+    tokens: list[int] = []
+    step = trainer.training_step
+
+    def counted(model, inputs, *args, **kwargs):
+        ids = inputs.get("input_ids", inputs.get("labels"))
+        if packed and "position_ids" in inputs:
+            sizes.append(int((inputs["position_ids"] == 0).sum()))
+            tokens.append(int(ids.numel()))
+        else:
+            sizes.append(int(ids.shape[0]) if ids is not None else 0)
+            mask = inputs.get("attention_mask")
+            tokens.append(int(mask.sum()) if mask is not None else int(ids.numel()))
+        return step(model, inputs, *args, **kwargs)
+
+    trainer.training_step = counted
+    return sizes, tokens
+
+
+def _packing_collator():
+    """Padding-free packing: each sample's real tokens, concatenated, position ids
+    restarting per sample (transformers' DataCollatorWithFlattening)."""
+    from transformers import DataCollatorWithFlattening
+
+    flatten = DataCollatorWithFlattening()
+
+    def collate(features):
+        rows = []
+        for f in features:
+            keep = f["attention_mask"].bool()
+            rows.append({"input_ids": f["input_ids"][keep].tolist(),
+                         "labels": f["labels"][keep].tolist()})
+        return flatten(rows)
+
+    return collate
 
 
 def _step_timer(sync, warmup: int):
@@ -136,7 +190,7 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
     spec = Spec.model_validate(request.spec)  # the same validation the CLI ran
     set_seed(request.seed)  # one seed: the same initial weights and data order everywhere
     cfg = TrialConfig.from_dict(request.config)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = _world()
     cuda = torch.cuda.is_available()
     budget = request.memory_budget_bytes
     base_rss = _rss()
@@ -152,21 +206,30 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
         watch.start()
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     try:
-        model = build_model(spec.model.model_dump())
+        model = build_model(spec.model.model_dump(), cfg.attn_implementation)
+        if spec.model.lora is not None:
+            from autotune.trials.lora import with_lora
+
+            model = with_lora(model, spec.model.lora.model_dump(), spec.model.task)
         if shape is None:
             shape = _learned_shape(model, spec)
             if watch is not None:
                 watch.shape = shape  # even an OOM trial teaches the search the model's size
         n_steps = spec.measure.warmup_steps + spec.measure.steps
+        # Every rank gets b x gas micro-batch samples per step, for exactly n_steps steps.
         samples = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * n_steps
+        samples *= world
         dataset = build_dataset(spec.model_dump(), model, samples, seed=request.seed)
         kwargs = request.training_args | TRIAL_ONLY | {
             "output_dir": str(Path.cwd() / "out"), "max_steps": n_steps}
         timer = _step_timer(sync, spec.measure.warmup_steps)
+        extra_args = {"data_collator": _packing_collator()} if cfg.padding_free else {}
         trainer = Trainer(model=model, args=TrainingArguments(**kwargs), train_dataset=dataset,
-                          callbacks=[timer])
+                          callbacks=[timer], **extra_args)
+        micro_batches, tokens = _count_micro_batches(trainer, cfg.padding_free)
         trainer.train()
-        outcome = _measure(timer, spec, cfg, world, model, trainer)
+        outcome = _measure(timer, spec, cfg, world, model, trainer, tokens)
+        outcome.extra["micro_batches"] = micro_batches
     except SetupError as exc:  # no config avoids it: the search stops on it
         outcome = Outcome(ERROR, error=str(exc), extra={"setup_field": exc.field,
                                                         "setup_message": exc.message})
@@ -175,6 +238,7 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
         outcome = Outcome(OOM if is_oom_exception(exc) else ERROR, error="\n".join(tail))
     outcome.shape = shape
     outcome.wall_seconds = time.time() - started
+    outcome.extra |= {"started_at": started, "ended_at": time.time()}
     if cuda:
         peak, extra = _gpu_memory(torch.cuda.current_device())
         outcome.peak_memory_bytes = peak
@@ -212,7 +276,9 @@ def _learned_shape(model, spec) -> dict[str, Any] | None:
     return shape.to_dict() if shape is not None else None
 
 
-def _measure(timer, spec, cfg, world, model, trainer) -> Outcome:
+def _measure(timer, spec, cfg, world, model, trainer, tokens: list[int]) -> Outcome:
+    import statistics
+
     import torch
 
     warmup, durations = spec.measure.warmup_steps, timer.durations()
@@ -220,17 +286,29 @@ def _measure(timer, spec, cfg, world, model, trainer) -> Outcome:
     if not timed:
         return Outcome(ERROR, error=f"only {len(durations)} steps ran")
     window = timer.window()
-    per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * world
+    gas = cfg.gradient_accumulation_steps
+    per_step = cfg.per_device_train_batch_size * gas * world
     samples_per_s = per_step * len(timed) / window
+    # Real (non-pad) tokens of the timed steps, this rank's times the ranks.
+    real_tokens_per_s = sum(tokens[warmup * gas:]) * world / window
     history = trainer.state.log_history
     bad, skips = numerics(history, cfg.precision)
+    extra = {"num_parameters": _parameters(model), "cpu_threads": torch.get_num_threads(),
+             "trainable_parameters": sum(p.numel() for p in model.parameters()
+                                         if p.requires_grad),
+             "attn_implementation": getattr(getattr(model, "config", None),
+                                            "_attn_implementation", None),
+             "warmup_seconds": sum(durations[:warmup]), "loss_scale_skips": skips,
+             "losses": [e["loss"] for e in history if "loss" in e]}
+    if cfg.torch_compile:  # the warm-up pays compilation; a long run pays it once
+        extra["compile_seconds"] = max(0.0, sum(durations[:warmup])
+                                       - warmup * statistics.median(timed))
+    if spec.data.source != "synthetic":  # padding and packing: real tokens are the goal
+        extra["objective"] = "tokens_per_second"
     return Outcome(
         NAN if bad else OK, error=bad, samples_per_second=samples_per_s,
-        tokens_per_second=samples_per_s * spec.data.seq_len, step_seconds=durations,
-        timed_seconds=window,
-        extra={"num_parameters": _parameters(model), "cpu_threads": torch.get_num_threads(),
-               "warmup_seconds": sum(durations[:warmup]), "loss_scale_skips": skips,
-               "losses": [e["loss"] for e in history if "loss" in e]})
+        tokens_per_second=real_tokens_per_s, step_seconds=durations,
+        timed_seconds=window, extra=extra)
 
 
 def _parameters(model) -> int:
@@ -269,15 +347,20 @@ def _gpu_memory(index: int) -> tuple[int, dict[str, Any]]:
 
 
 def main(argv: list[str]) -> int:
+    from autotune.trials.forkserver import die_with_parent
+
+    die_with_parent()  # a rank under torchrun dies with it, whatever kills torchrun
     request_path, result_path = argv[1], argv[2]
     request = TrialRequest.from_json(Path(request_path).read_text())
     # The trial runs in a scratch folder; model factories import from the spec's folder
     # and from where the user ran.
     sys.path[:0] = request.import_paths
-    outcome = run(request, result_path)
-    if int(os.environ.get("RANK", "0")) == 0:
-        write_result(result_path, outcome)
-    return 0
+    world, rank = _world(), int(os.environ.get("RANK", "0"))
+    path = rank_result_path(result_path, rank, world)
+    outcome = run(request, path)
+    outcome.extra["rank"] = rank
+    write_result(path, outcome)
+    return 0 if world == 1 or outcome.ok else 1
 
 
 if __name__ == "__main__":

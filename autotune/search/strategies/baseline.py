@@ -83,9 +83,5 @@ class BaselineProbe:
             return Proposal(fitting[0], REASON, predicted_memory_bytes=gate.predicted(
                 fitting[0]))
         smallest = below[-1]
-        if not any(r.outcome.ran for r in history):
-            # Nothing measured yet: an uncalibrated prediction is a guess, so the smallest
-            # batch runs for real rather than the search ending without a trial.
-            return Proposal(smallest, REASON, predicted_memory_bytes=gate.predicted(smallest))
         return Proposal(smallest, REASON, run=False, predicted_memory_bytes=gate.predicted(
             smallest))

@@ -59,7 +59,7 @@ class DeepSpeedStyleStrategy(Strategy):
         previous_best = 0.0
         for stage in self.stages:
             configs = self._stage_configs(stage)
-            stage_best = max((by_config[c].samples_per_second or 0.0 for c in configs
+            stage_best = max((by_config[c].score or 0.0 for c in configs
                               if c in by_config and by_config[c].ok), default=0.0)
             for c in configs:
                 if c not in by_config:

@@ -15,10 +15,10 @@ from autotune.plan.shape import ModelShape
 from autotune.records import Record
 from autotune.search.strategies.base import SearchContext
 
-# Headroom kept below the limit: a share of the limit for what no model sees, plus a
-# share of the bytes the prediction extrapolates (all of it for a family not yet measured).
+# Headroom kept below the limit: a share of the limit for what no model sees, plus the
+# calibrated model's own error estimate (10% until measured families say otherwise) on the
+# bytes the prediction extrapolates (all of them for a family not yet measured).
 MARGIN_FIXED = 0.03
-MARGIN_EXTRAPOLATED = 0.10
 
 
 class MemoryGate:
@@ -59,7 +59,8 @@ class MemoryGate:
         if self.model is None:
             return True, ""
         pred = self.model.predict_total(c)
-        headroom = MARGIN_FIXED * limit + MARGIN_EXTRAPOLATED * self.model.extrapolated_bytes(c)
+        headroom = (MARGIN_FIXED * limit
+                    + self.model.family_error * self.model.extrapolated_bytes(c))
         if pred > limit - headroom:
             return False, (f"predicted {pred / GiB:.2f} GiB > {(limit - headroom) / GiB:.2f} "
                            f"GiB ({limit / GiB:.2f} GiB limit less {headroom / GiB:.2f} GiB "

@@ -50,14 +50,18 @@ class ThroughputModel:
         for group, members in knobs.groups().items():
             levels = sorted({lv for c in self.candidates for g, lv in c.family.levels()
                              if g == group}, key=repr)
+            if self._constant(group, levels):
+                continue
             self.groups.append(_Group(group, levels, max(k.speed.sd for k in members)))
         self.groups.append(_Group("batch", batches, 0.6))
-        self._curves = [k for k in knobs.table() if k.speed.batch_sd is not None]
-        for k in self._curves:
+        self._curves = []
+        for k in knobs.table():
             values = sorted({getattr(c, k.name) for c in self.candidates}, key=repr)
-            self.groups.append(_Group(f"{k.name} x batch", [(v, b) for v in values
-                                                            for b in batches],
-                                      k.speed.batch_sd))
+            levels = [(v, b) for v in values for b in batches]
+            if k.speed.batch_sd is None or self._constant(f"{k.name} x batch", levels):
+                continue
+            self._curves.append(k)
+            self.groups.append(_Group(f"{k.name} x batch", levels, k.speed.batch_sd))
         self._index: dict[tuple[str, object], int] = {}
         prior_mean, prior_sd = [], []
         for g in self.groups:
@@ -68,7 +72,16 @@ class ThroughputModel:
         self.prior_mean = np.array(prior_mean)
         self.prior_prec = np.diag(1.0 / np.square(prior_sd))
         self.X = self.features(self.candidates)
-        self._row = {c: i for i, c in enumerate(self.candidates)}
+        self.row = {c: i for i, c in enumerate(self.candidates)}
+
+    def _constant(self, group: str, levels: list) -> bool:
+        """A knob the space does not vary, whose prior says nothing either: its column
+        would be one more intercept, loosening every prediction for nothing."""
+        if group.endswith(" x batch"):
+            single = len({v for v, _ in levels}) <= 1
+        else:
+            single = len(levels) <= 1
+        return single and all(self._prior_mean(group, lv) == 0.0 for lv in levels)
 
     def _prior_mean(self, group: str, level: object) -> float:
         if group == "batch":
@@ -116,7 +129,7 @@ class ThroughputModel:
         self.offset = float(np.mean(y)) if len(y) else 0.0
         Xo = np.zeros((len(configs), self.X.shape[1]))
         for i, c in enumerate(configs):
-            Xo[i] = self.X[self._row[c]] if c in self._row else self.features([c])[0]
+            Xo[i] = self.X[self.row[c]] if c in self.row else self.features([c])[0]
         # The intercept is the data's mean; prior means are relative, so centre them too.
         prior_centre = float(np.mean(Xo @ self.prior_mean)) if len(y) else 0.0
         yc = y - self.offset + prior_centre

@@ -1,0 +1,59 @@
+"""Leaves nothing behind a driver that dies, even by SIGKILL.
+
+The embedded Ray's processes and the trials under them go when the driver goes (raylet
+and GCS share its fate, trials die with their parents), except Ray's per-node agents,
+which mean to exit when the raylet dies but were seen living on. This process, in its
+own session, notes the Ray process trees under the driver (its children that are Ray's,
+and their descendants; never the driver's other children) every second while the driver
+lives, and kills what is left of them once the driver is gone. A search that closes its
+Ray normally stops the reaper first.
+
+    python -m autotune.trials.reaper DRIVER_PID
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+
+POLL_S = 1.0
+GRACE_S = 3.0  # Ray's own shutdown first
+
+
+def watch(driver_pid: int) -> None:
+    seen: dict[int, float] = {}  # pid -> create time (a reused pid is not ours)
+    try:
+        driver = psutil.Process(driver_pid)
+        while driver.is_running() and driver.status() != psutil.STATUS_ZOMBIE:
+            for root in driver.children():
+                with contextlib.suppress(psutil.Error):
+                    if "ray" not in " ".join(root.cmdline()):
+                        continue
+                    for proc in [root, *root.children(recursive=True)]:
+                        seen.setdefault(proc.pid, proc.create_time())
+            time.sleep(POLL_S)
+    except psutil.Error:
+        pass
+    time.sleep(GRACE_S)
+    for pid, created in seen.items():
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(pid)
+            if proc.create_time() == created:
+                proc.send_signal(signal.SIGKILL)
+
+
+def start(driver_pid: int) -> subprocess.Popen:
+    """The reaper for `driver_pid`, in a session of its own so a signal to the driver's
+    process group does not take it down first."""
+    return subprocess.Popen([sys.executable, "-m", "autotune.trials.reaper", str(driver_pid)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+if __name__ == "__main__":
+    watch(int(sys.argv[1]))

@@ -1,0 +1,252 @@
+"""Scale-out on real Ray: a head and a second node on this machine, parallel trials, the
+device found where trials run, requests no node can place, token authentication, and the
+faults that must cost nothing (a killed worker, a killed driver)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from autotune.config import TrialConfig
+from autotune.errors import ClusterError
+from autotune.spec import load_spec
+from autotune.trials.executor import RayExecutor
+
+pytestmark = pytest.mark.slow
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    """`ray start` head and workers on localhost, stopped (with their processes) at exit."""
+
+    def __init__(self, tmp: Path, env: dict[str, str]) -> None:
+        self.port, self.env = _free_port(), env
+        self.address = f"127.0.0.1:{self.port}"
+        # Ray's socket paths live under its temp dir and must fit in 107 bytes: pytest's
+        # tmp_path is too deep.
+        self.temp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))
+
+    def start(self, *, head_cpus: int = 0, workers: list[dict] | None = None) -> Cluster:
+        self._ray("start", "--head", f"--port={self.port}", f"--num-cpus={head_cpus}",
+                  "--num-gpus=0", "--include-dashboard=false", f"--temp-dir={self.temp}")
+        for node in workers or []:
+            extra = [f"--num-gpus={node['gpus']}"] if "gpus" in node else ["--num-gpus=0"]
+            self._ray("start", f"--address={self.address}", f"--num-cpus={node['cpus']}",
+                      *extra)
+        return self
+
+    def _ray(self, *args: str) -> None:
+        proc = subprocess.run([RAY, *args], env=self.env, capture_output=True, text=True,
+                              timeout=180)
+        assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-1500:]
+
+    def stop(self) -> None:
+        subprocess.run([RAY, "stop", "--force"], env=self.env, capture_output=True,
+                       timeout=120)
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+
+@pytest.fixture
+def open_cluster(tmp_path):
+    """A cluster without token authentication (scheduling is what these tests test)."""
+    env = os.environ | {"RAY_AUTH_MODE": "disabled"}
+    cluster = Cluster(tmp_path, env)
+    old = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    yield cluster
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster.stop()
+    if old is None:
+        os.environ.pop("RAY_AUTH_MODE", None)
+    else:
+        os.environ["RAY_AUTH_MODE"] = old
+
+
+def _spec(tiny_spec, **hardware):
+    tiny_spec["hardware"] = hardware
+    return load_spec(tiny_spec)
+
+
+def test_two_trials_overlap_on_two_nodes_one_slot_each(open_cluster, tiny_spec):
+    cluster = open_cluster.start(head_cpus=0, workers=[{"cpus": 1}, {"cpus": 1}])
+    # Trials long enough that one node's warm-launcher start cannot hide the overlap.
+    tiny_spec["measure"] = {"warmup_steps": 1, "steps": 40}
+    executor = RayExecutor(_spec(tiny_spec), address=cluster.address, timeout_s=180)
+    try:
+        device = executor.discover()
+        assert device.kind == "cpu" and executor.capacity == 2 and executor.threads == 1
+        tickets = [executor.submit(TrialConfig(4, 4)), executor.submit(TrialConfig(8, 2))]
+        done = {}
+        while len(done) < 2:
+            done |= dict(executor.wait(timeout=60))
+    finally:
+        executor.close()
+    a, b = (done[t] for t in tickets)
+    assert a.ok and b.ok, (a.error, b.error)
+    assert a.extra["node"] != b.extra["node"]  # never two trials in one slot
+    assert a.extra["started_at"] < b.extra["ended_at"] and b.extra["started_at"] < (
+        a.extra["ended_at"])  # in flight at the same time
+    assert a.extra["cpu_threads"] == b.extra["cpu_threads"] == 1  # each its node's cores
+
+
+def test_the_device_is_found_on_a_worker_node_not_the_driver(open_cluster, tiny_spec):
+    cluster = open_cluster.start(head_cpus=0, workers=[{"cpus": 2}])
+    executor = RayExecutor(_spec(tiny_spec), address=cluster.address)
+    try:
+        executor.discover()
+        import ray
+
+        head = next(n["NodeID"] for n in ray.nodes() if n["Resources"].get("CPU", 0) == 0)
+        assert executor.probe_node != head  # the probe ran where trials will run
+        assert executor.threads == 2
+    finally:
+        executor.close()
+
+
+def test_a_request_no_node_can_place_fails_at_once(open_cluster, tiny_spec):
+    cluster = open_cluster.start(head_cpus=1, workers=[{"cpus": 1, "gpus": 1}])
+    executor = RayExecutor(_spec(tiny_spec, gpus_per_trial=2), address=cluster.address)
+    started = time.time()
+    with pytest.raises(ClusterError, match="needs 2 GPUs on one node"):
+        executor.discover()
+    executor.close()
+    assert time.time() - started < 60
+
+
+def test_token_authentication_is_one_line_and_the_token_joins(tmp_path, tiny_spec):
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"} | {
+        "HOME": str(home), "RAY_AUTH_MODE": "token"}
+    cluster = Cluster(tmp_path, env)
+    try:
+        cluster._ray("get-auth-token", "--generate")  # as Ray documents for a new cluster
+        cluster.start(head_cpus=1)
+        token = (home / ".ray" / "auth_token").read_text().strip()
+        spec = tmp_path / "model.yaml"
+        spec.write_text(yaml.safe_dump(tiny_spec | {"search": {"n_trials": 1}}))
+        stranger = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")} | {
+            "HOME": str(tmp_path / "elsewhere")}
+        refused = subprocess.run([sys.executable, "-m", "autotune", "search", str(spec),
+                                  "--address", cluster.address], env=stranger,
+                                 capture_output=True, text=True, timeout=300)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        lines = [ln for ln in refused.stderr.splitlines() if ln.startswith("error:")]
+        assert len(lines) == 1 and "RAY_AUTH_TOKEN" in lines[0], refused.stderr
+        assert "Traceback" not in refused.stderr
+        joined = subprocess.run([sys.executable, "-c", (
+            "from autotune.trials.executor import RayExecutor; from autotune.spec import "
+            f"load_spec; e = RayExecutor(load_spec({str(spec)!r}), address="
+            f"{cluster.address!r}); print(e.discover().kind); e.close()")],
+            env=stranger | {"RAY_AUTH_TOKEN": token}, capture_output=True, text=True,
+            timeout=300)
+        assert joined.returncode == 0 and joined.stdout.strip().endswith("cpu"), joined.stderr
+    finally:
+        cluster.stop()
+
+
+def _trial_processes() -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            cmd = " ".join(p.info["cmdline"] or [])
+            if "autotune.trials.forkserver" in cmd or "autotune.trials.worker" in cmd:
+                out.append(p)
+    return out
+
+
+def _ray_worker_of_trial() -> psutil.Process | None:
+    for p in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if "ray::_trial_task" in " ".join(p.info["cmdline"] or []) and p.children():
+                return p
+    return None
+
+
+def test_killing_a_trials_ray_worker_is_retried_once_and_leaves_no_orphan(tiny_spec):
+    """As Ray's memory monitor or a lost node would: the infrastructure, not the config."""
+    executor = RayExecutor(_spec(tiny_spec), timeout_s=180)
+    killed: list[int] = []
+
+    def kill_first_worker() -> None:
+        deadline = time.time() + 120
+        while time.time() < deadline and not killed:
+            worker = _ray_worker_of_trial()
+            if worker is not None:
+                descendants = worker.children(recursive=True)
+                worker.kill()
+                killed.append(worker.pid)
+                psutil.wait_procs(descendants, timeout=20)
+                return
+            time.sleep(0.2)
+
+    try:
+        executor.discover()
+        threading.Thread(target=kill_first_worker, daemon=True).start()
+        out = executor.run(TrialConfig(4, 4))
+    finally:
+        executor.close()
+    assert killed, "no trial's worker was found to kill"
+    assert out.ok, out.error  # run again after the worker was lost, and measured
+    time.sleep(3)
+    assert not _trial_processes()
+
+
+def test_sigkill_of_the_driver_leaves_nothing_and_the_rerun_keeps_what_finished(tmp_path,
+                                                                              tiny_spec):
+    tiny_spec["search"] |= {"n_trials": 6, "confirm_repeats": 0}
+    spec = tmp_path / "model.yaml"
+    spec.write_text(yaml.safe_dump(tiny_spec))
+    out = Path(tiny_spec["output"])
+    storage = f"sqlite:///{(out / 'study.db').resolve()}"
+    driver = subprocess.Popen([sys.executable, "-m", "autotune", "search", str(spec)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import optuna
+
+    finished: list = []
+    deadline = time.time() + 300
+    while time.time() < deadline and len(finished) < 2:
+        time.sleep(1)
+        if (out / "study.db").exists() and optuna.get_all_study_names(storage):
+            study = optuna.load_study(study_name=optuna.get_all_study_names(storage)[0],
+                                      storage=storage)
+            finished = [(t.number, t.user_attrs["config"]) for t in study.trials
+                        if "outcome" in t.user_attrs]
+    assert len(finished) >= 2
+    tree = psutil.Process(driver.pid).children(recursive=True)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    gone, alive = psutil.wait_procs(tree, timeout=30)
+    assert not [p for p in alive if p.is_running()], [p.cmdline() for p in alive]
+    rerun = subprocess.run([sys.executable, "-m", "autotune", "search", str(spec)],
+                           capture_output=True, text=True, timeout=900)
+    assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-2000:]
+    trials = json.loads((out / "summary.json").read_text())["trials"]
+    kept = [(t["number"], t["config"]) for t in trials]
+    assert all(f in kept for f in finished)  # every finished trial kept, same number
+    configs = [json.dumps(c, sort_keys=True) for _, c in kept]
+    assert len(configs) == len(set(configs))  # none ran twice

@@ -1,0 +1,160 @@
+"""The toolbox knobs, each run for real where the CPU can run it (compile, eager vs sdpa,
+FSDP on 2 gloo ranks, packing on a JSONL file, dataloader workers, LoRA, the optional
+optimizers) and ruled out with its reason where it cannot (flash-attn, Liger)."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+
+import pytest
+import yaml
+
+from autotune import knobs
+from autotune.config import TrialConfig
+from autotune.optimizers import optimizer
+from autotune.plan.calibration import MemoryModel
+from autotune.plan.device import DeviceSpec, local_device
+from autotune.plan.shape import model_shape
+from autotune.space import build_space
+from autotune.spec import load_spec
+from autotune.trials.launch import run_trial
+from autotune.trials.trainargs import deepspeed_config
+from tests.conftest import TINY_SPEC, trial_request
+from tests.test_data import TEXTS, make_tokenizer
+
+H100 = DeviceSpec("H100-80GB", "cuda", 80 * 2**30, (9, 0))
+
+
+def _spec(tmp_path, **changes) -> dict:
+    spec = copy.deepcopy(TINY_SPEC) | {"output": str(tmp_path / "out")}
+    for key, value in changes.items():
+        spec[key] = spec.get(key, {}) | value if isinstance(value, dict) else value
+    return spec
+
+
+def _run(spec, **knob_values):
+    return run_trial(trial_request(spec, TrialConfig.of(4, 4, **knob_values), timeout_s=300))
+
+
+# --- rules: where a knob cannot run, it is never run, and the report says why ---------
+
+def test_flash_attention_and_liger_are_ruled_out_with_their_reason():
+    cpu = local_device()
+    flash = TrialConfig.of(4, 4, attn_implementation="flash_attention_2", precision="bf16")
+    assert "flash" in knobs.device_rule(flash, cpu)[1]
+    fp32 = TrialConfig.of(4, 4, attn_implementation="flash_attention_2")
+    reasons = [hit[1] for r in knobs.ATTENTION.rules if (hit := r.check(fp32, H100))]
+    assert any("fp16 or bf16" in r for r in reasons)
+    assert not any("compute capability" in r for r in reasons)  # an H100 has flash kernels
+    liger = TrialConfig.of(4, 4, use_liger_kernel=True)
+    assert "liger" in knobs.device_rule(liger, cpu)[1].lower()
+
+
+def test_liger_and_packing_apply_only_where_the_model_and_data_allow(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump({"per_device_train_batch_size": [4],
+                                     "use_liger_kernel": [False, True],
+                                     "padding_free": [False, True]}))
+    spec = load_spec(_spec(tmp_path, search={"space": str(space)}))
+    result = build_space(spec, H100)
+    assert "model types" in result.pruned["use_liger_kernel=True"]  # gpt2 is not covered
+    assert "no padding" in result.pruned["padding_free=True"]  # synthetic data
+    assert {c.use_liger_kernel for c in result.candidates} == {False}
+    llama = load_spec(_spec(tmp_path, search={"space": str(space)}, model={"config": {
+        "model_type": "llama", "num_hidden_layers": 2, "hidden_size": 32,
+        "intermediate_size": 64, "num_attention_heads": 2, "vocab_size": 512}}))
+    # Llama is covered: what stops Liger now is the install, not the model.
+    assert "model types" not in build_space(llama, H100).pruned.get("use_liger_kernel=True", "")
+
+
+def test_offload_sends_each_cpu_optimizer_only_the_arguments_it_takes():
+    from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+    from deepspeed.ops.lion import DeepSpeedCPULion
+
+    classes = {"AdamW": DeepSpeedCPUAdam, "Lion": DeepSpeedCPULion,
+               "Adagrad": DeepSpeedCPUAdagrad}
+    for name in ("adamw_torch", "lion_32bit", "adagrad"):
+        ds = deepspeed_config(TrialConfig.of(4, 4, optim=name, zero_stage=2,
+                                             offload="optimizer"))
+        taken = inspect.signature(classes[optimizer(name).offload_type].__init__).parameters
+        assert set(ds["optimizer"]["params"]) <= set(taken), name
+
+
+# --- the memory model follows the knobs -------------------------------------------------
+
+def test_memory_model_follows_attention_kernel_and_lora(tmp_path):
+    full = MemoryModel(model_shape(load_spec(_spec(tmp_path))), H100)
+    sdpa = TrialConfig.of(8, 2, attn_implementation="sdpa")
+    eager = TrialConfig.of(8, 2, attn_implementation="eager")
+    assert full.predict(eager).components["activations"] > full.predict(
+        sdpa).components["activations"]
+    lora_shape = model_shape(load_spec(_spec(tmp_path, model={"lora": {"r": 4}})))
+    assert 0 < lora_shape.trainable_parameters < lora_shape.num_parameters / 10
+    lora = MemoryModel(lora_shape, H100).predict(sdpa).components
+    assert lora["optimizer"] < full.predict(sdpa).components["optimizer"] / 10
+    assert lora["gradients"] < full.predict(sdpa).components["gradients"] / 10
+
+
+# --- real trials ------------------------------------------------------------------------
+
+
+
+@pytest.mark.slow
+def test_compile_trial_reports_its_compile_time_apart(tmp_path):
+    out = _run(_spec(tmp_path), torch_compile=True)
+    assert out.status == "ok", out.error
+    assert out.extra["compile_seconds"] > 1.0  # the warm-up paid it, not the timed steps
+    assert out.extra["compile_seconds"] > 10 * out.median_step
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_attention_kernel_reaches_the_model(tmp_path, attn):
+    out = _run(_spec(tmp_path), attn_implementation=attn)
+    assert out.status == "ok", out.error
+    assert out.extra["attn_implementation"] == attn
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optim", ["adafactor", "lion_32bit", "sgd", "paged_adamw_8bit"])
+def test_optional_optimizers_train(tmp_path, optim):
+    out = _run(_spec(tmp_path), optim=optim)
+    assert out.status == "ok", out.error
+
+
+@pytest.mark.slow
+def test_lora_trial_trains_only_the_adapters(tmp_path):
+    out = _run(_spec(tmp_path, model={"lora": {"r": 4, "target_modules": ["c_attn"]}}))
+    assert out.status == "ok", out.error
+    assert out.extra["trainable_parameters"] == 2 * 4 * (32 + 96)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["full_shard", "shard_grad_op"])
+def test_fsdp_on_two_gloo_ranks(tmp_path, mode):
+    spec = _spec(tmp_path, hardware={"gpus_per_trial": 2})
+    out = run_trial(trial_request(spec, TrialConfig.of(2, 4, fsdp=mode), timeout_s=300))
+    assert out.status == "ok", out.error
+    assert sorted(out.extra["peak_memory_by_rank"]) == [0, 1]
+
+
+@pytest.mark.slow
+def test_packing_on_jsonl_counts_real_tokens_with_dataloader_workers(tmp_path):
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps({"text": t}) + "\n"
+                                                 for t in TEXTS))
+    make_tokenizer(tmp_path / "tok", TEXTS)
+    spec = _spec(tmp_path, data={"seq_len": 16, "source": str(tmp_path / "data.jsonl"),
+                                 "tokenizer": str(tmp_path / "tok")})
+    spec["model"]["config"] |= {"vocab_size": 64, "n_positions": 32}
+    padded = _run(spec, dataloader_num_workers=2)
+    packed = _run(spec, padding_free=True, dataloader_num_workers=2)
+    for out in (padded, packed):
+        assert out.status == "ok", out.error
+        assert out.extra["objective"] == "tokens_per_second"
+        assert out.score == out.tokens_per_second
+        # The texts are 5-9 words: most of each 16-token row is padding, not counted.
+        assert out.tokens_per_second < 0.7 * out.samples_per_second * 16
+    assert packed.extra["micro_batches"] == [4] * 12  # 4 samples in each packed row
