@@ -187,6 +187,9 @@ def bench(
     json_path: Annotated[Path | None, typer.Option("--json", help="write records here")] = None,
     workers: Annotated[str, typer.Option(help="trials in parallel, e.g. 1,4,8: the tuner's "
                                          "wall time to 0.98 quality per count")] = "1",
+    strategies: Annotated[str | None, typer.Option(help="comma-separated subset of "
+                                                   "autotune,random,tpe,halving,deepspeed "
+                                                   "(default: all)")] = None,
 ) -> None:
     """Replay strategies on tuning landscapes and compare quality and cost."""
     from autotune.bench.bench import bench_main
@@ -198,7 +201,8 @@ def bench(
         except ValueError:
             raise SpecError(f"--workers: {workers!r} is not a list of counts like 1,4,8") from None
         code = bench_main([str(p) for p in landscape], budget_fraction, repeats,
-                          str(json_path) if json_path else None, console, counts)
+                          str(json_path) if json_path else None, console, counts,
+                          strategies.split(",") if strategies else None)
     except AutotuneError as exc:
         _fail(exc)
     raise typer.Exit(code)

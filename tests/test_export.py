@@ -47,7 +47,7 @@ def test_deepspeed_values_match_training_arguments():
 def test_no_deepspeed_file_without_zero(tmp_path):
     files = export_config(TrialConfig.of(4, 4, precision="bf16"), tmp_path, on_cpu=True, seed=0)
     assert files == {"training_args": "training_args.json", "deepspeed": None,
-                     "accelerate": "accelerate_config.yaml", "lora": None}
+                     "accelerate": "accelerate_config.yaml", "lora": None, "model": None}
     assert not (tmp_path / "ds_config.json").exists()
     args = load_training_args(tmp_path / "training_args.json", str(tmp_path / "run"))
     assert args.per_device_train_batch_size == 4 and args.bf16
@@ -120,3 +120,17 @@ def test_exported_lora_config_trains_two_steps(tmp_path):
     out = _train(tmp_path / "x", tmp_path)
     # c_attn of 2 layers: r x (32 in + 96 out) each.
     assert out["global_step"] == 2 and out["trainable"] == 2 * 4 * (32 + 96)
+
+
+def test_model_loading_knobs_are_exported_beside_the_training_arguments(tmp_path):
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    files = export_config(TrialConfig.of(4, 2, attn_implementation="eager",
+                                         torch_compile=True), tmp_path, on_cpu=True, seed=0)
+    assert files["model"] == "model_kwargs.json"
+    kwargs = json.loads((tmp_path / "model_kwargs.json").read_text())
+    assert kwargs == {"attn_implementation": "eager"}
+    assert json.loads((tmp_path / "training_args.json").read_text())["torch_compile"] is True
+    model = AutoModelForCausalLM.from_config(GPT2Config(n_layer=1, n_embd=32, n_head=2),
+                                             **kwargs)
+    assert model.config._attn_implementation == "eager"

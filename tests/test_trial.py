@@ -96,3 +96,34 @@ def test_mfu_needs_a_known_peak_and_shape_and_never_fails_a_trial():
     assert model_flops_utilisation(result, None, h100, "bf16", 1) is None
     cpu = DeviceSpec("cpu", "cpu", 2**30)
     assert model_flops_utilisation(result, shape, cpu, "fp32", 1) is None
+
+
+def test_warm_launcher_outlives_the_thread_that_started_it(tiny_spec):
+    """A launcher started from a pool thread once died with that thread (Linux ties
+    PR_SET_PDEATHSIG to the thread), and the next trial hit a broken pipe."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    for _ in range(2):
+        with ThreadPoolExecutor(1) as pool:
+            out = pool.submit(_run, _spec(tiny_spec), TrialConfig(4, 4)).result()
+        assert out.status == "ok" and out.extra["launch"] == "warm", out.error
+
+
+def test_warm_launcher_dies_with_what_launched_it():
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    code = ("import os, time; from autotune.trials import forkserver; "
+            "print(forkserver.server(dict(os.environ)).proc.pid, flush=True); time.sleep(600)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    pid = int(proc.stdout.readline())
+    proc.kill()
+    proc.wait()
+    deadline = time.time() + 15
+    while time.time() < deadline and psutil.pid_exists(pid) and (
+            psutil.Process(pid).status() != psutil.STATUS_ZOMBIE):
+        time.sleep(0.2)
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

@@ -286,16 +286,23 @@ def render_verdicts(verdict_rows: list[dict[str, Any]], console) -> None:
 
 
 def bench_main(landscapes: Sequence[str], budget_fraction: float | None, repeats: int,
-               json_path: str | None, console, workers: Sequence[int] = (1,)) -> int:
+               json_path: str | None, console, workers: Sequence[int] = (1,),
+               strategies: Sequence[str] | None = None) -> int:
     from rich.progress import Progress
 
+    names = list(strategies or BENCH_STRATEGIES)
+    unknown = sorted(set(names) - set(BENCH_STRATEGIES))
+    if unknown or "autotune" not in names:
+        raise SpecError(f"--strategies: {', '.join(names)}: each must be one of "
+                        f"{', '.join(BENCH_STRATEGIES)}, autotune among them")
     fraction = DEFAULT_BUDGET_FRACTION if budget_fraction is None else budget_fraction
     started = time.perf_counter()
-    total = runs_planned(len(landscapes), len(BENCH_STRATEGIES), repeats, workers)
+    total = runs_planned(len(landscapes), len(names), repeats, workers)
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("replaying", total=total)
-        records = run_bench(landscapes, budget_fraction=fraction, repeats=repeats,
-                            workers=workers, progress=lambda r: bar.advance(task))
+        records = run_bench(landscapes, strategies=names, budget_fraction=fraction,
+                            repeats=repeats, workers=workers,
+                            progress=lambda r: bar.advance(task))
     rows = summarise(records)
     render(rows, console, fraction)
     render_workers(rows, console)

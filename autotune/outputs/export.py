@@ -24,6 +24,16 @@ TRAINING_ARGS_FILE = "training_args.json"
 DEEPSPEED_FILE = "ds_config.json"
 ACCELERATE_FILE = "accelerate_config.yaml"
 LORA_FILE = "lora_config.json"
+MODEL_KWARGS_FILE = "model_kwargs.json"
+
+
+def model_kwargs(config: TrialConfig) -> dict[str, Any]:
+    """The winner's knobs that are not TrainingArguments but model-loading kwargs (the
+    attention kernel): `from_pretrained(..., **kwargs)`."""
+    from autotune import knobs
+
+    return {k.name: getattr(config, k.name) for k in knobs.table()
+            if k.affects_model and getattr(config, k.name) != k.baseline}
 
 
 def export_config(config: TrialConfig, output: Path, *, on_cpu: bool, seed: int,
@@ -35,13 +45,19 @@ def export_config(config: TrialConfig, output: Path, *, on_cpu: bool, seed: int,
     `TrainingArguments(**json.load(open(path)))` works from any working directory;
     ds_config.json holds the same dict for the `deepspeed` launcher and accelerate;
     accelerate_config.yaml is for `accelerate launch --config_file`; lora_config.json,
-    under LoRA, is `peft.LoraConfig(**kwargs)`."""
+    under LoRA, is `peft.LoraConfig(**kwargs)`; model_kwargs.json, where the winner
+    changes how the model is loaded (its attention kernel), is `from_pretrained`'s."""
     from autotune.trials.lora import lora_config_kwargs
 
     output.mkdir(parents=True, exist_ok=True)
     (output / ACCELERATE_FILE).write_text(yaml.safe_dump(
         accelerate_config(config, world_size=world_size, on_cpu=on_cpu,
                           deepspeed_file=DEEPSPEED_FILE), sort_keys=False))
+    model_path, loading = output / MODEL_KWARGS_FILE, model_kwargs(config)
+    if loading:
+        model_path.write_text(json.dumps(loading, indent=2) + "\n")
+    elif model_path.exists():
+        model_path.unlink()
     lora_path = output / LORA_FILE
     if lora is not None:
         lora_path.write_text(json.dumps(lora_config_kwargs(lora, task), indent=2) + "\n")
@@ -57,7 +73,8 @@ def export_config(config: TrialConfig, output: Path, *, on_cpu: bool, seed: int,
         ds_path.unlink()
     return {"training_args": TRAINING_ARGS_FILE,
             "deepspeed": DEEPSPEED_FILE if ds is not None else None,
-            "accelerate": ACCELERATE_FILE, "lora": LORA_FILE if lora is not None else None}
+            "accelerate": ACCELERATE_FILE, "lora": LORA_FILE if lora is not None else None,
+            "model": MODEL_KWARGS_FILE if loading else None}
 
 
 def load_training_args(path: str | Path, output_dir: str, **overrides: Any):

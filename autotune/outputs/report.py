@@ -256,6 +256,9 @@ def exports_of(summary: Summary) -> list[tuple[str, str]]:
     if ex.get("accelerate"):
         out.append((ex["accelerate"], f"accelerate launch --config_file {ex['accelerate']} "
                     "train.py ...\n# DeepSpeed (from ds_config.json) or FSDP inside it"))
+    if ex.get("model"):
+        out.append((ex["model"], "model = AutoModelForCausalLM.from_pretrained(name, "
+                    f"**json.load(open(\"{ex['model']}\")))\n# e.g. the attention kernel"))
     if ex.get("lora"):
         out.append((ex["lora"], "import json; from peft import LoraConfig, get_peft_model\n"
                     f"model = get_peft_model(model, LoraConfig(**json.load(open("

@@ -90,8 +90,25 @@ def _child(job: dict[str, Any], channel: int) -> None:
         os._exit(code)
 
 
+_current: dict[str, int] = {}  # the trial running now, for the parent watch
+
+
+def _watch_parent(parent: int) -> None:
+    """Exit with the launching process, taking the running trial's session down. (Not
+    PR_SET_PDEATHSIG: Linux ties that to the thread that started this process, and a
+    launcher in a thread pool would kill the server when that thread ends.)"""
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != parent:
+            pid = _current.get("pid")
+            if pid:
+                with contextlib.suppress(OSError):
+                    os.killpg(pid, signal.SIGKILL)
+            os._exit(1)
+
+
 def serve() -> None:
-    die_with_parent()
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     # The protocol gets a private copy of stdout: libraries print to fd 1 on import
     # (DeepSpeed announces its accelerator), which must not reach the launcher.
     out = os.fdopen(os.dup(1), "w")
@@ -105,9 +122,11 @@ def serve() -> None:
         pid = os.fork()
         if pid == 0:
             _child(job, out.fileno())
+        _current["pid"] = pid
         out.write(json.dumps({"pid": pid}) + "\n")
         out.flush()
         _, status = os.waitpid(pid, 0)
+        _current.pop("pid", None)
         out.write(json.dumps({"pid": pid, "returncode": os.waitstatus_to_exitcode(status)})
                   + "\n")
         out.flush()
@@ -121,8 +140,7 @@ class ForkServer:
     def __init__(self, env: dict[str, str]) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "autotune.trials.forkserver"], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True,
-            preexec_fn=die_with_parent)
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
         if self._read(START_TIMEOUT_S) is None:
             self.close()
             raise RuntimeError("the warm launcher did not start")
@@ -143,8 +161,11 @@ class ForkServer:
     def start(self, job: dict[str, Any]) -> int:
         """Fork the trial; returns its pid."""
         assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(job) + "\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(json.dumps(job) + "\n")
+            self.proc.stdin.flush()
+        except OSError as exc:  # it died between our check and the write: go cold
+            raise RuntimeError(f"the warm launcher is gone ({exc})") from exc
         reply = self._read(START_TIMEOUT_S)
         if reply is None or "pid" not in reply:
             raise RuntimeError("the warm launcher did not fork the trial")

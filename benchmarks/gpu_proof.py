@@ -1,0 +1,278 @@
+"""Everything the project claims about GPUs, proved in one device call of at most 9 minutes.
+
+    benchmarks/gpu_proof.sh OUTDIR              on a GPU (one H100: about 9 minutes)
+    benchmarks/gpu_proof.sh --rehearse OUTDIR   the same steps on CPU with tiny shapes
+
+Steps run in order of value, each in its own process with its own time box, so a slow
+step cannot starve the rest: the GPU tests; the seeds' BERT-large benchmark (vanilla
+batch 4 fp32 against the tuner's pick, same data); the GPT-2 search of
+examples/gpt2-small-gpu.yaml; memory accuracy on two shapes; then the searches' trials
+written as a measured landscape (`simulated: false`, the shared trials.csv format). What
+comes back is at most 8 files: summary.md, versions.json, results.tar.gz (every step's
+log and outputs) and the landscape's two files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("torch", "transformers", "accelerate", "deepspeed", "bitsandbytes", "peft", "ray",
+            "optuna", "pynvml", "flash_attn", "liger_kernel")
+# The seeds' figures for BERT-large, seq 512, vanilla batch 4 fp32 (two guides, two GPUs).
+SEED_BERT = [("seed 1 (vanilla, bs 4, fp32)", 12.5, 12.9), ("seed 2 (vanilla, bs 4, fp32)",
+                                                            8.86, 14.9)]
+LANDSCAPE_FIELDS = ["per_device_train_batch_size", "gradient_accumulation_steps", "precision",
+                    "optim", "gradient_checkpointing", "zero_stage", "offload", "status",
+                    "samples_per_second", "peak_memory_gib", "seconds"]
+
+# (name, seconds) in order of value; the boxes sum to 9 minutes on a GPU.
+GPU_BOXES = {"gpu_tests": 90, "bert": 150, "gpt2_search": 190, "memory": 90}
+REHEARSAL_BOXES = {"gpu_tests": 60, "bert": 150, "gpt2_search": 150, "memory": 120}
+
+
+def _bert_spec(rehearse: bool, out: Path) -> dict:
+    """The seeds' benchmark: BERT-large for sequence classification, seq 512, dummy data,
+    target batch 4 (the vanilla run's batch, accumulation 1)."""
+    if rehearse:
+        config = {"model_type": "bert", "num_hidden_layers": 2, "hidden_size": 64,
+                  "num_attention_heads": 2, "intermediate_size": 256, "vocab_size": 1024,
+                  "max_position_embeddings": 128}
+        seq, budget = 64, "400MiB"
+    else:
+        config = {"model_type": "bert", "num_hidden_layers": 24, "hidden_size": 1024,
+                  "num_attention_heads": 16, "intermediate_size": 4096, "vocab_size": 30522,
+                  "max_position_embeddings": 512}
+        seq, budget = 512, None
+    spec = {"model": {"config": config, "task": "sequence-classification"},
+            "data": {"seq_len": seq}, "target_batch_size": 16,
+            "search": {"n_trials": 6, "timeout": "100s" if not rehearse else "90s",
+                       "trial_timeout": "60s", "confirm_repeats": 0,
+                       "space": str(ROOT / "search_spaces" / "default.yaml")},
+            "measure": {"warmup_steps": 2, "steps": 4}, "output": str(out / "bert-search")}
+    if budget:
+        spec["hardware"] = {"memory_budget": budget}
+    return spec
+
+
+def _gpt2_spec(rehearse: bool, out: Path) -> tuple[Path, list[str]]:
+    if rehearse:
+        return ROOT / "examples" / "tiny-gpt2.yaml", ["--trials", "4", "--timeout", "100s",
+                                                       "--output", str(out / "gpt2-search")]
+    return ROOT / "examples" / "gpt2-small-gpu.yaml", ["--timeout", "170s", "--output",
+                                                       str(out / "gpt2-search")]
+
+
+def versions() -> tuple[dict[str, str], list[str]]:
+    found, missing = {"python": sys.version.split()[0]}, []
+    for name in PACKAGES:
+        try:
+            module = importlib.import_module(name)
+            found[name] = str(getattr(module, "__version__", "installed"))
+        except Exception as exc:  # noqa: BLE001 - a missing or broken package is a skip
+            missing.append(f"{name}: {type(exc).__name__}")
+    try:
+        import torch
+
+        found["cuda"] = str(torch.version.cuda)
+        found["device"] = (torch.cuda.get_device_name(0) if torch.cuda.is_available()
+                           else "cpu")
+    except Exception:  # noqa: BLE001
+        pass
+    return found, missing
+
+
+def _step(name: str, cmd: list[str], box: int, out: Path, log: list[dict]) -> int | None:
+    """Run one step in its own process group, killed at its time box."""
+    started = time.time()
+    path = out / f"{name}.log"
+    with path.open("w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT,
+                                start_new_session=True)
+        try:
+            code = proc.wait(timeout=box)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            code = None
+    took = time.time() - started
+    log.append({"step": name, "exit": code, "seconds": round(took, 1), "box": box,
+                "log": path.name})
+    print(f"[{name}] {'timed out' if code is None else f'exit {code}'} after {took:.0f} s "
+          f"(box {box} s)", flush=True)
+    return code
+
+
+def _vanilla_trial(spec: dict, out: Path) -> dict:
+    """The seeds' vanilla run, as one trial: batch 4, accumulation 1, fp32, AdamW."""
+    from autotune.config import TrialConfig
+    from autotune.plan.device import local_device, node_cpus
+    from autotune.plan.shape import model_shape
+    from autotune.spec import load_spec
+    from autotune.trials.launch import run_trial
+    from autotune.trials.protocol import make_request
+
+    loaded = load_spec(spec | {"target_batch_size": 4})
+    shape = model_shape(loaded)
+    result = run_trial(make_request(loaded, TrialConfig.of(4, 1), on_cpu=not local_device()
+                                    .is_cuda, shape=shape.to_dict(), memory_budget_bytes=None,
+                                    timeout_s=120, cpu_threads=node_cpus()))
+    return result.to_dict()
+
+
+def bert_step(rehearse: bool, out: Path) -> None:
+    """Vanilla against the tuner's pick, same model and data; printed and saved."""
+    spec = _bert_spec(rehearse, out)
+    vanilla = _vanilla_trial(spec, out)
+    import autotune
+
+    result = autotune.search(spec)
+    best = result.best
+    rows = {"vanilla": {"config": "b4x1 fp32 adamw_torch",
+                        "samples_per_second": vanilla.get("samples_per_second"),
+                        "peak_memory_bytes": vanilla.get("peak_memory_bytes"),
+                        "mfu": (vanilla.get("extra") or {}).get("mfu"),
+                        "status": vanilla.get("status")}}
+    if best is not None:
+        rows["tuned"] = {"config": best.config.label(),
+                         "samples_per_second": best.outcome.samples_per_second,
+                         "peak_memory_bytes": best.outcome.peak_memory_bytes,
+                         "mfu": best.outcome.extra.get("mfu"), "status": best.outcome.status}
+    (out / "bert.json").write_text(json.dumps(rows, indent=2))
+    print(json.dumps(rows, indent=2))
+
+
+def memory_step(rehearse: bool, out: Path) -> None:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "memory_accuracy.py"), "--quick"]
+    subprocess.run(cmd, check=True, cwd=ROOT)
+
+
+def landscape(out: Path, rehearse: bool) -> Path | None:
+    """The searches' measured trials in the shared landscape format."""
+    summary_path = out / "gpt2-search" / "summary.json"
+    if not summary_path.is_file():
+        return None
+    summary = json.loads(summary_path.read_text())
+    device = summary.get("device", {})
+    name = ("cpu-rehearsal-" if rehearse else "") + "gpt2-" + str(
+        device.get("name", "device")).lower().replace(" ", "-")
+    folder = out / "landscape" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    shape = summary.get("model") or {}
+    meta = {"description": f"measured: autotune search of {summary.get('spec_path', 'gpt2')}"
+                           f" on {device.get('name')}", "simulated": False,
+            "model": shape, "device": {"name": device.get("name"),
+                                       "memory_gib": (device.get("memory_bytes") or 0) / 2**30,
+                                       "count": device.get("count", 1)},
+            "world_size": summary.get("world_size", 1),
+            "target_effective_batch_size": summary.get("target_batch_size")}
+    (folder / "meta.json").write_text(json.dumps(meta, indent=2))
+    with (folder / "trials.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, LANDSCAPE_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for t in summary.get("trials", []):
+            o, c = t.get("outcome", {}), t.get("config", {})
+            if o.get("status") in ("pruned", "lost", None):
+                continue  # never measured
+            w.writerow(c | {"gradient_checkpointing": str(c.get("gradient_checkpointing"))
+                            .lower(), "status": o.get("status"),
+                            "samples_per_second": o.get("samples_per_second") or "",
+                            "peak_memory_gib": round((o.get("peak_memory_bytes") or 0)
+                                                     / 2**30, 3),
+                            "seconds": round(o.get("wall_seconds") or 0, 1)})
+    return folder
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("outdir")
+    ap.add_argument("--rehearse", action="store_true", help="CPU, tiny shapes")
+    ap.add_argument("--step", help=argparse.SUPPRESS)  # internal: run one step in-process
+    args = ap.parse_args()
+    out = Path(args.outdir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    if args.step is None:  # the steps work beside OUTDIR; only the final files go in it
+        final, out = out, Path(tempfile.mkdtemp(prefix="gpu-proof-"))
+    if args.step == "bert":
+        bert_step(args.rehearse, out)
+        return 0
+    if args.step == "memory":
+        memory_step(args.rehearse, out)
+        return 0
+
+    started = time.time()
+    found, missing = versions()
+    (out / "versions.json").write_text(json.dumps({"found": found, "missing": missing},
+                                                  indent=2))
+    print("versions:", ", ".join(f"{k} {v}" for k, v in found.items()), flush=True)
+    gpu = found.get("device", "cpu") != "cpu"
+    skipped = [f"missing {m}" for m in missing]
+    if not gpu and not args.rehearse:
+        print("no CUDA device: run with --rehearse to prove the steps on CPU",
+              file=sys.stderr)
+        return 2
+    boxes = REHEARSAL_BOXES if args.rehearse else GPU_BOXES
+    me = [sys.executable, str(Path(__file__).resolve())] + (["--rehearse"] if args.rehearse
+                                                             else [])
+    print(f"working in {out}; results go to {final}", flush=True)
+    log: list[dict] = []
+    if gpu:
+        _step("gpu_tests", [sys.executable, "-m", "pytest", "-m", "gpu", "-x", "-q",
+                            "-p", "no:cacheprovider", "tests"], boxes["gpu_tests"], out, log)
+    else:
+        skipped.append("gpu_tests: no CUDA device (pytest -m gpu would skip every test)")
+    _step("bert", [*me, "--step", "bert", str(out)], boxes["bert"], out, log)
+    spec, extra = _gpt2_spec(args.rehearse, out)
+    _step("gpt2_search", [sys.executable, "-m", "autotune", "search", str(spec), *extra],
+          boxes["gpt2_search"], out, log)
+    _step("memory", [*me, "--step", "memory", str(out)], boxes["memory"], out, log)
+    land = landscape(out, args.rehearse)
+    if land is None:
+        skipped.append("landscape: the GPT-2 search left no summary.json")
+
+    bert = json.loads((out / "bert.json").read_text()) if (out / "bert.json").is_file() else {}
+    lines = [f"# GPU proof {'rehearsal (CPU, tiny shapes)' if args.rehearse else ''}".rstrip(),
+             "", f"device: {found.get('device')} · {time.time() - started:.0f} s in all", "",
+             "| step | exit | seconds | box |", "| --- | --- | --- | --- |"]
+    lines += [f"| {s['step']} | {'timed out' if s['exit'] is None else s['exit']} | "
+              f"{s['seconds']} | {s['box']} |" for s in log]
+    if bert:
+        lines += ["", "| BERT benchmark | config | samples/s | peak memory GB | MFU |",
+                  "| --- | --- | --- | --- | --- |"]
+        for label, sps, gb in ([] if args.rehearse else SEED_BERT):
+            lines.append(f"| {label} | b4x1 fp32 | {sps} | {gb} | |")
+        for key, row in bert.items():
+            peak = row.get("peak_memory_bytes")
+            sps, mfu = row.get("samples_per_second"), row.get("mfu")
+            lines.append(f"| {key} | {row['config']} | {f'{sps:.1f}' if sps else '—'} | "
+                         f"{f'{peak / 1e9:.2f}' if peak else '—'} | "
+                         f"{f'{mfu:.1%}' if mfu else '—'} |")
+    lines += ["", "skipped: " + ("; ".join(skipped) if skipped else "nothing")]
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    # At most 8 files come back from a device call: these five.
+    with tarfile.open(final / "results.tar.gz", "w:gz") as tar:
+        tar.add(out, arcname="gpu-proof")
+    for f in ("summary.md", "versions.json"):
+        shutil.copy(out / f, final / f)
+    if land is not None:  # the landscape's files also come back on their own
+        for f in ("meta.json", "trials.csv"):
+            shutil.copy(land / f, final / f"landscape-{f}")
+    shutil.rmtree(out, ignore_errors=True)
+    print("\n".join(lines))
+    failed = [s for s in log if s["exit"] != 0]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
