@@ -72,3 +72,17 @@ class _OutOfMemoryOnRank1(GPT2LMHeadModel):
 
 def oom_on_rank_1(config=None):
     return _OutOfMemoryOnRank1(config or GPT2Config(**TINY))
+
+
+def rendezvous_gpt2(config):
+    """A tiny GPT-2 that is built only once a second trial is building one too (each
+    leaves a marker in `config.rendezvous_dir` and waits for two): trials that build it
+    ran at the same time, however long each took to start."""
+    from pathlib import Path
+
+    folder = Path(config.rendezvous_dir)
+    (folder / str(os.getpid())).touch()
+    deadline = time.time() + 120
+    while len(list(folder.iterdir())) < 2 and time.time() < deadline:
+        time.sleep(0.05)
+    return GPT2LMHeadModel(config)

@@ -91,10 +91,14 @@ def _spec(tiny_spec, **hardware):
     return load_spec(tiny_spec)
 
 
-def test_two_trials_overlap_on_two_nodes_one_slot_each(open_cluster, tiny_spec):
+def test_two_trials_overlap_on_two_nodes_one_slot_each(open_cluster, tiny_spec, tmp_path):
     cluster = open_cluster.start(head_cpus=0, workers=[{"cpus": 1}, {"cpus": 1}])
-    # Trials long enough that one node's warm-launcher start cannot hide the overlap.
-    tiny_spec["measure"] = {"warmup_steps": 1, "steps": 40}
+    # Each trial's model is built only once the other trial is building one too, so the
+    # trials overlap however long each node's launcher takes to start (2 busy cores).
+    meet = tmp_path / "meet"
+    meet.mkdir()
+    tiny_spec["model"] = {"factory": "tests.factories:rendezvous_gpt2", "config": {
+        **tiny_spec["model"]["config"], "rendezvous_dir": str(meet)}}
     executor = RayExecutor(_spec(tiny_spec), address=cluster.address, timeout_s=180)
     try:
         device = executor.discover()
@@ -108,6 +112,7 @@ def test_two_trials_overlap_on_two_nodes_one_slot_each(open_cluster, tiny_spec):
     a, b = (done[t] for t in tickets)
     assert a.ok and b.ok, (a.error, b.error)
     assert a.extra["node"] != b.extra["node"]  # never two trials in one slot
+    assert len(list(meet.iterdir())) == 2
     assert a.extra["started_at"] < b.extra["ended_at"] and b.extra["started_at"] < (
         a.extra["ended_at"])  # in flight at the same time
     assert a.extra["cpu_threads"] == b.extra["cpu_threads"] == 1  # each its node's cores
