@@ -114,7 +114,7 @@ def _step(name: str, cmd: list[str], box: int, out: Path, log: list[dict]) -> in
     return code
 
 
-def _vanilla_trial(spec: dict, out: Path) -> dict:
+def _vanilla_trial(spec: dict) -> dict:
     """The seeds' vanilla run, as one trial: batch 4, accumulation 1, fp32, AdamW."""
     from autotune.config import TrialConfig
     from autotune.plan.device import local_device, node_cpus
@@ -134,7 +134,7 @@ def _vanilla_trial(spec: dict, out: Path) -> dict:
 def bert_step(rehearse: bool, out: Path) -> None:
     """Vanilla against the tuner's pick, same model and data; printed and saved."""
     spec = _bert_spec(rehearse, out)
-    vanilla = _vanilla_trial(spec, out)
+    vanilla = _vanilla_trial(spec)
     import autotune
 
     result = autotune.search(spec)

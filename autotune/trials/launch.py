@@ -22,7 +22,7 @@ from pathlib import Path
 from autotune.records import CRASHED, ERROR, NAN, OOM, TIMEOUT, Outcome
 from autotune.trials import forkserver
 from autotune.trials.oom import is_oom_message, is_oom_signal
-from autotune.trials.protocol import TrialRequest, read_result
+from autotune.trials.protocol import TrialRequest, rank_result_path, read_result
 
 STDERR_TAIL_CHARS = 3000
 
@@ -141,10 +141,8 @@ def run_trial(request: TrialRequest) -> Outcome:
 
 
 def _rank_results(result_path: Path, world_size: int) -> dict[int, Outcome]:
-    if world_size == 1:
-        return {0: read_result(result_path)} if result_path.is_file() else {}
     return {r: read_result(f) for r in range(world_size)
-            if (f := Path(f"{result_path}.rank{r}")).is_file()}
+            if (f := Path(rank_result_path(result_path, r, world_size))).is_file()}
 
 
 # Which rank's failure names the trial's: running out of memory is the cause the others'

@@ -64,6 +64,12 @@ def make_request(spec: Spec, config: TrialConfig, *, on_cpu: bool, shape: dict |
         import_paths=[p for p in (spec.base_dir, os.getcwd()) if p])
 
 
+def rank_result_path(result_path: str | Path, rank: int, world: int) -> str:
+    """Where rank `rank` of a trial of `world` ranks writes its result (the launcher merges
+    them); a single process writes `result_path` itself."""
+    return str(result_path) if world == 1 else f"{result_path}.rank{rank}"
+
+
 def write_result(path: str | Path, outcome: Outcome) -> None:
     """Atomically: a budget watch may end the process at any moment."""
     tmp = f"{path}.tmp"

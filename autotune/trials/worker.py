@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 
 from autotune.records import ERROR, NAN, OK, OOM, Outcome
-from autotune.trials.protocol import TrialRequest, write_result
+from autotune.trials.protocol import TrialRequest, rank_result_path, write_result
 
 ERROR_TAIL_LINES = 25
 # Trial-only settings: how long to run and what not to do; never a knob. NaN losses are
@@ -66,10 +66,6 @@ class BudgetWatch(threading.Thread):
 
 def _world() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
-
-
-def rank_result_path(result_path: str, rank: int, world: int) -> str:
-    return result_path if world == 1 else f"{result_path}.rank{rank}"
 
 
 def _count_micro_batches(trainer, packed: bool) -> tuple[list[int], list[int]]:
