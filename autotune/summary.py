@@ -121,7 +121,9 @@ class Summary:
         ok = [t for t in self.searched if t.outcome.ok]
         if self.confirmation is not None:
             return next((t for t in ok if t.config == self.confirmation.winner), None)
-        return max(ok, key=lambda t: t.outcome.score or 0.0) if ok else None
+        # The baseline's chain is the reference (its effective batch may have shrunk).
+        eligible = [t for t in ok if t.reason != "baseline"] or ok
+        return max(eligible, key=lambda t: t.outcome.score or 0.0) if eligible else None
 
     def throughput(self, record: Record | None) -> float | None:
         """A config's samples/s: its confirmed median where confirmed, else its trial's."""

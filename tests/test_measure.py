@@ -104,3 +104,19 @@ def test_confirmation_picks_the_winner_on_medians_with_an_interval():
     assert c.speedup == pytest.approx(14.1 / 10.0)
     assert c.speedup_low <= c.speedup <= c.speedup_high
     assert c.speedup_low > 1.3
+
+
+def test_a_baseline_chain_config_is_the_reference_never_the_winner():
+    """Found in a fresh-clone run: the baseline's auto_find_batch_size chain (b15x1, an
+    effective batch of 15 for a target of 32) measured fastest and was reported as the
+    best config. The winner must train the target effective batch."""
+    searched = [_rec(0, "fp32", [], batch=14, reason="baseline", sps=28.0),
+                _rec(1, "fp32", [], batch=16, reason="baseline", sps=27.0),
+                _rec(2, "fp32", [], batch=8, sps=26.5)]
+    roles = [(role, r.number) for role, r in confirm.contenders(searched)]
+    assert roles == [("best", 2), ("baseline", 1)]
+    history = list(searched) + [
+        Record(searched[n].config, Outcome("ok", samples_per_second=sps), confirm.REASON,
+               10 + i) for i, (n, sps) in enumerate([(2, 26.0), (1, 27.5), (2, 26.2)])]
+    c = confirm.summarise(history, 2, 8)
+    assert c.winner == searched[2].config and c.speedup < 1  # said as it is

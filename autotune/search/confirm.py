@@ -39,9 +39,13 @@ def contenders(history: Sequence[Record]) -> list[tuple[str, Record]]:
                 key=lambda r: -(r.outcome.score or 0.0))
     if not ok:
         return []
-    best = ok[0]
+    # Winners train the target effective batch: the baseline's auto_find_batch_size chain
+    # keeps its accumulation as the batch shrinks, so it is the reference, not a contender
+    # (unless nothing else ran).
+    eligible = [r for r in ok if r.reason != "baseline"] or ok
+    best = eligible[0]
     floor = (best.outcome.score or 0.0) * (1 - RUNNER_UP_WITHIN)
-    out = [("best", best)] + [("runner-up", r) for r in ok[1:MAX_RUNNER_UPS + 1]
+    out = [("best", best)] + [("runner-up", r) for r in eligible[1:MAX_RUNNER_UPS + 1]
                               if (r.outcome.score or 0.0) >= floor]
     baselines = [r for r in ok if r.reason == "baseline"]
     if baselines:
@@ -113,7 +117,8 @@ def summarise(history: Sequence[Record], repeats: int, steps: int,
     measured = [row for row in rows if row.samples_per_second]
     if not measured:
         return None
-    winner = max(measured, key=lambda row: row.median or 0.0)
+    contending = [row for row in measured if row.role != "baseline"] or measured
+    winner = max(contending, key=lambda row: row.median or 0.0)
     base = next((row for row in measured if row.role == "baseline"), None)
     speedup = low = high = None
     if base is not None:
