@@ -168,7 +168,9 @@ def test_search_with_memory_model_prunes_instead_of_running_oom(tmp_path):
 def test_tpe_sampler_runs_a_real_search_that_optuna_shows_running(tmp_path):
     """`search.sampler: tpe`: Optuna's TPE proposes (behind the baseline and the memory
     gate), and Optuna's own command line sees each trial RUNNING while it runs."""
-    spec = _spec(tmp_path, n_trials=4, predict=True)
+    # A budget every config fits: the baseline is one trial, not an OOM chain of
+    # machine-dependent length that could use up the trials before TPE proposes.
+    spec = _spec(tmp_path, n_trials=4, predict=True, hardware={"memory_budget": "4GiB"})
     raw = yaml.safe_load(spec.read_text())
     raw["search"] |= {"sampler": "tpe", "confirm_repeats": 2}
     spec.write_text(yaml.safe_dump(raw))
