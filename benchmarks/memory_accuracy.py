@@ -125,9 +125,9 @@ def report(shape, device: DeviceSpec, measured: list[tuple[TrialConfig, int]],
     return errors
 
 
-def replay(path: str) -> None:
-    """Leave-one-out errors of the current model on measurements recorded earlier (the
-    file's `device:` line, when there is one, names the GPU they ran on)."""
+def recorded(path: str) -> tuple[DeviceSpec, dict[str, list[tuple[TrialConfig, int]]]]:
+    """The measurements a file recorded, by shape, and the device they ran on (the file's
+    `device:` line names the GPU; without one, the CPU)."""
     text = Path(path).read_text()
     dev_line = re.search(r"^device: (.+)$", text, re.MULTILINE)
     device = named_device(dev_line.group(1)) if dev_line else local_device()
@@ -145,19 +145,36 @@ def replay(path: str) -> None:
             target = shapes[shape_name][-1]
             cfg = next(c for c in config_fn(target, False) if c.label() == m.group(1).strip())
             by_shape.setdefault(shape_name, []).append((cfg, int(float(m.group(2)) * 2**20)))
-    all_errors, ratios = [], []
+    return device, by_shape
+
+
+def physics_errors(device: DeviceSpec, name: str,
+                   measured: list[tuple[TrialConfig, int]]) -> list[float]:
+    """Relative errors of the uncalibrated prediction (before any trial ran)."""
+    shapes, _ = shape_table(device)
+    physics = MemoryModel(model_shape(load_spec(spec_for(*shapes[name]))), device)
+    return [abs(physics.predict_total(c) - m) / m for c, m in measured]
+
+
+def replay(path: str) -> None:
+    """Leave-one-out errors of the current model on measurements recorded earlier."""
+    device, by_shape = recorded(path)
+    shapes, _ = shape_table(device)
+    all_errors, physics, ratios = [], [], []
     for name, measured in by_shape.items():
         print(name)
         shape = model_shape(load_spec(spec_for(*shapes[name])))
         all_errors += report(shape, device, measured)
+        physics += physics_errors(device, name, measured)
         if not device.is_cuda:  # RSS growth beyond the fixed runtime, per tensor byte
             for cfg, actual in measured:
                 phys = MemoryModel(shape, device).physics(cfg)
                 tensors = phys.total_bytes - phys.components["runtime"]
                 ratios.append((actual - CPU_RUNTIME_BYTES) / tensors)
-    print(f"overall ({device.name}): {len(all_errors)} recorded trials, median calibrated "
-          f"(leave-one-out) relative error {statistics.median(all_errors):.1%}, "
-          f"max {max(all_errors):.1%}")
+    print(f"overall ({device.name}): {len(all_errors)} recorded trials, median relative "
+          f"error uncalibrated {statistics.median(physics):.1%} (max {max(physics):.1%}), "
+          f"calibrated (leave-one-out) {statistics.median(all_errors):.1%} "
+          f"(max {max(all_errors):.1%})")
     if ratios:
         print(f"RSS growth / tensor bytes: median {statistics.median(ratios):.2f}x, "
               f"range {min(ratios):.2f}-{max(ratios):.2f}x")

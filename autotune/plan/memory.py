@@ -9,6 +9,7 @@ refine these figures in calibration.py.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -17,9 +18,12 @@ import numpy as np
 from autotune.config import TrialConfig
 from autotune.optimizers import optimizer
 from autotune.plan.shape import ModelShape
+from autotune.plan.trace import ActivationTrace, trace_activations
 
 if TYPE_CHECKING:
     from autotune.plan.device import DeviceSpec
+
+log = logging.getLogger(__name__)
 
 MiB = 1024**2
 GiB = 1024**3
@@ -96,10 +100,12 @@ class Physics:
             return self._fsdp_states(c, p, t, n, state)
         if c.zero_stage == 0:
             # Trainer's own AMP (the seeds' anatomy): fp32 weights, and under mixed
-            # precision the 16-bit copies autocast keeps of them; fp32 gradients; states.
+            # precision the 16-bit copies autocast keeps of them (or what the trace saw
+            # the step hold once, those copies among it); fp32 gradients; states.
             mixed = c.precision in ("fp16", "bf16")
-            return {"weights": 4 * p + (2 * p if mixed else 0), "gradients": 4 * t,
-                    "optimizer": state}, 0.0
+            traced = self.trace(c)
+            extra = traced.fixed if traced else (2 * p if mixed else 0)
+            return {"weights": 4 * p + extra, "gradients": 4 * t, "optimizer": state}, 0.0
         return self._deepspeed_states(c, p, n, state, t)
 
     def _fsdp_states(self, c: TrialConfig, p: float, t: float, n: int,
@@ -184,9 +190,35 @@ class Physics:
         h = self.shape.hidden_size
         return float(max(self.shape.vocab_size * h, h * self.shape.ffn_size))
 
+    def trace(self, c: TrialConfig) -> ActivationTrace | None:
+        """The model's own activations, traced for this config's compute mode, attention
+        and checkpointing (plan/trace.py); None where the model's config is not known
+        or its code cannot be traced (the formulas then stand alone). Only for a GPU: a
+        CPU trial's peak is RSS, which grew 1.1-3.1x its traced tensor bytes over the 40
+        recorded CPU trials (malloc arenas), so tensor bytes predicted it no better than
+        the formula (benchmarks/memory_accuracy.txt)."""
+        if self.shape.hf_config is None or not self.device.is_cuda:
+            return None
+        mode = ("fp32" if _compute_bytes(c.precision) == 4
+                else "native16" if c.zero_stage > 0 else "autocast16")
+        try:
+            return trace_activations(
+                self.shape.hf_config, self.shape.task or "causal-lm", self.shape.seq_len,
+                mode, c.gradient_checkpointing,
+                "eager" if self.materialises_attention(c) else "sdpa", self.device.is_cuda,
+                self.shape.lora)
+        except Exception as exc:  # an architecture the fake tracer cannot run
+            log.debug("activation trace failed for %s: %s", self.shape.name, exc)
+            return None
+
     def activation_bytes_per_sample(self, c: TrialConfig) -> float:
-        """Korthikanti et al.: s*h*(34 + 5*a*s/h) bytes per layer in 16-bit; the a*s^2
-        term (attention scores, softmax, dropout mask) only where attention is eager."""
+        """Traced where the model is known: the step's peak per sample less the logits
+        term (booked apart). Otherwise Korthikanti et al.: s*h*(34 + 5*a*s/h) bytes per
+        layer in 16-bit; the a*s^2 term (attention scores, softmax, dropout mask) only
+        where attention is eager."""
+        traced = self.trace(c)
+        if traced is not None:
+            return max(0.0, traced.per_sample - self._logits_formula())
         s, h, layers = self.shape.seq_len, self.shape.hidden_size, self.shape.num_layers
         scale = _compute_bytes(c.precision) / 2
         mlp = 34 * (1 + (self.shape.ffn_size / (4 * h) - 1) * 16 / 34)  # 16 of 34 scale with ffn
@@ -212,8 +244,13 @@ class Physics:
         the compute precision. (Trainer drops the model's output, and with it the logits,
         before the backward; the forward's logits, upcast and log-softmax sum to no more.)
         Classification heads are negligible."""
-        if not self.shape.has_lm_logits or c.use_liger_kernel:
+        if c.use_liger_kernel:
             return 0.0  # Liger's fused linear cross-entropy never holds the logits
+        return self._logits_formula()
+
+    def _logits_formula(self) -> float:
+        if not self.shape.has_lm_logits:
+            return 0.0
         return self.shape.seq_len * self.shape.vocab_size * (4 + 4 + 4)
 
     def materialises_attention(self, c: TrialConfig | None = None) -> bool:

@@ -39,6 +39,11 @@ class ModelShape:
     task: str = ""  # causal-lm | masked-lm | sequence-classification; "" = from causal_lm
     # Parameters with gradients and optimizer states: LoRA's adapters; None: all of them.
     trainable_parameters: int | None = None
+    # The transformers config (a dict with its model_type) and LoRA section the model is
+    # built from, so its activations can be traced (plan/trace.py); None: not known (a
+    # factory, a landscape), and the formulas stand alone.
+    hf_config: dict[str, Any] | None = None
+    lora: dict[str, Any] | None = None
 
     @property
     def has_lm_logits(self) -> bool:
@@ -121,7 +126,8 @@ def count_parameters(hf_config: Any, task: str = "causal-lm",
 
 
 def _from_config(cfg: Any, num_parameters: int, seq_len: int, task: str, name: str,
-                 attn_implementation: str, trainable: int | None = None) -> ModelShape:
+                 attn_implementation: str, trainable: int | None = None,
+                 lora: dict[str, Any] | None = None) -> ModelShape:
     return ModelShape(
         num_parameters=int(num_parameters),
         num_layers=int(_first(cfg, _LAYER_KEYS) or 1),
@@ -130,7 +136,18 @@ def _from_config(cfg: Any, num_parameters: int, seq_len: int, task: str, name: s
         vocab_size=int(getattr(cfg, "vocab_size", 0) or 0),
         seq_len=int(seq_len), causal_lm=task == "causal-lm", task=task,
         intermediate_size=_first(cfg, _FFN_KEYS), name=name,
-        attn_implementation=attn_implementation, trainable_parameters=trainable)
+        attn_implementation=attn_implementation, trainable_parameters=trainable,
+        hf_config=_config_dict(cfg), lora=lora)
+
+
+def _config_dict(cfg: Any) -> dict[str, Any] | None:
+    """The config as `load_hf_config` takes it back: what differs from the defaults."""
+    to_dict = getattr(cfg, "to_diff_dict", None)
+    if to_dict is None or not getattr(cfg, "model_type", None):
+        return None
+    raw = {k: v for k, v in to_dict().items()
+           if not k.startswith("_") and k not in ("transformers_version", "architectures")}
+    return raw | {"model_type": cfg.model_type}
 
 
 def shape_from_model(model: Any, seq_len: int, task: str = "causal-lm") -> ModelShape | None:
@@ -155,7 +172,7 @@ def shape_from_hf_config(hf_config: Any, seq_len: int, task: str = "causal-lm",
     n_params, resolved, trainable = count_parameters(hf_config, task, lora)
     name = str(getattr(hf_config, "name_or_path", "") or hf_config.model_type)
     return _from_config(hf_config, n_params, seq_len, task, name,
-                        attn_implementation or resolved, trainable)
+                        attn_implementation or resolved, trainable, lora)
 
 
 def model_shape(spec: Spec) -> ModelShape | None:

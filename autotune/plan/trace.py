@@ -1,0 +1,278 @@
+"""Activation memory counted from the model's own code: one traced forward and backward.
+
+Korthikanti's formula counts Megatron's kernels; an HF model keeps what its own code
+keeps (fp32 LayerNorm outputs and softmax under autocast, GELU as several ops, dropout
+masks, the loss's fp32 copies of the logits), 1.5-2x the formula on an H100. So the
+model is built from its config under FakeTensorMode (no bytes allocated, a 70B model
+traces in seconds) and trained one step while a dispatch mode follows every storage
+alive; the peak beyond the parameters and gradients is the activation memory.
+
+The target device's rules are imitated where the CPU build cannot run them: CUDA
+autocast's op lists (16-bit matmuls with cached weight copies, fp32 norms, softmax and
+losses) and its fused attention kernels (flash or memory-efficient: the output and a
+log-sum-exp kept, never the scores). On a CPU target the real CPU autocast and kernel
+choice run instead. The trace takes one and two layers at two batch sizes, and the peak
+is read as bilinear in layers and batch, so its cost does not grow with depth.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+# How a trial runs its compute: fp32 (fp32, tf32); "autocast16": fp32 parameters under
+# autocast (Trainer's AMP, FSDP without a mixed-precision policy); "native16": the model
+# cast to 16 bits (DeepSpeed's fp16/bf16 engines).
+MODES = ("fp32", "autocast16", "native16")
+# CUDA autocast's lists, by the function names a model calls (torch function level, so
+# the casts are autograd ops and what the backward keeps is what a GPU run keeps).
+LOW_PRECISION = {"linear", "matmul", "__matmul__", "mm", "bmm", "addmm", "baddbmm",
+                 "addbmm", "conv1d", "conv2d", "einsum", "scaled_dot_product_attention"}
+FULL_PRECISION = {"layer_norm", "group_norm", "softmax", "log_softmax", "cross_entropy",
+                  "nll_loss", "mse_loss", "binary_cross_entropy_with_logits", "pow", "rsqrt",
+                  "exp", "log", "logsumexp", "cumsum", "softplus", "sum", "norm"}
+
+
+# Micro-batches traced. Large enough that the saved activations make the peak: with one
+# layer at batch 1 the peak can be a fixed transient instead (BERT-large's word-embedding
+# gradient outweighs one layer's activations), and the bilinear reading breaks. A fake
+# tensor costs the same at any size.
+BATCHES = (8, 16)
+
+
+@dataclass(frozen=True)
+class ActivationTrace:
+    """Bytes beyond parameters and gradients at a training step's peak, per rank:
+    `per_sample` times the micro-batch plus `fixed` (the 16-bit weight copies autocast
+    keeps, buffers the step allocates once)."""
+
+    per_sample: float
+    fixed: float
+
+
+class _LiveBytes:
+    """Bytes of every storage created inside, alive now and at the peak. Storages are
+    followed by weak reference, so a tensor counts from its creation to its release,
+    and views count once."""
+
+    def __init__(self) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        tracker = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                tracker._count(out)
+                return out
+
+        self.mode = Mode()
+        self.live = self.peak = 0
+        self._alive: dict[int, weakref.ref] = {}
+
+    def _count(self, out: Any) -> None:
+        import torch
+        from torch.utils._pytree import tree_flatten
+
+        for t in tree_flatten(out)[0]:
+            if not isinstance(t, torch.Tensor):
+                continue
+            st = t.untyped_storage()
+            key = id(st)
+            ref = self._alive.get(key)
+            if ref is not None and ref() is st:
+                continue
+            n = st.nbytes()
+            self.live += n
+            self.peak = max(self.peak, self.live)
+            self._alive[key] = weakref.ref(st, lambda _r, n=n, key=key: self._free(n, key))
+
+    def _free(self, n: int, key: int) -> None:
+        self.live -= n
+        self._alive.pop(key, None)
+
+
+class _CudaAutocast:
+    """CUDA autocast's casting rules at the torch-function level (the CPU build cannot
+    autocast a CUDA tensor): 16-bit matmuls, each weight cast once per forward, and fp32
+    for the ops CUDA keeps in fp32. It stays on through the backward, as checkpointing's
+    recompute runs under the forward's autocast state, but without the weight cache,
+    which real autocast empties when each recomputed region ends."""
+
+    def __init__(self, dtype) -> None:
+        import torch
+        from torch.overrides import TorchFunctionMode
+
+        cache: dict[int, Any] = {}
+        self.cache = cache
+
+        def cast(x, to, cached):
+            if not (isinstance(x, torch.Tensor) and x.is_floating_point()) or x.dtype == to:
+                return x
+            if cached and x.is_leaf and x.requires_grad and self.caching:
+                if id(x) not in cache:
+                    cache[id(x)] = x.to(to)
+                return cache[id(x)]
+            return x.to(to)
+
+        class Mode(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                name = getattr(func, "__name__", "")
+                if name in LOW_PRECISION:
+                    args = [cast(a, dtype, True) for a in args]
+                    kwargs = {k: cast(v, dtype, True) for k, v in kwargs.items()}
+                elif name in FULL_PRECISION:
+                    args = [cast(a, torch.float32, False) for a in args]
+                    kwargs = {k: cast(v, torch.float32, False) for k, v in kwargs.items()}
+                return func(*args, **kwargs)
+
+        self.mode, self.caching = Mode(), True
+
+    def end_forward(self) -> None:
+        self.cache.clear()
+        self.caching = False
+
+
+def _fused_attention():
+    """`scaled_dot_product_attention` as a GPU's fused kernels hold it: the output and a
+    fp32 log-sum-exp per query kept for the backward, the scores never materialised
+    (flash and memory-efficient attention alike; dropout is regenerated, not kept)."""
+    import torch
+    import torch.nn.functional as F
+
+    real = F.scaled_dot_product_attention
+
+    def fused(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+              enable_gqa=False, **_):
+        if enable_gqa and k.shape[-3] != q.shape[-3]:
+            k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
+            v = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
+
+    @contextlib.contextmanager
+    def patched():
+        F.scaled_dot_product_attention = fused
+        try:
+            yield
+        finally:
+            F.scaled_dot_product_attention = real
+
+    return patched()
+
+
+def _build(hf_config, task: str, layers: int, mode: str, checkpointing: bool,
+           attention: str, lora: dict[str, Any] | None):
+    import copy
+
+    import torch
+    import transformers
+
+    from autotune.plan.shape import _LAYER_KEYS, AUTO_CLASSES
+
+    cfg = copy.deepcopy(hf_config)
+    for key in _LAYER_KEYS:
+        if getattr(cfg, key, None) is not None:
+            setattr(cfg, key, layers)
+    cfg.use_cache = False
+    cfg._attn_implementation = attention
+    default = torch.get_default_dtype()
+    if mode == "native16":  # built in 16 bits (a cast would swap fake parameters)
+        torch.set_default_dtype(torch.bfloat16)
+    try:
+        model = getattr(transformers, AUTO_CLASSES[task]).from_config(cfg)
+    finally:
+        torch.set_default_dtype(default)
+    if lora is not None:
+        from autotune.trials.lora import with_lora
+
+        model = with_lora(model, lora, task)
+    if checkpointing:  # as the trials ask for it (knobs.py), under this version's name
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    model.train()
+    return model
+
+
+def _peak(hf_config, task: str, seq_len: int, layers: int, batch: int, mode: str,
+          checkpointing: bool, attention: str, cuda: bool,
+          lora: dict[str, Any] | None, fake: bool = True) -> int:
+    """The step's peak bytes beyond parameters and gradients; `fake=False` runs it on real
+    CPU tensors (how the tests hold the fake trace to a real step)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext():
+        model = _build(hf_config, task, layers, mode, checkpointing, attention, lora)
+        for p in model.parameters():
+            if p.requires_grad:  # as under accumulation: gradients exist before the step
+                p.grad = torch.zeros_like(p)
+        vocab = int(getattr(hf_config, "vocab_size", 2) or 2)
+        ids = torch.randint(0, vocab, (batch, seq_len))
+        labels = ids if task != "sequence-classification" else torch.zeros(batch, dtype=int)
+        tracker = _LiveBytes()
+        cuda_autocast = _CudaAutocast(torch.bfloat16) if mode == "autocast16" and cuda else None
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(tracker.mode)
+            if cuda:
+                stack.enter_context(_fused_attention())
+            if cuda_autocast is not None:
+                stack.enter_context(cuda_autocast.mode)
+            with (torch.autocast("cpu", dtype=torch.bfloat16) if mode == "autocast16"
+                  and not cuda else contextlib.nullcontext()):
+                loss = model(input_ids=ids, labels=labels).loss
+            if cuda_autocast is not None:
+                cuda_autocast.end_forward()
+            # The engine, not `loss.backward()`: a torch-function mode steps aside while
+            # it handles a call, and checkpointing's recompute must run under it.
+            from torch.autograd.graph import _engine_run_backward
+
+            _engine_run_backward((loss,), (torch.ones_like(loss),), False, False, (),
+                                 allow_unreachable=True, accumulate_grad=True)
+        return tracker.peak
+
+
+@lru_cache(maxsize=256)
+def _trace_cached(config_json: str, task: str, seq_len: int, mode: str, checkpointing: bool,
+                  attention: str, cuda: bool, lora_json: str | None) -> ActivationTrace:
+    import json
+
+    from autotune.plan.shape import load_hf_config
+
+    raw = json.loads(config_json)
+    hf_config = load_hf_config({"config": raw})
+    layers = next((int(raw[k]) for k in ("num_hidden_layers", "n_layer", "num_layers")
+                   if k in raw), 1)
+    lora = json.loads(lora_json) if lora_json else None
+    b1, b2 = BATCHES
+    peak = {(n, b): _peak(hf_config, task, seq_len, n, b, mode, checkpointing, attention,
+                          cuda, lora)
+            for n in (1, 2) for b in BATCHES}
+    # Bilinear in layers n and batch b: peak = f0 + f1*n + b*(s0 + s1*n).
+    slope = {n: (peak[n, b2] - peak[n, b1]) / (b2 - b1) for n in (1, 2)}
+    fixed = {n: peak[n, b1] - b1 * slope[n] for n in (1, 2)}
+    per_sample = slope[1] + (slope[2] - slope[1]) * (layers - 1)
+    return ActivationTrace(per_sample=max(0.0, per_sample),
+                           fixed=max(0.0, fixed[1] + (fixed[2] - fixed[1]) * (layers - 1)))
+
+
+def trace_activations(config: dict[str, Any], task: str, seq_len: int, mode: str,
+                      checkpointing: bool, attention: str, cuda: bool,
+                      lora: dict[str, Any] | None = None) -> ActivationTrace:
+    """The traced activation memory of the model `config` (a transformers config as a
+    dict with its model_type) in one compute mode, with `attention` "eager" or "sdpa";
+    memoised per process."""
+    import json
+
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}: allowed {MODES}")
+    return _trace_cached(json.dumps(config, sort_keys=True), task, seq_len, mode,
+                         checkpointing, attention, cuda,
+                         json.dumps(lora, sort_keys=True) if lora else None)
