@@ -9,7 +9,6 @@ refine these figures in calibration.py.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -22,8 +21,6 @@ from autotune.plan.trace import ActivationTrace, trace_activations
 
 if TYPE_CHECKING:
     from autotune.plan.device import DeviceSpec
-
-log = logging.getLogger(__name__)
 
 MiB = 1024**2
 GiB = 1024**3
@@ -201,15 +198,10 @@ class Physics:
             return None
         mode = ("fp32" if _compute_bytes(c.precision) == 4
                 else "native16" if c.zero_stage > 0 else "autocast16")
-        try:
-            return trace_activations(
-                self.shape.hf_config, self.shape.task or "causal-lm", self.shape.seq_len,
-                mode, c.gradient_checkpointing,
-                "eager" if self.materialises_attention(c) else "sdpa", self.device.is_cuda,
-                self.shape.lora)
-        except Exception as exc:  # an architecture the fake tracer cannot run
-            log.debug("activation trace failed for %s: %s", self.shape.name, exc)
-            return None
+        return trace_activations(
+            self.shape.hf_config, self.shape.task or "causal-lm", self.shape.seq_len, mode,
+            c.gradient_checkpointing, "eager" if self.materialises_attention(c) else "sdpa",
+            self.device.is_cuda, self.shape.lora)
 
     def activation_bytes_per_sample(self, c: TrialConfig) -> float:
         """Traced where the model is known: the step's peak per sample less the logits

@@ -18,10 +18,13 @@ is read as bilinear in layers and batch, so its cost does not grow with depth.
 from __future__ import annotations
 
 import contextlib
+import logging
 import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 # How a trial runs its compute: fp32 (fp32, tf32); "autocast16": fp32 parameters under
 # autocast (Trainer's AMP, FSDP without a mixed-precision policy); "native16": the model
@@ -241,7 +244,21 @@ def _peak(hf_config, task: str, seq_len: int, layers: int, batch: int, mode: str
 
 @lru_cache(maxsize=256)
 def _trace_cached(config_json: str, task: str, seq_len: int, mode: str, checkpointing: bool,
-                  attention: str, cuda: bool, lora_json: str | None) -> ActivationTrace:
+                  attention: str, cuda: bool, lora_json: str | None) -> ActivationTrace | None:
+    """None, remembered, where the model cannot be traced: an architecture whose code
+    fake tensors cannot run, or LoRA (PEFT moves its adapters with `.to()`, which cannot
+    swap fake parameters)."""
+    try:
+        return _trace(config_json, task, seq_len, mode, checkpointing, attention, cuda,
+                      lora_json)
+    except Exception as exc:
+        log.info("activations of this model are not traced (%s: %s); the formulas stand",
+                 type(exc).__name__, str(exc)[:200])
+        return None
+
+
+def _trace(config_json: str, task: str, seq_len: int, mode: str, checkpointing: bool,
+           attention: str, cuda: bool, lora_json: str | None) -> ActivationTrace:
     import json
 
     from autotune.plan.shape import load_hf_config
@@ -265,10 +282,10 @@ def _trace_cached(config_json: str, task: str, seq_len: int, mode: str, checkpoi
 
 def trace_activations(config: dict[str, Any], task: str, seq_len: int, mode: str,
                       checkpointing: bool, attention: str, cuda: bool,
-                      lora: dict[str, Any] | None = None) -> ActivationTrace:
+                      lora: dict[str, Any] | None = None) -> ActivationTrace | None:
     """The traced activation memory of the model `config` (a transformers config as a
     dict with its model_type) in one compute mode, with `attention` "eager" or "sdpa";
-    memoised per process."""
+    None where it cannot be traced. Memoised per process, failures too."""
     import json
 
     if mode not in MODES:
