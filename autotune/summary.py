@@ -136,7 +136,15 @@ class Summary:
 
     @property
     def baseline(self) -> Record | None:
-        """Trainer defaults with auto_find_batch_size: the largest baseline batch that ran."""
+        """Trainer defaults with auto_find_batch_size: the largest baseline batch that ran,
+        or, where a longer confirmation run of it ran out of memory, the batch the
+        confirmation moved it down to."""
+        row = next((r for r in self.confirmation.rows if r.role == "baseline"),
+                   None) if self.confirmation else None
+        if row is not None and row.searched_number is None:
+            runs = [t for t in self.trials if t.config == row.config and t.outcome.ok]
+            if runs:
+                return runs[0]
         ok = [t for t in self.searched if t.reason == "baseline" and t.outcome.ok]
         return max(ok, key=lambda t: t.config.per_device_train_batch_size) if ok else None
 

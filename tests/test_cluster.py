@@ -126,7 +126,8 @@ def test_the_device_is_found_on_a_worker_node_not_the_driver(open_cluster, tiny_
         import ray
 
         head = next(n["NodeID"] for n in ray.nodes() if n["Resources"].get("CPU", 0) == 0)
-        assert executor.probe_node != head  # the probe ran where trials will run
+        workers = {n["NodeID"] for n in ray.nodes() if n["Resources"].get("CPU", 0) == 2}
+        assert executor.probe_node in workers and executor.probe_node != head
         assert executor.threads == 2
     finally:
         executor.close()

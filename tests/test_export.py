@@ -134,3 +134,23 @@ def test_model_loading_knobs_are_exported_beside_the_training_arguments(tmp_path
     model = AutoModelForCausalLM.from_config(GPT2Config(n_layer=1, n_embd=32, n_head=2),
                                              **kwargs)
     assert model.config._attn_implementation == "eager"
+
+
+def test_the_export_carries_the_seed_the_trials_ran_with(tmp_path):
+    """The long run starts from the seed the measurements used (once 42 against 0)."""
+    from autotune.outputs.export import write_outputs
+    from autotune.records import Outcome, Record
+    from autotune.spec import load_spec
+    from autotune.summary import Summary
+    from autotune.trials.protocol import make_request
+    from tests.conftest import TINY_SPEC
+
+    spec = load_spec(TINY_SPEC | {"output": str(tmp_path), "search": {"seed": 7}})
+    config = TrialConfig.of(4, 4)
+    request = make_request(spec, config, on_cpu=True, shape=None, memory_budget_bytes=None,
+                           timeout_s=60, cpu_threads=1)
+    summary = Summary(model={}, device={}, memory_limit_bytes=2**30, target_batch_size=16,
+                      trials=[Record(config, Outcome("ok", samples_per_second=1.0), "model", 0)])
+    write_outputs(summary, tmp_path, spec, on_cpu=True)
+    exported = json.loads((tmp_path / "training_args.json").read_text())
+    assert request.seed == request.training_args["seed"] == exported["seed"] == 7

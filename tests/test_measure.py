@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from autotune.config import TrialConfig
-from autotune.plan.device import named_device
+from autotune.plan.device import DeviceSpec, named_device
 from autotune.records import Outcome, Record
 from autotune.search import confirm, numerics
 from autotune.search.run import fingerprint
@@ -56,7 +56,7 @@ def test_zero3_partitioned_parameters_count_whole():
     assert _parameters(model) == 20
 
 
-def test_fingerprint_covers_device_space_and_model():
+def test_fingerprint_covers_device_space_model_and_versions(monkeypatch):
     spec = load_spec({"model": {"config": {"model_type": "gpt2", "n_layer": 1}},
                       "target_batch_size": 8})
     a100, h100 = named_device("A100-80GB"), named_device("H100-80GB")
@@ -67,6 +67,11 @@ def test_fingerprint_covers_device_space_and_model():
     smaller = Space(space.batch_sizes, space.values | {"precision": ["fp32"]})
     assert key != fingerprint(spec, a100, smaller)  # the space file's contents changed
     assert key != fingerprint(load_spec(spec, **{"target_batch_size": 16}), a100, space)
+    import autotune.search.run as run
+
+    real = run._versions()  # another torch (or transformers, DeepSpeed...) measures apart
+    monkeypatch.setattr(run, "_versions", lambda: real | {"torch": "0.0.0"})
+    assert key != fingerprint(spec, a100, space)
 
 
 def _rec(n, precision, losses, batch=4, reason="model", sps=10.0):
@@ -120,3 +125,41 @@ def test_a_baseline_chain_config_is_the_reference_never_the_winner():
                10 + i) for i, (n, sps) in enumerate([(2, 26.0), (1, 27.5), (2, 26.2)])]
     c = confirm.summarise(history, 2, 8)
     assert c.winner == searched[2].config and c.speedup < 1  # said as it is
+
+
+def test_a_baseline_that_runs_out_of_memory_in_a_longer_run_moves_down_its_chain(tmp_path):
+    """Found in the committed example: the baseline b25x1 fit its short probe, then two of
+    its three longer confirmation runs ran out of memory, and the interval was drawn from
+    one figure. The long run's auto_find_batch_size would retry at 0.9x: so does this."""
+    from autotune.search.strategies.base import SearchContext
+    from autotune.summary import Summary
+    from tests.conftest import TINY_SPEC
+
+    base = TrialConfig.of(16, 1)
+    searched = [Record(base, Outcome("ok", samples_per_second=20.0), "baseline", 0),
+                _rec(1, "fp32", [], batch=4, sps=24.0)]
+    picked = confirm.contenders(searched)
+    assert [role for role, _ in picked] == ["best", "baseline"]
+    spec = load_spec(TINY_SPEC | {"output": str(tmp_path / "out")})
+    ctx = SearchContext([], DeviceSpec("cpu", "cpu", 2**34), 1, 16, 2**30)
+    strategy = confirm.ConfirmStrategy(ctx, spec, tmp_path, picked, 2, on_cpu=True)
+    history = list(searched)
+    asked, figures = [], {4: [23.0, 22.0], 16: [None], 14: [19.0, 19.5]}  # None: OOM
+    for _ in range(5):
+        proposal = strategy.ask(history)
+        b = proposal.config.per_device_train_batch_size
+        asked.append(b)
+        sps = figures[b].pop(0)
+        outcome = Outcome("ok", samples_per_second=sps) if sps else Outcome("oom")
+        history.append(Record(proposal.config, outcome, confirm.REASON, len(history)))
+    assert asked == [4, 16, 14, 4, 14]  # round-robin; the OOM moved the baseline to 14
+    assert strategy.ask(history) is None
+    assert (tmp_path / "b14x1-fp32-adamw_torch" / "training_args.json").exists()
+    c = confirm.summarise(history, 2, 8)
+    row = next(r for r in c.rows if r.role == "baseline")
+    assert row.config == TrialConfig.of(14, 1) and row.searched_number is None
+    assert row.samples_per_second == [19.0, 19.5]
+    assert c.speedup == pytest.approx(22.5 / 19.25)
+    summary = Summary(model={}, device={}, memory_limit_bytes=2**30, target_batch_size=16,
+                      world_size=1, seq_len=32, trials=history, confirmation=c)
+    assert summary.baseline.config == TrialConfig.of(14, 1)

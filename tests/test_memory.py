@@ -120,6 +120,33 @@ def test_offload_moves_states_to_host():
     assert full.components["weights"] == 4 * m.largest_layer_params()
 
 
+def test_fsdp_shards_states_by_mode_and_offloads_them_to_host():
+    """FSDP under Trainer (autocast, no FSDP mixed-precision policy), 8 ranks: full_shard
+    divides the fp32 flat parameters, gradients and Adam states and gathers one unit whole
+    (with its 16-bit autocast copy); shard_grad_op keeps the parameters whole (and their
+    16-bit copies); offload leaves only the gathered unit on the GPU."""
+    m = MemoryModel(BERT_LARGE, A100, world_size=8)
+    p, unit = BERT_LARGE.num_parameters, m.largest_layer_params()
+
+    def fsdp(mode, precision="bf16"):
+        return m.physics(TrialConfig.of(1, 8, precision=precision, fsdp=mode))
+
+    full, grad_op = fsdp("full_shard").components, fsdp("shard_grad_op").components
+    assert full["weights"] == pytest.approx(4 * p / 8 + 6 * unit)
+    assert full["gradients"] == pytest.approx(4 * p / 8)
+    assert full["optimizer"] == pytest.approx(8 * p / 8)
+    assert grad_op["weights"] == pytest.approx(4 * p + 2 * p)
+    assert grad_op["gradients"] + grad_op["optimizer"] == pytest.approx(12 * p / 8)
+    assert fsdp("full_shard", "fp32").components["weights"] == pytest.approx(4 * p / 8 + 4 * unit)
+    off = fsdp("full_shard+offload")
+    assert off.components["weights"] == pytest.approx(6 * unit)
+    assert off.components["gradients"] == 0 == off.components["optimizer"]
+    assert off.host_bytes == pytest.approx(16 * p / 8)
+    one = MemoryModel(BERT_LARGE, A100, world_size=1)  # nothing to shard over
+    assert states(one, TrialConfig.of(1, 64, fsdp="full_shard")) > states(
+        one, TrialConfig.of(1, 64))
+
+
 def test_activations_scale_with_batch_and_fall_with_checkpointing_and_sdpa():
     m = MemoryModel(BERT_LARGE, A100)
     a1 = m.physics(cfg(batch=1, precision="fp16")).components["activations"]

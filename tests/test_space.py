@@ -42,3 +42,17 @@ def test_offload_rules():
             assert c.zero_stage == 3
     assert "offload with optim=adamw_bnb_8bit" in result.pruned
     assert any(c.offload == "optimizer+param" for c in result.candidates)
+
+
+def test_fsdp_rules_keep_one_sharding_backend_and_no_8bit_states(tmp_path):
+    space = tmp_path / "fsdp.yaml"
+    space.write_text("precision: [bf16]\noptim: [adamw_torch, adamw_bnb_8bit]\n"
+                     "zero_stage: [0, 2]\nfsdp: [none, full_shard, shard_grad_op]\n")
+    spec = load_spec(SPEC.model_dump() | {"search": {"space": str(space)}})
+    result = build_space(spec, named_device("H100-80GB"))
+    sharded = [c for c in result.candidates if c.fsdp != "none"]
+    assert {c.fsdp for c in sharded} == {"full_shard", "shard_grad_op"}
+    assert all(c.zero_stage == 0 and c.optim == "adamw_torch" for c in sharded)
+    assert any(c.zero_stage == 2 for c in result.candidates)  # ZeRO alone stays
+    assert "fsdp with zero_stage>0" in result.pruned
+    assert any(key.endswith("with 8-bit optim") for key in result.pruned)

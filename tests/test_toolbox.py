@@ -139,6 +139,7 @@ def test_fsdp_on_two_gloo_ranks(tmp_path, mode):
     out = run_trial(trial_request(spec, TrialConfig.of(2, 4, fsdp=mode), timeout_s=300))
     assert out.status == "ok", out.error
     assert sorted(out.extra["peak_memory_by_rank"]) == [0, 1]
+    assert out.extra["wrapped_as"] == "FullyShardedDataParallel"  # FSDP really took effect
 
 
 @pytest.mark.slow

@@ -309,7 +309,8 @@ def confirmation_rows(summary: Summary) -> list[list[str]]:
     if c is None:
         return []
     return [[row.role + (" (winner)" if row.config == c.winner else ""), row.config.label(),
-             f"#{row.searched_number}", str(len(row.samples_per_second)), fmt_num(row.median),
+             f"#{row.searched_number}" if row.searched_number is not None else "none",
+             str(len(row.samples_per_second)), fmt_num(row.median),
              fmt_pct(row.spread), ", ".join(f"{x:.1f}" for x in row.samples_per_second)]
             for row in c.rows]
 
@@ -318,9 +319,13 @@ def _confirmation_note(summary: Summary) -> str:
     c = summary.confirmation
     if c is None:
         return ""
+    moved = next((r for r in c.rows if r.role == "baseline" and r.searched_number is None),
+                 None)
+    note = (f" The baseline ran out of memory in a longer run, so it moved down to "
+            f"{moved.config.label()}, as auto_find_batch_size would." if moved else "")
     return (f"After the search, these configs ran {c.repeats} more times each, interleaved, "
             f"{c.steps} timed steps, each from its exported training_args.json; the winner "
-            "is the highest median.")
+            "is the highest median." + note)
 
 
 def _md_confirmation(summary: Summary) -> list[str]:

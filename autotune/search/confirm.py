@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from autotune.config import TrialConfig
+from autotune.config import TrialConfig, auto_find_batches
 from autotune.records import Record
 from autotune.search.strategies.base import Proposal, SearchContext, Strategy
 from autotune.summary import Confirmation, ConfirmedConfig
@@ -57,6 +57,23 @@ def contenders(history: Sequence[Record]) -> list[tuple[str, Record]]:
     return out
 
 
+def long_run_baseline(history: Sequence[Record], base: TrialConfig) -> TrialConfig:
+    """The baseline as the long run would hold it: Trainer's auto_find_batch_size retries
+    an OOM at 0.9 times the batch, so a confirmation repeat (longer than the probe) that
+    runs out of memory moves the baseline down that chain, accumulation unchanged."""
+    chain = _auto_find_chain(base)
+    for c in chain:
+        if not any(r.reason == REASON and r.config == c and r.outcome.is_oom for r in history):
+            return c
+    return chain[-1]
+
+
+def _auto_find_chain(base: TrialConfig) -> list[TrialConfig]:
+    acc, fam = base.gradient_accumulation_steps, base.family
+    return [TrialConfig(b, acc, fam) for b in auto_find_batches(
+        base.per_device_train_batch_size)]
+
+
 class ConfirmStrategy(Strategy):
     """Proposes the contenders round-robin until each has `repeats` confirmation trials
     (counting those of an earlier session of the study)."""
@@ -68,29 +85,39 @@ class ConfirmStrategy(Strategy):
         super().__init__(ctx)
         self.picked, self.repeats = picked, repeats
         self.steps = spec.measure.steps * STEPS_FACTOR
+        self.folder, self.spec, self.on_cpu = folder, spec, on_cpu
         self.exported: dict[TrialConfig, dict] = {}
-        from autotune.outputs.export import TRAINING_ARGS_FILE, export_config
 
-        for i, (_, r) in enumerate(picked):
-            where = folder / f"{i}-{r.config.label().replace(' ', '-').replace(':', '_')}"
-            export_config(r.config, where, on_cpu=on_cpu, seed=spec.search.seed,
-                          world_size=spec.world_size)
-            self.exported[r.config] = json.loads((where / TRAINING_ARGS_FILE).read_text())
+    def _exported(self, config: TrialConfig) -> dict:
+        """The config's training_args.json, written once under the confirm folder."""
+        if config not in self.exported:
+            from autotune.outputs.export import TRAINING_ARGS_FILE, export_config
+
+            where = self.folder / config.label().replace(" ", "-").replace(":", "_")
+            export_config(config, where, on_cpu=self.on_cpu, seed=self.spec.search.seed,
+                          world_size=self.spec.world_size)
+            self.exported[config] = json.loads((where / TRAINING_ARGS_FILE).read_text())
+        return self.exported[config]
 
     def ask(self, history: Sequence[Record],
             pending: Sequence[TrialConfig] = ()) -> Proposal | None:
-        done = {r.config: 0 for _, r in self.picked}
-        for r in history:
-            if r.reason == REASON and r.config in done:
-                done[r.config] += 1
+        done, waiting = {}, set()
+        for role, r in self.picked:
+            config = r.config
+            if role == "baseline":
+                config = long_run_baseline(history, r.config)
+                if any(c in _auto_find_chain(r.config) for c in pending):
+                    waiting.add(config)  # a repeat in flight may yet move it down its chain
+            done[config] = sum(1 for t in history if t.reason == REASON and t.config == config)
         for c in pending:
             if c in done:
                 done[c] += 1
-        config = min(done, key=lambda c: done[c])  # round-robin: interleaved repeats
-        if done[config] >= self.repeats:
+        open_ = {c: n for c, n in done.items() if n < self.repeats and c not in waiting}
+        if not open_:
             return None
+        config = min(open_, key=lambda c: open_[c])  # round-robin: interleaved repeats
         return Proposal(config, REASON, repeat=True, overrides={
-            "training_args": self.exported[config], "steps": self.steps})
+            "training_args": self._exported(config), "steps": self.steps})
 
 
 def _interval(win: list[float], base: list[float], seed: int) -> tuple[float, float]:
@@ -109,11 +136,12 @@ def summarise(history: Sequence[Record], repeats: int, steps: int,
     picked = contenders(history)
     rows = []
     for role, r in picked:
-        runs = [t for t in history if t.reason == REASON and t.config == r.config]
+        config = long_run_baseline(history, r.config) if role == "baseline" else r.config
+        runs = [t for t in history if t.reason == REASON and t.config == config]
         figures = [t.outcome.score for t in runs
                    if t.outcome.ok and t.outcome.score]
-        rows.append(ConfirmedConfig(role, r.config, r.number, figures,
-                                    [t.number for t in runs]))
+        rows.append(ConfirmedConfig(role, config, r.number if config == r.config else None,
+                                    figures, [t.number for t in runs]))
     measured = [row for row in rows if row.samples_per_second]
     if not measured:
         return None

@@ -226,6 +226,9 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
         trainer.train()
         outcome = _measure(timer, spec, cfg, world, model, trainer, tokens)
         outcome.extra["micro_batches"] = micro_batches
+        # What the Trainer really wrapped the model in (DDP, FSDP, a DeepSpeed engine):
+        # the proof that a sharding knob took effect, not only that the trial ran.
+        outcome.extra["wrapped_as"] = type(trainer.model_wrapped).__name__
     except SetupError as exc:  # no config avoids it: the search stops on it
         outcome = Outcome(ERROR, error=str(exc), extra={"setup_field": exc.field,
                                                         "setup_message": exc.message})
