@@ -14,3 +14,6 @@ if [ "${1:-}" = "--test" ]; then
 else
   .venv/bin/python -m pip install -q -e .
 fi
+# DeepSpeed's JIT ops (CPU Adam for offload, shared-memory collectives on CPU), built once
+# here rather than inside the first trial that needs one (a few minutes on 2 cores).
+.venv/bin/python -m autotune.trials.ops

@@ -86,3 +86,19 @@ def rendezvous_gpt2(config):
     while len(list(folder.iterdir())) < 2 and time.time() < deadline:
         time.sleep(0.05)
     return GPT2LMHeadModel(config)
+
+
+def stalls_the_first_time(config):
+    """A tiny GPT-2 whose first build (no marker at `config.stall_marker` yet) leaves the
+    marker and never finishes a step: a trial surely mid-run when its worker is killed.
+    Its retry finds the marker and trains."""
+    from pathlib import Path
+
+    marker = Path(config.stall_marker)
+    model = _Misbehaving(config)
+    if marker.exists():
+        model.bad_batch = -1  # never matches: a normal model
+    else:
+        marker.touch()
+        model.action, model.bad_batch = "hang", 4
+    return model

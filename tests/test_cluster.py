@@ -193,22 +193,29 @@ def _ray_worker_of_trial() -> psutil.Process | None:
     return None
 
 
-def test_killing_a_trials_ray_worker_is_retried_once_and_leaves_no_orphan(tiny_spec):
-    """As Ray's memory monitor or a lost node would: the infrastructure, not the config."""
+def test_killing_a_trials_ray_worker_is_retried_once_and_leaves_no_orphan(tiny_spec,
+                                                                         tmp_path):
+    """As Ray's memory monitor or a lost node would: the infrastructure, not the config.
+    The first attempt stalls mid-run, so its trial is surely alive when its Ray worker is
+    killed; every process under that worker must be gone within seconds, and the retry
+    (which trains) measures the config."""
+    tiny_spec["model"] = {"factory": "tests.factories:stalls_the_first_time", "config": {
+        **tiny_spec["model"]["config"], "stall_marker": str(tmp_path / "stalled")}}
     executor = RayExecutor(_spec(tiny_spec), timeout_s=180)
     killed: list[int] = []
+    left: list[psutil.Process] = []
 
     def kill_first_worker() -> None:
         deadline = time.time() + 120
-        while time.time() < deadline and not killed:
-            worker = _ray_worker_of_trial()
-            if worker is not None:
-                descendants = worker.children(recursive=True)
-                worker.kill()
-                killed.append(worker.pid)
-                psutil.wait_procs(descendants, timeout=20)
-                return
-            time.sleep(0.2)
+        while time.time() < deadline and not (tmp_path / "stalled").exists():
+            time.sleep(0.2)  # the trial has built its model and is stalling in its step
+        worker = _ray_worker_of_trial()
+        if worker is not None:
+            descendants = worker.children(recursive=True)
+            worker.kill()
+            killed.append(worker.pid)
+            _, alive = psutil.wait_procs(descendants, timeout=10)
+            left.extend(p for p in alive if p.is_running())
 
     try:
         executor.discover()
@@ -217,6 +224,7 @@ def test_killing_a_trials_ray_worker_is_retried_once_and_leaves_no_orphan(tiny_s
     finally:
         executor.close()
     assert killed, "no trial's worker was found to kill"
+    assert not left, [p.cmdline() for p in left]  # the stalled trial died with its worker
     assert out.ok, out.error  # run again after the worker was lost, and measured
     time.sleep(3)
     assert not _trial_processes()
@@ -224,7 +232,7 @@ def test_killing_a_trials_ray_worker_is_retried_once_and_leaves_no_orphan(tiny_s
 
 def test_sigkill_of_the_driver_leaves_nothing_and_the_rerun_keeps_what_finished(tmp_path,
                                                                               tiny_spec):
-    tiny_spec["search"] |= {"n_trials": 6, "confirm_repeats": 0}
+    tiny_spec["search"] |= {"n_trials": 4, "confirm_repeats": 0}
     spec = tmp_path / "model.yaml"
     spec.write_text(yaml.safe_dump(tiny_spec))
     out = Path(tiny_spec["output"])
