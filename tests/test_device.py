@@ -31,3 +31,25 @@ def test_rules_follow_compute_capability_and_spare_unknown_gpus():
     unknown = DeviceSpec("MysteryGPU", "cuda", 48 * GiB, None)
     assert device_rule(bf16, unknown) is None
     assert device_rule(TrialConfig.of(4, 4, precision="tf32"), unknown) is None
+
+
+def test_a_budget_never_exceeds_what_the_device_has(caplog):
+    """The GPU example's 40 GiB budget on a 24 GiB CPU machine once let trials grow until
+    Ray's memory monitor killed them (and a second search's trials): the budget is capped at
+    the RAM available to each trial at once, with a warning, so the trial's own budget
+    watch ends it first."""
+    import logging
+
+    import psutil
+
+    from autotune.plan.device import DeviceSpec, memory_limit, named_device
+
+    cpu = DeviceSpec("cpu", "cpu", psutil.virtual_memory().total)
+    available = psutil.virtual_memory().available
+    with caplog.at_level(logging.WARNING):
+        capped = memory_limit(cpu, budget=4 * available, parallel=2)
+    assert capped <= available // 2 * 1.1 and "capped" in caplog.text
+    assert memory_limit(cpu, budget=2**20) == 2**20  # a budget that fits stays as given
+    a10g = named_device("A10G-24GB")
+    assert memory_limit(a10g, budget=40 * 2**30) == a10g.memory_bytes
+    assert memory_limit(a10g) == a10g.memory_bytes
