@@ -154,3 +154,13 @@ def test_the_export_carries_the_seed_the_trials_ran_with(tmp_path):
     write_outputs(summary, tmp_path, spec, on_cpu=True)
     exported = json.loads((tmp_path / "training_args.json").read_text())
     assert request.seed == request.training_args["seed"] == exported["seed"] == 7
+
+
+def test_deepspeed_ops_are_built_into_the_environment_at_setup():
+    """scripts/setup.sh builds them (python -m autotune.trials.ops): no trial compiles CPU
+    Adam or the shared-memory collectives inside its own time limit."""
+    from autotune.trials.ops import build
+
+    assert build() == []
+    built = {p.name for p in Path(extensions_dir()).iterdir()}
+    assert {"cpu_adam", "deepspeed_shm_comm"} <= built
