@@ -248,6 +248,11 @@ FSDP = Knob(
     rules=(
         Rule("fsdp with zero_stage>0", "FSDP and DeepSpeed ZeRO are two sharding backends; "
              "a run uses one", lambda c, d: c.fsdp != "none" and c.zero_stage > 0),
+        # accelerate turns FSDP on only for GPU-type distributed runs: on CPU ranks (gloo)
+        # Trainer ignores the plugin and trains with DDP (seen in a 2-rank CPU trial).
+        Rule("fsdp={fsdp} on CPU", "Trainer runs FSDP only on GPUs (accelerate ignores it "
+             "on CPU ranks and trains with DDP)", lambda c, d: c.fsdp != "none"
+             and not d.is_cuda),
         Rule("fsdp={fsdp} with 8-bit optim", "bitsandbytes' optimizers do not take FSDP's "
              "flattened sharded parameters", lambda c, d: c.fsdp != "none"
              and optimizer(c.optim).bitsandbytes),

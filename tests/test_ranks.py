@@ -26,6 +26,8 @@ def test_two_rank_trial_trains_b_gas_world_samples_per_step(tiny_spec, zero_stag
     spec = _two_ranks(tiny_spec)
     out = run_trial(trial_request(spec, TrialConfig.of(2, 4, zero_stage=zero_stage)))
     assert out.status == "ok", out.error
+    assert out.extra["wrapped_as"] == ("DeepSpeedEngine" if zero_stage else
+                                       "DistributedDataParallel")
     steps = 3  # 1 warm-up + 2 timed
     by_rank = out.extra["micro_batches_by_rank"]
     assert sorted(by_rank) == [0, 1]

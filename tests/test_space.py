@@ -56,3 +56,12 @@ def test_fsdp_rules_keep_one_sharding_backend_and_no_8bit_states(tmp_path):
     assert any(c.zero_stage == 2 for c in result.candidates)  # ZeRO alone stays
     assert "fsdp with zero_stage>0" in result.pruned
     assert any(key.endswith("with 8-bit optim") for key in result.pruned)
+
+
+def test_fsdp_is_ruled_out_on_cpu_where_trainer_would_run_ddp(tmp_path):
+    space = tmp_path / "fsdp.yaml"
+    space.write_text("fsdp: [none, full_shard]\n")
+    spec = load_spec(SPEC.model_dump() | {"search": {"space": str(space)}})
+    result = build_space(spec, CPU)
+    assert {c.fsdp for c in result.candidates} == {"none"}
+    assert "DDP" in result.pruned["fsdp=full_shard on CPU"]

@@ -18,12 +18,15 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from autotune.records import ERROR, NAN, OK, OOM, Outcome
 from autotune.trials.protocol import TrialRequest, rank_result_path, write_result
+
+if TYPE_CHECKING:
+    from autotune.config import TrialConfig
 
 ERROR_TAIL_LINES = 25
 # Trial-only settings: how long to run and what not to do; never a knob. NaN losses are
@@ -229,6 +232,9 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
         # What the Trainer really wrapped the model in (DDP, FSDP, a DeepSpeed engine):
         # the proof that a sharding knob took effect, not only that the trial ran.
         outcome.extra["wrapped_as"] = type(trainer.model_wrapped).__name__
+        fallback = _sharding_fallback(cfg, outcome.extra["wrapped_as"])
+        if fallback:  # measured, but not the config asked for: never a figure for it
+            outcome = Outcome(ERROR, error=fallback, extra=outcome.extra)
     except SetupError as exc:  # no config avoids it: the search stops on it
         outcome = Outcome(ERROR, error=str(exc), extra={"setup_field": exc.field,
                                                         "setup_message": exc.message})
@@ -253,6 +259,18 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
         if mfu is not None:
             outcome.extra["mfu"] = mfu
     return outcome
+
+
+def _sharding_fallback(cfg: TrialConfig, wrapped_as: str) -> str | None:
+    """Why the run was not sharded as the config says, where the Trainer fell back to
+    something else (accelerate ignores FSDP on CPU ranks and trains with DDP)."""
+    if cfg.fsdp != "none" and "FSDP" not in wrapped_as and "FullySharded" not in wrapped_as:
+        return (f"fsdp={cfg.fsdp} did not take effect: the Trainer wrapped the model in "
+                f"{wrapped_as} (accelerate runs FSDP only on GPUs)")
+    if cfg.zero_stage > 0 and wrapped_as != "DeepSpeedEngine":
+        return (f"zero_stage={cfg.zero_stage} did not take effect: the Trainer wrapped the "
+                f"model in {wrapped_as}, not a DeepSpeed engine")
+    return None
 
 
 def model_flops_utilisation(outcome: Outcome, shape: dict[str, Any] | None, device,
