@@ -173,3 +173,11 @@ class TrialConfig:
         """Short human label, for tables and logs."""
         head = f"b{self.per_device_train_batch_size}x{self.gradient_accumulation_steps}"
         return f"{head} {self.family.label()}".rstrip()
+
+
+def auto_find_chain(start: TrialConfig) -> list[TrialConfig]:
+    """`start` and the configs auto_find_batch_size falls back to from it, largest first:
+    its family and accumulation, the batches of `auto_find_batches`."""
+    acc, fam = start.gradient_accumulation_steps, start.family
+    return [TrialConfig(b, acc, fam) for b in auto_find_batches(
+        start.per_device_train_batch_size)]

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from autotune.config import TrialConfig, auto_find_batches
+from autotune.config import TrialConfig, auto_find_chain
 from autotune.records import Record
 from autotune.search.strategies.base import Proposal, SearchContext, Strategy
 from autotune.summary import Confirmation, ConfirmedConfig
@@ -61,17 +61,11 @@ def long_run_baseline(history: Sequence[Record], base: TrialConfig) -> TrialConf
     """The baseline as the long run would hold it: Trainer's auto_find_batch_size retries
     an OOM at 0.9 times the batch, so a confirmation repeat (longer than the probe) that
     runs out of memory moves the baseline down that chain, accumulation unchanged."""
-    chain = _auto_find_chain(base)
+    chain = auto_find_chain(base)
     for c in chain:
         if not any(r.reason == REASON and r.config == c and r.outcome.is_oom for r in history):
             return c
     return chain[-1]
-
-
-def _auto_find_chain(base: TrialConfig) -> list[TrialConfig]:
-    acc, fam = base.gradient_accumulation_steps, base.family
-    return [TrialConfig(b, acc, fam) for b in auto_find_batches(
-        base.per_device_train_batch_size)]
 
 
 class ConfirmStrategy(Strategy):
@@ -106,7 +100,7 @@ class ConfirmStrategy(Strategy):
             config = r.config
             if role == "baseline":
                 config = long_run_baseline(history, r.config)
-                if any(c in _auto_find_chain(r.config) for c in pending):
+                if any(c in auto_find_chain(r.config) for c in pending):
                     waiting.add(config)  # a repeat in flight may yet move it down its chain
             done[config] = sum(1 for t in history if t.reason == REASON and t.config == config)
         for c in pending:

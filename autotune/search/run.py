@@ -22,7 +22,7 @@ from autotune.search import confirm, numerics
 from autotune.search.loop import Limits, drive
 from autotune.search.result import SearchResult
 from autotune.search.strategies.base import SearchContext
-from autotune.search.strategies.baseline import auto_find_chain
+from autotune.search.strategies.baseline import baseline_chain
 from autotune.search.strategies.registry import make_strategy, sampler_for
 from autotune.search.study import StudyLog
 from autotune.space import Space, build_space
@@ -105,7 +105,7 @@ def _search(spec: Spec, device: DeviceSpec, executor: Executor, started: float,
     log.recover_abandoned()
     ctx = SearchContext(space.candidates, device, spec.world_size, spec.target_batch_size,
                         limit, shape, spec.search.seed)
-    ctx.baseline_chain = auto_find_chain(ctx)
+    ctx.baseline_chain = baseline_chain(ctx)
     strategy = make_strategy(spec.search.sampler, ctx, log)
     if isinstance(executor, RayExecutor):
         executor.shape, executor.budget = (shape.to_dict() if shape else None), limit

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from autotune.config import Family, TrialConfig, auto_find_batches, halving_batches
+from autotune.config import Family, TrialConfig, auto_find_chain, halving_batches
 from autotune.records import FAILED, PRUNED, Record
 from autotune.search.strategies.base import Proposal, SearchContext
 from autotune.search.strategies.memory_gate import MemoryGate
@@ -27,10 +27,10 @@ REASON = "baseline"
 TOLERANCE = 1.10
 
 
-def auto_find_chain(ctx: SearchContext) -> list[TrialConfig]:
+def baseline_chain(ctx: SearchContext) -> list[TrialConfig]:
     """The configs auto_find_batch_size would try, largest first (a real search)."""
-    per_rank = ctx.target_batch_size // ctx.world_size
-    return [TrialConfig(b, 1, Family.baseline()) for b in auto_find_batches(per_rank)]
+    return auto_find_chain(TrialConfig(ctx.target_batch_size // ctx.world_size, 1,
+                                       Family.baseline()))
 
 
 def halving_chain(ctx: SearchContext) -> list[TrialConfig]:
