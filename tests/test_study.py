@@ -84,3 +84,29 @@ def test_a_config_pruned_on_a_prediction_may_still_run_later(tmp_path):
     log = _log(f"sqlite:///{tmp_path / 'study.db'}")
     log.prune(Proposal(CONFIGS[3], "predicted-oom: x", run=False))
     assert log.start(Proposal(CONFIGS[3], "model")) is not None
+
+
+def test_a_resumed_search_first_runs_what_was_left_in_flight():
+    """Found with two trials in flight at Ctrl-C: the resumed strategy re-ran one and never
+    chose the other again. A resume owes each a run, under the reason it was asked for."""
+    from autotune.search.strategies.base import Resume, Strategy
+
+    log = StudyLog.in_memory(CHOICES, 2**30)
+    done = Proposal(CONFIGS[4], "baseline")
+    log.finish(log.start(done), done, Outcome("ok", samples_per_second=1.0))
+    for proposal in (Proposal(CONFIGS[2], "baseline"), Proposal(CONFIGS[1], "model")):
+        log.start(proposal)
+    log.abandon("interrupted")
+    owed = log.abandoned()
+    assert owed == [(CONFIGS[2], "baseline"), (CONFIGS[1], "model")]
+
+    class Nothing(Strategy):
+        def ask(self, history, pending=()):
+            return None
+
+    resume = Resume(Nothing(SearchContext([], None, 1, 16, 2**30)), owed)
+    history = log.history()
+    first = resume.ask(history)
+    assert (first.config, first.reason) == owed[0]
+    assert resume.ask(history, [first.config]).config == owed[1][0]
+    assert resume.ask(history, [c for c, _ in owed]) is None

@@ -21,7 +21,7 @@ from autotune.plan.shape import ModelShape, model_shape
 from autotune.search import confirm, numerics
 from autotune.search.loop import Limits, drive
 from autotune.search.result import SearchResult
-from autotune.search.strategies.base import SearchContext
+from autotune.search.strategies.base import Resume, SearchContext
 from autotune.search.strategies.baseline import baseline_chain
 from autotune.search.strategies.registry import make_strategy, sampler_for
 from autotune.search.study import StudyLog
@@ -107,6 +107,9 @@ def _search(spec: Spec, device: DeviceSpec, executor: Executor, started: float,
                         limit, shape, spec.search.seed)
     ctx.baseline_chain = baseline_chain(ctx)
     strategy = make_strategy(spec.search.sampler, ctx, log)
+    owed = [(c, why) for c, why in log.abandoned() if why != confirm.REASON]
+    if owed:
+        strategy = Resume(strategy, owed)
     if isinstance(executor, RayExecutor):
         executor.shape, executor.budget = (shape.to_dict() if shape else None), limit
     deadline = started + parse_duration(spec.search.timeout)

@@ -119,6 +119,19 @@ class StudyLog:
                                   t.number))
         return out
 
+    def abandoned(self) -> list[tuple[TrialConfig, str]]:
+        """(config, reason) of each trial a driver left in flight (interrupted, killed) whose
+        config has not finished since: what a resumed search owes a run first."""
+        finished = {r.config for r in self.history()}
+        out = []
+        for t in sorted(self._trials([TrialState.FAIL]), key=lambda t: t.number):
+            a = t.user_attrs
+            if ABANDONED_KEY in a and "config" in a:
+                config = TrialConfig.from_dict(a["config"])
+                if config not in finished and all(config != c for c, _ in out):
+                    out.append((config, a.get("reason", "")))
+        return out
+
     def running_elsewhere(self) -> list[TrialConfig]:
         """Configs in flight under other drivers sharing this study."""
         if not self.shared:

@@ -62,3 +62,20 @@ class Strategy(ABC):
             pending: Sequence[TrialConfig] = ()) -> Proposal | None:
         """The next config to try given everything recorded and everything in flight, or
         None when there is nothing worth starting now."""
+
+
+class Resume(Strategy):
+    """A resumed search first runs again what its last session left in flight, under the
+    reason it was proposed for (a baseline probe stays one), then asks `inner`."""
+
+    def __init__(self, inner: Strategy, owed: Sequence[tuple[TrialConfig, str]]) -> None:
+        super().__init__(inner.ctx)
+        self.inner, self.owed, self.name = inner, list(owed), inner.name
+
+    def ask(self, history: Sequence[Record],
+            pending: Sequence[TrialConfig] = ()) -> Proposal | None:
+        taken = {r.config for r in history if r.outcome.ran} | set(pending)
+        for config, reason in self.owed:
+            if config not in taken:
+                return Proposal(config, reason)
+        return self.inner.ask(history, pending)
