@@ -98,18 +98,29 @@ def measure(name: str, quick: bool, device: DeviceSpec, parallel: int,
 
     with ThreadPoolExecutor(max_workers=parallel) as pool:
         results = list(pool.map(one, configs or config_fn(spec.target_batch_size, quick)))
-    measured, rows = [], []
+    measured, notes = [], {}
     for cfg, out, secs in results:
         if not out.ok or not out.peak_memory_bytes:
             print(f"  {cfg.label():40s} {out.status}: {(out.error or '')[-300:]}")
             continue
         measured.append((cfg, out.peak_memory_bytes))
-        rows.append((cfg, out.peak_memory_bytes, secs))
-    return report(shape, device, measured, {cfg: secs for cfg, _, secs in rows})
+        notes[cfg] = f"  ({secs:.0f} s){_allocator_note(out.extra)}"
+    return report(shape, device, measured, notes)
+
+
+def _allocator_note(extra: dict) -> str:
+    """On a GPU: the allocator's allocated peak, and the step whose running peak first
+    reached the final one (1 = the first step, before optimizer states exist)."""
+    steps, allocated = extra.get("peaks_by_step"), extra.get("allocator_peak_allocated")
+    if not steps or not allocated:
+        return ""
+    final = steps[-1][1]
+    at = next(i for i, (_, reserved) in enumerate(steps, 1) if reserved == final)
+    return f"  allocated {allocated / 2**20:.0f} MiB, reserved peak set at step {at}"
 
 
 def report(shape, device: DeviceSpec, measured: list[tuple[TrialConfig, int]],
-           seconds: dict | None = None) -> list[float]:
+           notes: dict | None = None) -> list[float]:
     """Print measured vs physics vs leave-one-out calibrated figures; return the latter's
     relative errors."""
     errors = leave_one_out_errors(shape, device, 1, measured)
@@ -117,9 +128,9 @@ def report(shape, device: DeviceSpec, measured: list[tuple[TrialConfig, int]],
     for (cfg, actual), err in zip(measured, errors, strict=True):
         physics = MemoryModel(shape, device).predict_total(cfg)
         physics_errors.append(abs(physics - actual) / actual)
-        took = f"  ({seconds[cfg]:.0f} s)" if seconds and cfg in seconds else ""
+        note = (notes or {}).get(cfg, "")
         print(f"  {cfg.label():40s} measured {actual / 2**20:9.1f} MiB  physics "
-              f"{physics / 2**20:9.1f}  calibrated error {err:6.1%}{took}")
+              f"{physics / 2**20:9.1f}  calibrated error {err:6.1%}{note}")
     print(f"  median error: physics {statistics.median(physics_errors):.1%}, "
           f"calibrated {statistics.median(errors):.1%}")
     return errors

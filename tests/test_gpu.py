@@ -42,6 +42,12 @@ def test_mixed_precision_and_fused_trials_run(tmp_path, precision, optim):
                                                                   optim=optim), timeout_s=600))
     assert out.ok, out.error
     assert out.peak_memory_bytes and out.extra.get("allocator_peak_reserved")
+    # The running peaks after each step end where the trial's own figures do.
+    steps = out.extra["peaks_by_step"]
+    assert len(steps) == len(out.step_seconds)
+    assert steps[-1] == [out.extra["allocator_peak_allocated"],
+                         out.extra["allocator_peak_reserved"]]
+    assert all(a <= r for a, r in steps)
     # nvidia-ml-py is a dependency: on a GPU the process's NVML figure must be there.
     assert isinstance(out.extra["nvml_overhead"], int), out.extra["nvml_overhead"]
     if dev.peak_flops.get(precision):

@@ -202,8 +202,16 @@ def test_calibration_follows_measurements():
     before = m.predict(c8).total_bytes
     m.observe(c2, 10 * GiB)
     m.observe(c4, 12 * GiB)
-    assert m.predict(c8).total_bytes == pytest.approx(16 * GiB, rel=1e-6)  # its own line
-    assert m.predict(c8).calibrated and before != m.predict(c8).total_bytes
+    # Its own line (1 GiB per sample) and the pooled slope, weighted by their precision:
+    # between the two, anchored at the nearest measurement.
+    pooled = m._per_sample(c8)
+    two_points = m.predict(c8).total_bytes
+    assert min(16 * GiB, 12 * GiB + 4 * pooled) < two_points < max(16 * GiB, 12 * GiB + 4 * pooled)
+    assert m.predict(c8).calibrated and before != two_points
+    # More measurements on the line, spread wider, pin it: the prediction moves to it.
+    m.observe(cfg(batch=16), 24 * GiB)
+    m.observe(cfg(batch=32), 40 * GiB)
+    assert abs(m.predict(c8).total_bytes - 16 * GiB) < 0.5 * abs(two_points - 16 * GiB)
     other = cfg(batch=4, optim="adamw_bnb_8bit")  # unmeasured family: offset from neighbours
     assert m.predict(other).total_bytes < m.predict(c4).total_bytes
     m.observe_oom(cfg(batch=2, precision="bf16"), 20 * GiB)
