@@ -62,6 +62,12 @@ def _gib(b: int | None) -> str:
     return "—" if b is None else f"{b / 2**30:.2f}"
 
 
+def _waited(outcome) -> str:
+    """Time a trial spent waiting for devices another search on the machine held."""
+    wait = outcome.extra.get("lease_wait_s") or 0
+    return f" (+{wait:.0f} waiting for another search)" if wait >= 1 else ""
+
+
 class SearchView:
     """Progress of a search. On a terminal: a live table of the trials that ran over a
     progress bar (trials n/N, elapsed, best so far, configs pruned); in a log: one line
@@ -102,7 +108,7 @@ class SearchView:
         style = self.STYLES.get(o.status, "red")
         cells = (str(record.number), record.config.label(), record.reason,
                  f"[{style}]{o.status}[/]", _fmt(o.samples_per_second),
-                 _gib(o.peak_memory_bytes), _fmt(o.wall_seconds))
+                 _gib(o.peak_memory_bytes), _fmt(o.wall_seconds) + _waited(o))
         if self.live:
             self.table.add_row(*cells)
         else:

@@ -18,6 +18,7 @@ allocator's peak reserved bytes plus what NVML sees beyond them (context, worksp
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import time
@@ -88,6 +89,9 @@ def measure(name: str, quick: bool, device: DeviceSpec, parallel: int,
     raw["model"] |= model
     spec = load_spec(raw)
     shape = model_shape(spec)
+
+    if parallel > 1:  # trials share the device on purpose: no process's own peak changes
+        os.environ["AUTOTUNE_LEASE_DIR"] = "off"
 
     def one(cfg: TrialConfig):
         started = time.time()

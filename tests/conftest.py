@@ -19,6 +19,16 @@ TINY_SPEC = {
 }
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _own_device_leases(tmp_path_factory):
+    """The suite's trials lease devices among themselves (two searches of one test take
+    turns), not against searches a developer runs on the same machine meanwhile, which
+    would stall them past their time limits."""
+    import os
+
+    os.environ["AUTOTUNE_LEASE_DIR"] = str(tmp_path_factory.mktemp("leases"))
+
+
 @pytest.fixture
 def tiny_spec(tmp_path) -> dict:
     spec = copy.deepcopy(TINY_SPEC)

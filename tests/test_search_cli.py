@@ -167,6 +167,36 @@ def test_search_with_memory_model_prunes_instead_of_running_oom(tmp_path):
                       ROOT / "reports" / "test-search-report.png")
 
 
+def test_two_searches_on_one_machine_take_turns(tmp_path):
+    """Two searches started together, each with its own embedded Ray believing it owns
+    every core: their trials lease the cores and take turns, so no trial of one ever
+    runs while a trial of the other does, and each trial still gets all the cores."""
+    from autotune.plan.device import node_cpus
+
+    procs, outs = [], []
+    for name in ("a", "b"):
+        folder = tmp_path / name
+        folder.mkdir()
+        spec = _spec(folder, n_trials=2, predict=True,
+                     hardware={"memory_budget": "4GiB", "parallel_trials": 1})
+        procs.append(_cli("search", str(spec)))
+        outs.append(folder / "out")
+    texts = [p.communicate(timeout=900)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), texts
+    spans = []
+    for out in outs:
+        ran = [t["outcome"] for t in _trials(out) if t["outcome"]["status"] == "ok"]
+        assert len(ran) >= 2 and all(o["extra"]["cpu_threads"] == node_cpus() for o in ran)
+        spans.append([(o["extra"]["started_at"], o["extra"]["ended_at"], o["extra"])
+                      for o in ran])
+    overlaps = [(a, b) for a in spans[0] for b in spans[1] if a[0] < b[1] and b[0] < a[1]]
+    assert not overlaps, overlaps
+    waits = [x["lease_wait_s"] for s in spans for _, _, x in s]
+    assert max(waits) > 0.5, waits  # they did contend: one waited for the other
+    if max(waits) >= 1:  # and the waiting search's progress says why its trial took longer
+        assert any("waiting for another search" in t for t in texts), texts
+
+
 def test_tpe_sampler_runs_a_real_search_that_optuna_shows_running(tmp_path):
     """`search.sampler: tpe`: Optuna's TPE proposes (behind the baseline and the memory
     gate), and Optuna's own command line sees each trial RUNNING while it runs."""

@@ -3,8 +3,9 @@
 Each Ray task launches the trial process (trials.launch) on the node Ray picked, with the
 GPUs Ray reserved for it and its share of that node's cores, so a trial never shares a GPU
 and runs with the threads its real run would have. Trials run in parallel up to the slots
-the nodes offer. A worker or node lost under a trial is the infrastructure's failure, not
-the config's: the trial runs once more, and is recorded `lost` if that fails too.
+the nodes offer. A worker or node lost under a trial, or devices another search held past
+the trial's limit, is the infrastructure's failure, not the config's: the trial runs once
+more, and is recorded `lost` if that fails too.
 """
 
 from __future__ import annotations
@@ -234,7 +235,8 @@ class RayExecutor(Executor):
     def _launch(self, flight: _InFlight) -> None:
         gpus = self.spec.world_size if self.device and self.device.is_cuda else 0
         task = self._remote.options(num_cpus=self.threads, num_gpus=gpus)
-        flight.deadline = time.time() + self.timeout_s + GRACE_S
+        # A trial may first wait up to its own limit for devices another search holds.
+        flight.deadline = time.time() + 2 * self.timeout_s + GRACE_S
         self._refs[task.remote(vars(flight.request))] = flight
 
     def submit(self, config: TrialConfig, *, training_args: dict | None = None,
@@ -269,9 +271,14 @@ class RayExecutor(Executor):
         for ref in ready:
             flight = self._refs.pop(ref)
             try:
-                done.append((flight.ticket, Outcome.from_dict(ray.get(ref))))
+                outcome = Outcome.from_dict(ray.get(ref))
             except ray.exceptions.RayError as exc:  # the worker or its node died under it
                 self._infrastructure(flight, f"Ray lost the trial's worker: {exc}", done)
+                continue
+            if outcome.status == LOST:  # its devices stayed busy (trials.lease)
+                self._infrastructure(flight, outcome.error or "lost", done)
+            else:
+                done.append((flight.ticket, outcome))
         now = time.time()
         for ref, flight in list(self._refs.items()):
             if now > flight.deadline:  # the cluster never answered: bounded, not forever

@@ -19,8 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from autotune.records import CRASHED, ERROR, NAN, OOM, TIMEOUT, Outcome
+from autotune.config import TrialConfig
+from autotune.records import CRASHED, ERROR, LOST, NAN, OOM, TIMEOUT, Outcome
 from autotune.trials import forkserver
+from autotune.trials.lease import LeaseTimeout, lease, trial_want
 from autotune.trials.oom import is_oom_message, is_oom_signal
 from autotune.trials.protocol import TrialRequest, rank_result_path, read_result
 
@@ -115,8 +117,23 @@ def _run_warm(request: TrialRequest, tmpdir: Path, env: dict[str, str]) -> tuple
 
 
 def run_trial(request: TrialRequest) -> Outcome:
-    """Run the request's config as a short real training run in a new process; never
-    raises for a trial that failed."""
+    """Run the request's config as a short real training run in a new process, holding
+    its devices against other searches on the machine (lease.py) while it runs; never
+    raises for a trial that failed. Devices that stay busy past the trial's own time
+    limit make it `lost`: the machine's failure, not the config's."""
+    want = trial_want(request.on_cpu, request.cpu_threads, request.world_size)
+    label = (f"autotune trial {TrialConfig.from_dict(request.config).label()} "
+             f"(pid {os.getpid()})")
+    try:
+        with lease(want, timeout_s=request.timeout_s, label=label) as waited:
+            outcome = _run_trial(request)
+    except LeaseTimeout as exc:
+        return Outcome(LOST, error=str(exc))
+    outcome.extra["lease_wait_s"] = round(waited, 3)
+    return outcome
+
+
+def _run_trial(request: TrialRequest) -> Outcome:
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="autotune-trial-") as tmp:
         tmpdir = Path(tmp)

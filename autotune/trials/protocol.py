@@ -33,6 +33,7 @@ class TrialRequest:
     timeout_s: float = 600.0
     cpu_threads: int = 1  # the trial's share of the node's cores, all its ranks together
     world_size: int = 1
+    on_cpu: bool = False  # which devices it leases (trials.lease)
     seed: int = 0
     import_paths: list[str] = field(default_factory=list)  # where a factory's module may be
 
@@ -60,7 +61,7 @@ def make_request(spec: Spec, config: TrialConfig, *, on_cpu: bool, shape: dict |
         training_args=training_arguments_kwargs(config, seed=seed,
                                                 world_size=spec.world_size, on_cpu=on_cpu),
         shape=shape, memory_budget_bytes=memory_budget_bytes, timeout_s=timeout_s,
-        cpu_threads=cpu_threads, world_size=spec.world_size, seed=seed,
+        cpu_threads=cpu_threads, world_size=spec.world_size, on_cpu=on_cpu, seed=seed,
         import_paths=[p for p in (spec.base_dir, os.getcwd()) if p])
 
 

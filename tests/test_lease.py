@@ -1,0 +1,137 @@
+"""Device leases: trials of two searches on one machine take turns, never overlap."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune.config import TrialConfig
+from autotune.plan.device import node_cpus
+from autotune.trials.launch import run_trial
+from autotune.trials.lease import LeaseTimeout, Want, lease
+from tests.conftest import trial_request
+
+ALL_CORES = Want(cpu_slots=node_cpus())
+
+HOLDER = """
+import sys, time
+from autotune.trials.lease import Want, lease
+gpus, slots, hold, log = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+want = Want(gpus=tuple(g for g in gpus.split(",") if g), cpu_slots=slots)
+with lease(want, timeout_s=60, label=f"holder {log}") as waited:
+    open(log, "a").write(f"got {time.time()}\\n")
+    time.sleep(hold)
+    open(log, "a").write(f"done {time.time()}\\n")
+"""
+
+
+@pytest.fixture
+def lease_dir(tmp_path, monkeypatch) -> Path:
+    folder = tmp_path / "leases"
+    monkeypatch.setenv("AUTOTUNE_LEASE_DIR", str(folder))
+    return folder
+
+
+def _holder(tmp_path: Path, name: str, hold: float, want: Want = ALL_CORES):
+    log = tmp_path / f"{name}.log"
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, ",".join(want.gpus),
+                             str(want.cpu_slots), str(hold), str(log)], env=dict(os.environ))
+    return proc, log
+
+
+def _wait_for(log: Path, word: str, timeout: float = 30.0) -> float:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for line in (log.read_text().splitlines() if log.exists() else []):
+            if line.startswith(word):
+                return float(line.split()[1])
+        time.sleep(0.05)
+    raise AssertionError(f"{log.name}: no {word!r} within {timeout} s")
+
+
+def test_a_lease_waits_for_the_holder_and_names_it(tmp_path, lease_dir, caplog):
+    proc, log = _holder(tmp_path, "a", hold=2.0)
+    _wait_for(log, "got")
+    with pytest.raises(LeaseTimeout, match="held by holder"), lease(ALL_CORES, timeout_s=0.5,
+                                                                    label="second"):
+        pass
+    with lease(ALL_CORES, timeout_s=30, label="second") as waited:
+        got = time.time()
+    assert got >= _wait_for(log, "done") and waited > 0.5
+    assert "waiting for" in caplog.text and "held by holder" in caplog.text
+    proc.wait()
+
+
+def test_a_killed_holder_releases_at_once(tmp_path, lease_dir):
+    proc, log = _holder(tmp_path, "a", hold=60.0)
+    _wait_for(log, "got")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    with lease(ALL_CORES, timeout_s=5, label="after") as waited:
+        assert waited < 1.0
+
+
+def test_waiters_are_served_in_arrival_order(tmp_path, lease_dir):
+    """A search whose trial waited is not overtaken by one that asked later."""
+    first, first_log = _holder(tmp_path, "first", hold=1.5)
+    _wait_for(first_log, "got")
+    early, early_log = _holder(tmp_path, "early", hold=1.0)
+    time.sleep(0.5)  # queued behind `first`
+    late, late_log = _holder(tmp_path, "late", hold=0.1)
+    for p in (first, early, late):
+        assert p.wait(timeout=60) == 0
+    assert _wait_for(early_log, "got") >= _wait_for(first_log, "done")
+    assert _wait_for(late_log, "got") >= _wait_for(early_log, "done")
+
+
+def test_gpus_are_leased_one_by_one(tmp_path, lease_dir):
+    proc, log = _holder(tmp_path, "gpu0", hold=30.0, want=Want(gpus=("0",)))
+    _wait_for(log, "got")
+    try:
+        with lease(Want(gpus=("1",)), timeout_s=1, label="other gpu") as waited:
+            assert waited < 1.0
+        with lease(Want(cpu_slots=1), timeout_s=1, label="cpu"):
+            pass
+        with pytest.raises(LeaseTimeout, match="GPU 0, 1"), lease(
+                Want(gpus=("0", "1")), timeout_s=0.5, label="both"):
+            pass
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_cpu_slots_are_counted(tmp_path, lease_dir):
+    if node_cpus() < 2:
+        pytest.skip("needs two cores")
+    proc, log = _holder(tmp_path, "one", hold=30.0, want=Want(cpu_slots=1))
+    _wait_for(log, "got")
+    try:
+        with lease(Want(cpu_slots=node_cpus() - 1), timeout_s=1, label="rest") as waited:
+            assert waited < 1.0
+        with pytest.raises(LeaseTimeout), lease(ALL_CORES, timeout_s=0.5, label="all"):
+            pass
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_trial_waits_for_the_cores_another_search_holds(tmp_path, lease_dir, tiny_spec):
+    """A real trial: it starts once the cores are free, and its figures say how long it
+    waited; held past its own limit it is `lost` (the machine's fault), not crashed."""
+    impatient = trial_request(tiny_spec, TrialConfig(4, 4), timeout_s=1)
+    patient = trial_request(tiny_spec, TrialConfig(4, 4), timeout_s=120)
+    proc, log = _holder(tmp_path, "search", hold=3.0)
+    _wait_for(log, "got")
+    lost = run_trial(impatient)
+    assert lost.status == "lost" and "not the config" in lost.error
+    out = run_trial(patient)
+    assert out.ok, out.error
+    assert out.extra["started_at"] >= _wait_for(log, "done")
+    assert out.extra["lease_wait_s"] > 0.5
+    proc.wait()
