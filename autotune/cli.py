@@ -65,7 +65,7 @@ def _gib(b: int | None) -> str:
 def _waited(outcome) -> str:
     """Time a trial spent waiting for devices another search on the machine held."""
     wait = outcome.extra.get("lease_wait_s") or 0
-    return f" (+{wait:.0f} waiting for another search)" if wait >= 1 else ""
+    return f" (+{wait:.0f} s waiting for another search)" if wait >= 1 else ""
 
 
 class SearchView:
@@ -108,13 +108,13 @@ class SearchView:
         style = self.STYLES.get(o.status, "red")
         cells = (str(record.number), record.config.label(), record.reason,
                  f"[{style}]{o.status}[/]", _fmt(o.samples_per_second),
-                 _gib(o.peak_memory_bytes), _fmt(o.wall_seconds) + _waited(o))
+                 _gib(o.peak_memory_bytes), _fmt(o.wall_seconds))
         if self.live:
-            self.table.add_row(*cells)
+            self.table.add_row(*cells[:-1], cells[-1] + _waited(o))
         else:
             self.out.print(f"trial {cells[0]}: {cells[1]} ({cells[2]}) {cells[3]} "
-                           f"{cells[4]} samples/s, peak {cells[5]} GiB, {cells[6]} s",
-                           highlight=False)
+                           f"{cells[4]} samples/s, peak {cells[5]} GiB, {cells[6]} s"
+                           f"{_waited(o)}", highlight=False)
 
     def finish(self) -> None:
         if not self.live and self.pruned:

@@ -230,6 +230,52 @@ def test_killing_a_trials_ray_worker_is_retried_once_and_leaves_no_orphan(tiny_s
     assert not _trial_processes()
 
 
+def test_a_trial_the_host_kills_well_under_its_budget_is_run_again_not_an_oom(tiny_spec,
+                                                                              tmp_path):
+    """The kernel's OOM killer ends a trial for the whole host's sake; one killed while it
+    held a fraction of its budget was killed for what others used: `lost`, run again, and
+    the retry's figure stands with the failure recorded beside it. (A SIGKILL stands in for
+    the kernel: no test may run the machine out of memory.)"""
+    tiny_spec["model"] = {"factory": "tests.factories:stalls_the_first_time", "config": {
+        **tiny_spec["model"]["config"], "stall_marker": str(tmp_path / "stalled")}}
+    executor = RayExecutor(_spec(tiny_spec), timeout_s=180)
+    executor.budget = 4 * 2**30  # as run_search sets it
+    killed: list[int] = []
+
+    def kill_the_trial() -> None:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (tmp_path / "stalled").exists():
+            time.sleep(0.2)
+        time.sleep(1.0)  # its budget watch has written what it holds
+        for p in _trial_processes():  # the trial: forked by the warm launcher
+            with contextlib.suppress(psutil.Error):
+                if "autotune.trials.forkserver" in " ".join(p.parent().cmdline()):
+                    p.send_signal(signal.SIGKILL)
+                    killed.append(p.pid)
+
+    try:
+        executor.discover()
+        threading.Thread(target=kill_the_trial, daemon=True).start()
+        out = executor.run(TrialConfig(4, 4))
+    finally:
+        executor.close()
+    assert killed, "no trial was found to kill"
+    assert out.ok, out.error
+    failures = out.extra["infrastructure_failures"]
+    assert len(failures) == 1 and "the host ran out of memory" in failures[0], failures
+    assert "GiB of its 4.00 GiB budget" in failures[0]
+
+
+def test_a_sigkill_near_the_budget_stays_the_configs_oom():
+    from autotune.records import OOM, Outcome
+    from autotune.trials.launch import _host_pressure
+
+    killed = Outcome(OOM, error="killed by SIGKILL (the kernel's OOM killer sends it)")
+    assert _host_pressure(killed, int(3.5 * 2**30), 4 * 2**30) is killed
+    assert _host_pressure(killed, None, 4 * 2**30) is killed  # nothing known: as before
+    assert _host_pressure(killed, 2**30, 4 * 2**30).status == "lost"
+
+
 def test_sigkill_of_the_driver_leaves_nothing_and_the_rerun_keeps_what_finished(tmp_path,
                                                                               tiny_spec):
     tiny_spec["search"] |= {"n_trials": 4, "confirm_repeats": 0}

@@ -14,7 +14,7 @@ import logging
 import os
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -98,6 +98,7 @@ class _InFlight:
     request: TrialRequest
     deadline: float
     tries: int = 1
+    failures: list[str] = field(default_factory=list)  # infrastructure, before this try
 
 
 class RayExecutor(Executor):
@@ -275,10 +276,12 @@ class RayExecutor(Executor):
             except ray.exceptions.RayError as exc:  # the worker or its node died under it
                 self._infrastructure(flight, f"Ray lost the trial's worker: {exc}", done)
                 continue
-            if outcome.status == LOST:  # its devices stayed busy (trials.lease)
+            if outcome.status == LOST:  # devices stayed busy, or the host's memory ran out
                 self._infrastructure(flight, outcome.error or "lost", done)
-            else:
-                done.append((flight.ticket, outcome))
+                continue
+            if flight.failures:  # recorded as what they were, beside the config's figure
+                outcome.extra["infrastructure_failures"] = flight.failures
+            done.append((flight.ticket, outcome))
         now = time.time()
         for ref, flight in list(self._refs.items()):
             if now > flight.deadline:  # the cluster never answered: bounded, not forever
@@ -290,6 +293,7 @@ class RayExecutor(Executor):
 
     def _infrastructure(self, flight: _InFlight, why: str,
                         done: list[tuple[int, Outcome]]) -> None:
+        flight.failures.append(why.splitlines()[0][:300])
         if flight.tries <= RETRIES:
             log.warning("trial %s: %s; running it again", flight.ticket, why.splitlines()[0])
             flight.tries += 1

@@ -24,9 +24,11 @@ from autotune.records import CRASHED, ERROR, LOST, NAN, OOM, TIMEOUT, Outcome
 from autotune.trials import forkserver
 from autotune.trials.lease import LeaseTimeout, lease, trial_want
 from autotune.trials.oom import is_oom_message, is_oom_signal
-from autotune.trials.protocol import TrialRequest, rank_result_path, read_result
+from autotune.trials.protocol import TrialRequest, rank_result_path, read_result, rss_path
 
 STDERR_TAIL_CHARS = 3000
+# A CPU trial SIGKILLed below this share of its budget was killed for the host's sake.
+HOST_PRESSURE_FRACTION = 0.8
 
 
 def _free_port() -> int:
@@ -152,9 +154,36 @@ def _run_trial(request: TrialRequest) -> Outcome:
         ranks = _rank_results(tmpdir / "result.json", request.world_size)
         outcome = _classify(code, timed_out, ranks, log_tail, request.timeout_s,
                             request.world_size)
+        if outcome.status == OOM and is_oom_signal(code) and not ranks:
+            outcome = _host_pressure(outcome, _rss_growth(tmpdir / "result.json",
+                                                          request.world_size),
+                                     request.memory_budget_bytes)
     outcome.wall_seconds = time.time() - started
     outcome.extra["launch"] = "warm" if warm else "cold"
     return outcome
+
+
+def _rss_growth(result_path: Path, world_size: int) -> int | None:
+    """The largest RSS growth the ranks' budget watches last wrote (CPU trials)."""
+    seen = []
+    for r in range(world_size):
+        with contextlib.suppress(OSError, ValueError):
+            seen.append(int(Path(rss_path(rank_result_path(result_path, r,
+                                                            world_size))).read_text()))
+    return max(seen) if seen else None
+
+
+def _host_pressure(outcome: Outcome, grown: int | None, budget: int | None) -> Outcome:
+    """A SIGKILL is the kernel's OOM killer's, but it kills for the whole host: a CPU trial
+    killed while it held well under its budget was killed for what others used (another
+    search, a benchmark, a browser), which says nothing of the config. That is `lost`
+    (run again), not an OOM the memory model would learn from."""
+    if grown is None or not budget or grown >= HOST_PRESSURE_FRACTION * budget:
+        return outcome
+    return Outcome(LOST, error=(
+        f"killed by SIGKILL while it held {grown / 2**30:.2f} GiB of its "
+        f"{budget / 2**30:.2f} GiB budget: the host ran out of memory for other processes' "
+        f"use, not the config's\n{(outcome.error or '')[-STDERR_TAIL_CHARS:]}"))
 
 
 def _rank_results(result_path: Path, world_size: int) -> dict[int, Outcome]:

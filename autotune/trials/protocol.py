@@ -71,6 +71,12 @@ def rank_result_path(result_path: str | Path, rank: int, world: int) -> str:
     return str(result_path) if world == 1 else f"{result_path}.rank{rank}"
 
 
+def rss_path(result_path: str | Path) -> str:
+    """Where a CPU trial's budget watch keeps its latest RSS growth: what it held when
+    something outside killed it."""
+    return f"{result_path}.rss"
+
+
 def write_result(path: str | Path, outcome: Outcome) -> None:
     """Atomically: a budget watch may end the process at any moment."""
     tmp = f"{path}.tmp"

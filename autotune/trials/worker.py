@@ -10,6 +10,7 @@ a collective until the time limit.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import resource
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from autotune.records import ERROR, NAN, OK, OOM, Outcome
-from autotune.trials.protocol import TrialRequest, rank_result_path, write_result
+from autotune.trials.protocol import TrialRequest, rank_result_path, rss_path, write_result
 
 if TYPE_CHECKING:
     from autotune.config import TrialConfig
@@ -55,8 +56,14 @@ class BudgetWatch(threading.Thread):
         self.shape = shape
 
     def run(self) -> None:
+        said: int | None = None
         while True:
             grown = _rss() - self.base
+            if said is None or abs(grown - said) > self.budget / 50:  # for the launcher,
+                # should something outside kill us
+                said = grown
+                with contextlib.suppress(OSError):
+                    Path(rss_path(self.path)).write_text(str(grown))
             if grown > self.budget:
                 write_result(self.path, Outcome(
                     OOM, peak_memory_bytes=grown, wall_seconds=time.time() - self.started,
