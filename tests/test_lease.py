@@ -20,7 +20,9 @@ from tests.conftest import trial_request
 ALL_CORES = Want(cpu_slots=node_cpus())
 
 HOLDER = """
-import sys, time
+import os, sys, time
+if os.environ.get("HOLDER_CORES"):
+    os.sched_setaffinity(0, {int(c) for c in os.environ["HOLDER_CORES"].split(",")})
 from autotune.trials.lease import Want, lease
 gpus, slots, hold, log = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
 want = Want(gpus=tuple(g for g in gpus.split(",") if g), cpu_slots=slots)
@@ -38,10 +40,12 @@ def lease_dir(tmp_path, monkeypatch) -> Path:
     return folder
 
 
-def _holder(tmp_path: Path, name: str, hold: float, want: Want = ALL_CORES):
+def _holder(tmp_path: Path, name: str, hold: float, want: Want = ALL_CORES,
+            cores: str = ""):
     log = tmp_path / f"{name}.log"
     proc = subprocess.Popen([sys.executable, "-c", HOLDER, ",".join(want.gpus),
-                             str(want.cpu_slots), str(hold), str(log)], env=dict(os.environ))
+                             str(want.cpu_slots), str(hold), str(log)],
+                            env=dict(os.environ) | {"HOLDER_CORES": cores})
     return proc, log
 
 
@@ -119,6 +123,22 @@ def test_cpu_slots_are_counted(tmp_path, lease_dir):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_searches_on_disjoint_cores_do_not_wait_for_each_other(tmp_path, lease_dir):
+    """Slots are the cores a process may run on, by number (taskset, cgroups)."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores")
+    first, second = sorted(os.sched_getaffinity(0))[:2]
+    one = Want(cpu_slots=1)
+    a, a_log = _holder(tmp_path, "a", hold=3.0, want=one, cores=str(second))
+    _wait_for(a_log, "got")
+    b, b_log = _holder(tmp_path, "b", hold=0.1, want=one, cores=str(first))
+    same, same_log = _holder(tmp_path, "same", hold=0.1, want=one, cores=str(second))
+    for p in (a, b, same):
+        assert p.wait(timeout=60) == 0
+    assert _wait_for(b_log, "got") < _wait_for(a_log, "done")  # its own core: no wait
+    assert _wait_for(same_log, "got") >= _wait_for(a_log, "done")  # a's core: waits
 
 
 def test_a_trial_waits_for_the_cores_another_search_holds(tmp_path, lease_dir, tiny_spec):

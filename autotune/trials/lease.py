@@ -129,8 +129,7 @@ class _Queue:
 
 def _take(folder: Path, want: Want, label: str) -> tuple[list[int], str | None]:
     """All of `want`'s locks, or none and who holds one of them."""
-    names = ([f"gpu-{g}" for g in want.gpus] if want.gpus
-             else [f"cpu-{i}" for i in range(node_cpus())])
+    names = [f"gpu-{g}" for g in want.gpus] if want.gpus else [f"cpu-{i}" for i in _cores()]
     need = len(names) if want.gpus else want.cpu_slots
     held: list[int] = []
     holder = None
@@ -155,6 +154,14 @@ def _take(folder: Path, want: Want, label: str) -> tuple[list[int], str | None]:
             os.ftruncate(fd, 0)
             os.pwrite(fd, label.encode(), 0)
     return held, None
+
+
+def _cores() -> list[int]:
+    """The cores this process may run on, by number: searches confined to disjoint cores
+    (taskset, cgroups) never wait for each other."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(node_cpus()))
 
 
 @contextlib.contextmanager
