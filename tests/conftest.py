@@ -58,3 +58,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def study_names(storage: str) -> list[str]:
+    """The studies in a search's storage; none while the search is still creating its
+    schema (a reader creating it at the same moment fails on the search's version row)."""
+    import optuna
+    import sqlalchemy.exc
+
+    try:
+        return optuna.get_all_study_names(storage)
+    except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError):
+        return []

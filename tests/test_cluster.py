@@ -24,6 +24,7 @@ from autotune.config import TrialConfig
 from autotune.errors import ClusterError
 from autotune.spec import load_spec
 from autotune.trials.executor import RayExecutor
+from tests.conftest import study_names
 
 pytestmark = pytest.mark.slow
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -48,8 +49,10 @@ class Cluster:
         self.temp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))
 
     def start(self, *, head_cpus: int = 0, workers: list[dict] | None = None) -> Cluster:
+        self.client_port = _free_port()  # Ray Client (ray://) listens here
         self._ray("start", "--head", f"--port={self.port}", f"--num-cpus={head_cpus}",
-                  "--num-gpus=0", "--include-dashboard=false", f"--temp-dir={self.temp}")
+                  "--num-gpus=0", "--include-dashboard=false", f"--temp-dir={self.temp}",
+                  f"--ray-client-server-port={self.client_port}")
         for node in workers or []:
             extra = [f"--num-gpus={node['gpus']}"] if "gpus" in node else ["--num-gpus=0"]
             self._ray("start", f"--address={self.address}", f"--num-cpus={node['cpus']}",
@@ -131,6 +134,23 @@ def test_the_device_is_found_on_a_worker_node_not_the_driver(open_cluster, tiny_
         assert executor.threads == 2
     finally:
         executor.close()
+
+
+def test_a_trial_runs_through_ray_client(open_cluster, tiny_spec):
+    """`--address ray://host:port`: the driver is a Ray Client, the trial runs on the
+    cluster's worker node with that node's cores."""
+    cluster = open_cluster.start(head_cpus=0, workers=[{"cpus": 2}])
+    executor = RayExecutor(_spec(tiny_spec),
+                           address=f"ray://127.0.0.1:{cluster.client_port}", timeout_s=180)
+    try:
+        out = executor.run(TrialConfig(4, 4))
+        import ray
+
+        workers = {n["NodeID"] for n in ray.nodes() if n["Resources"].get("CPU", 0) == 2}
+    finally:
+        executor.close()
+    assert out.ok, out.error
+    assert out.extra["node"] in workers and out.extra["cpu_threads"] == 2
 
 
 def test_a_request_no_node_can_place_fails_at_once(open_cluster, tiny_spec):
@@ -291,8 +311,8 @@ def test_sigkill_of_the_driver_leaves_nothing_and_the_rerun_keeps_what_finished(
     deadline = time.time() + 300
     while time.time() < deadline and len(finished) < 2:
         time.sleep(1)
-        if (out / "study.db").exists() and optuna.get_all_study_names(storage):
-            study = optuna.load_study(study_name=optuna.get_all_study_names(storage)[0],
+        if (out / "study.db").exists() and study_names(storage):
+            study = optuna.load_study(study_name=study_names(storage)[0],
                                       storage=storage)
             finished = [(t.number, t.user_attrs["config"]) for t in study.trials
                         if "outcome" in t.user_attrs]

@@ -13,6 +13,8 @@ import optuna
 import pytest
 import yaml
 
+from tests.conftest import study_names
+
 pytestmark = pytest.mark.slow
 
 SPACE = {"per_device_train_batch_size": "auto", "precision": ["fp32", "bf16"],
@@ -65,9 +67,9 @@ def test_search_end_to_end_then_resume(tmp_path):
     deadline = time.time() + 400
     while time.time() < deadline and proc.poll() is None:
         if (out / "study.db").exists():
-            studies = optuna.get_all_study_summaries(storage)
+            studies = study_names(storage)
             finished = [t for t in optuna.load_study(
-                study_name=studies[0].study_name, storage=storage).trials
+                study_name=studies[0], storage=storage).trials
                 if "outcome" in t.user_attrs] if studies else []
             if len(finished) >= 3:
                 break
@@ -213,8 +215,8 @@ def test_tpe_sampler_runs_a_real_search_that_optuna_shows_running(tmp_path):
     proc = _cli("search", str(spec))
     seen_running, deadline = False, time.time() + 600
     while proc.poll() is None and time.time() < deadline and not seen_running:
-        if (out / "study.db").exists() and optuna.get_all_study_summaries(storage):
-            name = optuna.get_all_study_summaries(storage)[0].study_name
+        if (out / "study.db").exists() and study_names(storage):
+            name = study_names(storage)[0]
             listing = subprocess.run([str(optuna_cli), "trials", "--storage", storage,
                                       "--study-name", name, "-f", "json"],
                                      capture_output=True, text=True, timeout=120)

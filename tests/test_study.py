@@ -110,3 +110,27 @@ def test_a_resumed_search_first_runs_what_was_left_in_flight():
     assert (first.config, first.reason) == owed[0]
     assert resume.ask(history, [first.config]).config == owed[1][0]
     assert resume.ask(history, [c for c, _ in owed]) is None
+
+
+OPENER = """
+import sys, time
+from autotune.search.study import StudyLog
+start = float(sys.argv[2])
+while time.time() < start:
+    pass
+StudyLog.open(sys.argv[1], "s", "fingerprint", {"precision": ["fp32"]}, 2**31)
+"""
+
+
+def test_drivers_opening_a_new_storage_at_once_all_get_the_study(tmp_path):
+    """Several drivers on one storage, started together: each creates the SQLite schema
+    if missing, and the losers of that race must load what the winner made."""
+    import time
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    start = str(time.time() + 4)  # past every process's imports: they open at once
+    procs = [subprocess.Popen([sys.executable, "-c", OPENER, storage, start],
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert all(p.returncode == 0 for p in procs), errors
+    assert optuna.get_all_study_names(storage) == ["s"]

@@ -56,6 +56,26 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _create_or_load(storage: str, study_name: str,
+                    sampler: optuna.samplers.BaseSampler | None) -> optuna.Study:
+    """The study, made if missing. Two processes opening a new SQLite storage at once
+    both create its schema, and one fails on the other's version row (seen in CI: a
+    driver and a reader of its storage); the schema is there once the other has made
+    it, so that failure is tried again."""
+    import sqlalchemy.exc
+
+    for attempt in range(5):
+        try:
+            return optuna.create_study(storage=storage, study_name=study_name,
+                                       direction="maximize", load_if_exists=True,
+                                       sampler=sampler)
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError):
+            if attempt == 4:
+                raise
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
 class StudyLog:
     """The search's view of its Optuna study."""
 
@@ -75,8 +95,7 @@ class StudyLog:
     def open(cls, storage: str, study_name: str, fingerprint: str, choices: dict[str, list],
              limit_bytes: int, sampler: optuna.samplers.BaseSampler | None = None) -> StudyLog:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        study = optuna.create_study(storage=storage, study_name=study_name,
-                                    direction="maximize", load_if_exists=True, sampler=sampler)
+        study = _create_or_load(storage, study_name, sampler)
         known = study.user_attrs.get(FINGERPRINT_KEY)
         if known is None:
             study.set_user_attr(FINGERPRINT_KEY, fingerprint)
