@@ -179,7 +179,7 @@ def test_two_searches_on_one_machine_take_turns(tmp_path):
     for name in ("a", "b"):
         folder = tmp_path / name
         folder.mkdir()
-        spec = _spec(folder, n_trials=2, predict=True,
+        spec = _spec(folder, n_trials=1, predict=True,
                      hardware={"memory_budget": "4GiB", "parallel_trials": 1})
         procs.append(_cli("search", str(spec)))
         outs.append(folder / "out")
@@ -188,7 +188,7 @@ def test_two_searches_on_one_machine_take_turns(tmp_path):
     spans = []
     for out in outs:
         ran = [t["outcome"] for t in _trials(out) if t["outcome"]["status"] == "ok"]
-        assert len(ran) >= 2 and all(o["extra"]["cpu_threads"] == node_cpus() for o in ran)
+        assert ran and all(o["extra"]["cpu_threads"] == node_cpus() for o in ran)
         spans.append([(o["extra"]["started_at"], o["extra"]["ended_at"], o["extra"])
                       for o in ran])
     overlaps = [(a, b) for a in spans[0] for b in spans[1] if a[0] < b[1] and b[0] < a[1]]
