@@ -81,16 +81,26 @@ def test_a_killed_holder_releases_at_once(tmp_path, lease_dir):
         assert waited < 1.0
 
 
+def _queued(folder: Path, n: int, timeout: float = 60.0) -> None:
+    """Wait until `n` waiters are queued (however slowly their interpreters start)."""
+    deadline = time.time() + timeout
+    while len(list((folder / "queue").glob("*.json"))) < n:
+        assert time.time() < deadline, f"fewer than {n} waiters queued"
+        time.sleep(0.05)
+
+
 def test_waiters_are_served_in_arrival_order(tmp_path, lease_dir):
     """A search whose trial waited is not overtaken by one that asked later."""
-    first, first_log = _holder(tmp_path, "first", hold=1.5)
+    first, first_log = _holder(tmp_path, "first", hold=60.0)
     _wait_for(first_log, "got")
     early, early_log = _holder(tmp_path, "early", hold=1.0)
-    time.sleep(0.5)  # queued behind `first`
+    _queued(lease_dir, 1)
     late, late_log = _holder(tmp_path, "late", hold=0.1)
-    for p in (first, early, late):
+    _queued(lease_dir, 2)
+    first.kill()
+    first.wait()
+    for p in (early, late):
         assert p.wait(timeout=60) == 0
-    assert _wait_for(early_log, "got") >= _wait_for(first_log, "done")
     assert _wait_for(late_log, "got") >= _wait_for(early_log, "done")
 
 
@@ -131,14 +141,18 @@ def test_searches_on_disjoint_cores_do_not_wait_for_each_other(tmp_path, lease_d
         pytest.skip("needs two cores")
     first, second = sorted(os.sched_getaffinity(0))[:2]
     one = Want(cpu_slots=1)
-    a, a_log = _holder(tmp_path, "a", hold=3.0, want=one, cores=str(second))
+    a, a_log = _holder(tmp_path, "a", hold=60.0, want=one, cores=str(second))
     _wait_for(a_log, "got")
-    b, b_log = _holder(tmp_path, "b", hold=0.1, want=one, cores=str(first))
-    same, same_log = _holder(tmp_path, "same", hold=0.1, want=one, cores=str(second))
-    for p in (a, b, same):
-        assert p.wait(timeout=60) == 0
-    assert _wait_for(b_log, "got") < _wait_for(a_log, "done")  # its own core: no wait
-    assert _wait_for(same_log, "got") >= _wait_for(a_log, "done")  # a's core: waits
+    try:
+        b, _ = _holder(tmp_path, "b", hold=0.1, want=one, cores=str(first))
+        assert b.wait(timeout=60) == 0  # its own core: done while `a` holds the other
+        same, same_log = _holder(tmp_path, "same", hold=0.1, want=one, cores=str(second))
+        _queued(lease_dir, 1)  # `a`'s core: it waits
+        assert a.poll() is None and not same_log.exists()
+    finally:
+        a.kill()
+        a.wait()
+    assert same.wait(timeout=60) == 0
 
 
 def test_a_trial_waits_for_the_cores_another_search_holds(tmp_path, lease_dir, tiny_spec):
