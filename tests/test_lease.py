@@ -11,11 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.config import TrialConfig
 from autotune.plan.device import node_cpus
-from autotune.trials.launch import run_trial
 from autotune.trials.lease import LeaseTimeout, Want, lease
-from tests.conftest import trial_request
 
 ALL_CORES = Want(cpu_slots=node_cpus())
 
@@ -153,19 +150,3 @@ def test_searches_on_disjoint_cores_do_not_wait_for_each_other(tmp_path, lease_d
         a.kill()
         a.wait()
     assert same.wait(timeout=60) == 0
-
-
-def test_a_trial_waits_for_the_cores_another_search_holds(tmp_path, lease_dir, tiny_spec):
-    """A real trial: it starts once the cores are free, and its figures say how long it
-    waited; held past its own limit it is `lost` (the machine's fault), not crashed."""
-    impatient = trial_request(tiny_spec, TrialConfig(4, 4), timeout_s=1)
-    patient = trial_request(tiny_spec, TrialConfig(4, 4), timeout_s=120)
-    proc, log = _holder(tmp_path, "search", hold=3.0)
-    _wait_for(log, "got")
-    lost = run_trial(impatient)
-    assert lost.status == "lost" and "not the config" in lost.error
-    out = run_trial(patient)
-    assert out.ok, out.error
-    assert out.extra["started_at"] >= _wait_for(log, "done")
-    assert out.extra["lease_wait_s"] > 0.5
-    proc.wait()
