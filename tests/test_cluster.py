@@ -229,22 +229,38 @@ def _ray_worker_of_trial() -> psutil.Process | None:
     return None
 
 
+def _stalling_trial_hit_by(tiny_spec, tmp_path, hit, budget: int | None = None):
+    """One trial through Ray whose first attempt stalls mid-run; `hit` runs (in a thread)
+    once it stalls. Returns the trial's outcome."""
+    tiny_spec["model"] = {"factory": "tests.factories:stalls_the_first_time", "config": {
+        **tiny_spec["model"]["config"], "stall_marker": str(tmp_path / "stalled")}}
+    executor = RayExecutor(_spec(tiny_spec), timeout_s=180)
+    executor.budget = budget  # as run_search sets it
+
+    def when_stalled() -> None:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (tmp_path / "stalled").exists():
+            time.sleep(0.2)  # the trial has built its model and is stalling in its step
+        hit()
+
+    try:
+        executor.discover()
+        threading.Thread(target=when_stalled, daemon=True).start()
+        return executor.run(TrialConfig(4, 4))
+    finally:
+        executor.close()
+
+
 def test_killing_a_trials_ray_worker_is_retried_once_and_leaves_no_orphan(tiny_spec,
                                                                          tmp_path):
     """As Ray's memory monitor or a lost node would: the infrastructure, not the config.
     The first attempt stalls mid-run, so its trial is surely alive when its Ray worker is
     killed; every process under that worker must be gone within seconds, and the retry
     (which trains) measures the config."""
-    tiny_spec["model"] = {"factory": "tests.factories:stalls_the_first_time", "config": {
-        **tiny_spec["model"]["config"], "stall_marker": str(tmp_path / "stalled")}}
-    executor = RayExecutor(_spec(tiny_spec), timeout_s=180)
     killed: list[int] = []
     left: list[psutil.Process] = []
 
     def kill_first_worker() -> None:
-        deadline = time.time() + 120
-        while time.time() < deadline and not (tmp_path / "stalled").exists():
-            time.sleep(0.2)  # the trial has built its model and is stalling in its step
         worker = _ray_worker_of_trial()
         if worker is not None:
             descendants = worker.children(recursive=True)
@@ -253,12 +269,7 @@ def test_killing_a_trials_ray_worker_is_retried_once_and_leaves_no_orphan(tiny_s
             _, alive = psutil.wait_procs(descendants, timeout=10)
             left.extend(p for p in alive if p.is_running())
 
-    try:
-        executor.discover()
-        threading.Thread(target=kill_first_worker, daemon=True).start()
-        out = executor.run(TrialConfig(4, 4))
-    finally:
-        executor.close()
+    out = _stalling_trial_hit_by(tiny_spec, tmp_path, kill_first_worker)
     assert killed, "no trial's worker was found to kill"
     assert not left, [p.cmdline() for p in left]  # the stalled trial died with its worker
     assert out.ok, out.error  # run again after the worker was lost, and measured
@@ -272,16 +283,9 @@ def test_a_trial_the_host_kills_well_under_its_budget_is_run_again_not_an_oom(ti
     held a fraction of its budget was killed for what others used: `lost`, run again, and
     the retry's figure stands with the failure recorded beside it. (A SIGKILL stands in for
     the kernel: no test may run the machine out of memory.)"""
-    tiny_spec["model"] = {"factory": "tests.factories:stalls_the_first_time", "config": {
-        **tiny_spec["model"]["config"], "stall_marker": str(tmp_path / "stalled")}}
-    executor = RayExecutor(_spec(tiny_spec), timeout_s=180)
-    executor.budget = 4 * 2**30  # as run_search sets it
     killed: list[int] = []
 
     def kill_the_trial() -> None:
-        deadline = time.time() + 120
-        while time.time() < deadline and not (tmp_path / "stalled").exists():
-            time.sleep(0.2)
         time.sleep(1.0)  # its budget watch has written what it holds
         for p in _trial_processes():  # the trial: forked by the warm launcher
             with contextlib.suppress(psutil.Error):
@@ -289,12 +293,7 @@ def test_a_trial_the_host_kills_well_under_its_budget_is_run_again_not_an_oom(ti
                     p.send_signal(signal.SIGKILL)
                     killed.append(p.pid)
 
-    try:
-        executor.discover()
-        threading.Thread(target=kill_the_trial, daemon=True).start()
-        out = executor.run(TrialConfig(4, 4))
-    finally:
-        executor.close()
+    out = _stalling_trial_hit_by(tiny_spec, tmp_path, kill_the_trial, budget=4 * 2**30)
     assert killed, "no trial was found to kill"
     assert out.ok, out.error
     failures = out.extra["infrastructure_failures"]
