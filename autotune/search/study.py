@@ -64,16 +64,16 @@ def _create_or_load(storage: str, study_name: str,
     it, so that failure is tried again."""
     import sqlalchemy.exc
 
-    for attempt in range(5):
+    def create() -> optuna.Study:
+        return optuna.create_study(storage=storage, study_name=study_name,
+                                   direction="maximize", load_if_exists=True, sampler=sampler)
+
+    for attempt in range(4):
         try:
-            return optuna.create_study(storage=storage, study_name=study_name,
-                                       direction="maximize", load_if_exists=True,
-                                       sampler=sampler)
+            return create()
         except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError):
-            if attempt == 4:
-                raise
             time.sleep(0.2 * (attempt + 1))
-    raise AssertionError("unreachable")
+    return create()  # a fifth failure is no race: it is raised
 
 
 class StudyLog:
