@@ -150,3 +150,41 @@ def test_searches_on_disjoint_cores_do_not_wait_for_each_other(tmp_path, lease_d
         a.kill()
         a.wait()
     assert same.wait(timeout=60) == 0
+
+
+STARTS_RAY = """
+import sys, time
+from autotune.spec import load_spec
+from autotune.trials.executor import RayExecutor
+executor = RayExecutor(load_spec(sys.argv[1]), timeout_s=60)
+executor.discover()
+executor._init()  # what the first trial does
+print("ray started", time.time())
+executor.close()
+"""
+
+
+def test_a_search_starts_its_ray_only_between_the_trials_of_another(tmp_path, lease_dir,
+                                                                     tiny_spec):
+    """Starting Ray takes seconds of CPU: while another search's trial holds the cores, a
+    search waits to start its embedded Ray (no Ray process appears), then starts it."""
+    import psutil
+    import yaml
+
+    spec = tmp_path / "model.yaml"
+    spec.write_text(yaml.safe_dump(tiny_spec))
+    with lease(ALL_CORES, timeout_s=5, label="a trial of another search"):
+        proc = subprocess.Popen([sys.executable, "-c", STARTS_RAY, str(spec)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 120
+        while not any("starting Ray" in p.read_text() for p in
+                      (lease_dir / "queue").glob("*.json")):
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
+            time.sleep(0.2)
+        time.sleep(1)
+        assert not psutil.Process(proc.pid).children(recursive=True)  # no Ray yet
+        released = time.time()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    assert float(out.split()[-1]) > released
+    assert "held by a trial of another search" in err

@@ -10,6 +10,7 @@ more, and is recorded `lost` if that fails too.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -23,6 +24,7 @@ from autotune.plan.device import DeviceSpec, local_device, node_cpus
 from autotune.records import LOST, Outcome
 from autotune.trials import reaper
 from autotune.trials.launch import run_trial
+from autotune.trials.lease import driver_work
 from autotune.trials.protocol import TrialRequest, make_request
 
 if TYPE_CHECKING:
@@ -150,8 +152,13 @@ class RayExecutor(Executor):
             logging.getLogger(RAY_AUTH_LOGGER).setLevel(logging.ERROR)
         else:
             init["address"] = self.address
+        # Starting an embedded Ray on a CPU machine would slow another search's trial
+        # being timed on the same cores; GPU trials are timed on their GPUs.
+        quiet = self.address is None and not local_device().is_cuda
         try:
-            ray.init(**init)
+            with (driver_work(f"autotune search (pid {os.getpid()}) starting Ray",
+                              timeout_s=self.timeout_s) if quiet else contextlib.nullcontext()):
+                ray.init(**init)
         except Exception as exc:  # noqa: BLE001 - every way of not connecting, one line
             raise ClusterError(_connection_error(self.address, exc)) from None
         self._owns_ray = True
