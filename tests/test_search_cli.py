@@ -54,9 +54,17 @@ def _spec(tmp_path: Path, n_trials: int, *, predict: bool = False, space: dict =
     return path
 
 
+def _terminal_sigint() -> None:
+    """Ctrl-C as a terminal delivers it: a suite started in the background of a script
+    inherits an ignored SIGINT, and so would the search it starts (a fresh-clone CI run
+    launched that way saw the interrupted search run on to its end)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _cli(*args: str, **kw) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "autotune", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=_terminal_sigint, **kw)
 
 
 def _trials(out: Path) -> list[dict]:
