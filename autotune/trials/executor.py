@@ -154,10 +154,10 @@ class RayExecutor(Executor):
             init["address"] = self.address
         # Starting an embedded Ray on a CPU machine would slow another search's trial
         # being timed on the same cores; GPU trials are timed on their GPUs.
-        quiet = self.address is None and not local_device().is_cuda
+        leased = self.address is None and not local_device().is_cuda
         try:
             with (driver_work(f"autotune search (pid {os.getpid()}) starting Ray",
-                              timeout_s=self.timeout_s) if quiet else contextlib.nullcontext()):
+                              timeout_s=self.timeout_s) if leased else contextlib.nullcontext()):
                 ray.init(**init)
         except Exception as exc:  # noqa: BLE001 - every way of not connecting, one line
             raise ClusterError(_connection_error(self.address, exc)) from None
