@@ -141,8 +141,13 @@ class RayExecutor(Executor):
             return
         init: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                                 "logging_level": logging.WARNING}
+        # Starting an embedded Ray on a CPU machine would slow another search's trial
+        # being timed on the same cores; GPU trials are timed on their GPUs.
+        leased = False
         if self.address is None:  # embedded: this search's own Ray, never another's
-            gpus = local_device().count if local_device().is_cuda else 0
+            device = local_device()
+            gpus = device.count if device.is_cuda else 0
+            leased = not device.is_cuda
             init |= {"address": "local", "num_cpus": node_cpus(), "num_gpus": gpus,
                      # Each trial's own budget watch ends a trial that grows too large;
                      # Ray's monitor would kill trials for what others on the host use.
@@ -152,9 +157,6 @@ class RayExecutor(Executor):
             logging.getLogger(RAY_AUTH_LOGGER).setLevel(logging.ERROR)
         else:
             init["address"] = self.address
-        # Starting an embedded Ray on a CPU machine would slow another search's trial
-        # being timed on the same cores; GPU trials are timed on their GPUs.
-        leased = self.address is None and not local_device().is_cuda
         try:
             with (driver_work(f"autotune search (pid {os.getpid()}) starting Ray",
                               timeout_s=self.timeout_s) if leased else contextlib.nullcontext()):
