@@ -311,6 +311,53 @@ def test_a_sigkill_near_the_budget_stays_the_configs_oom():
     assert _host_pressure(killed, 2**30, 4 * 2**30).status == "lost"
 
 
+@pytest.mark.parametrize("node_trials", [1, 10**6])
+def test_a_gpu_trial_the_host_kills_is_lost_under_its_share_and_a_host_oom_at_it(
+        tiny_spec, tmp_path, node_trials):
+    """A GPU trial's own budget is its GPU's; the host's OOM killer (which takes Ray's
+    workers' children first) says something of the config only when the trial held its
+    share of the host's RAM. Under it: `lost`. At it: an OOM of host memory, which the GPU
+    memory model does not learn. The real launcher and worker run a GPU trial's request
+    (no budget on the host, the node's RAM shared among `node_trials`); only the GPU is
+    missing, and a SIGKILL stands in for the kernel."""
+    from autotune.config import Family
+    from autotune.plan.calibration import MemoryModel
+    from autotune.plan.device import named_device
+    from autotune.plan.shape import ModelShape
+    from autotune.records import Record
+    from autotune.trials.launch import run_trial
+    from tests.conftest import trial_request
+
+    tiny_spec["model"] = {"factory": "tests.factories:stalls_the_first_time", "config": {
+        **tiny_spec["model"]["config"], "stall_marker": str(tmp_path / "stalled")}}
+    request = trial_request(tiny_spec, TrialConfig(4, 4))
+    request.on_cpu, request.node_trials = False, node_trials  # as a GPU node sends it
+
+    def kill_when_stalled() -> None:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (tmp_path / "stalled").exists():
+            time.sleep(0.2)
+        time.sleep(1.0)  # its host watch has written what it holds
+        for p in _trial_processes():
+            with contextlib.suppress(psutil.Error):
+                if "autotune.trials.forkserver" in " ".join(p.parent().cmdline()):
+                    p.send_signal(signal.SIGKILL)
+
+    threading.Thread(target=kill_when_stalled, daemon=True).start()
+    out = run_trial(request)
+    if node_trials == 1:  # a tiny model against the whole host's RAM
+        assert out.status == "lost", (out.status, out.error)
+        assert "of its" in out.error and "share of the host's RAM" in out.error, out.error
+        return
+    assert out.status == "oom" and out.extra.get("host_memory"), (out.status, out.extra)
+    assert out.error.startswith("host memory ran out"), out.error
+    model = MemoryModel(ModelShape(num_parameters=10**6, hidden_size=32, num_layers=2,
+                                   num_attention_heads=2, vocab_size=512, seq_len=32),
+                        named_device("A100-80GB"))
+    model.learn(Record(TrialConfig(4, 4, Family.of()), out), 80 * 2**30)
+    assert not model.known_oom(TrialConfig(8, 2)), "a host OOM taught the GPU's model"
+
+
 def test_sigkill_of_the_driver_leaves_nothing_and_the_rerun_keeps_what_finished(tmp_path,
                                                                               tiny_spec):
     tiny_spec["search"] |= {"n_trials": 4, "confirm_repeats": 0}

@@ -75,10 +75,11 @@ class MemoryModel(Physics):
         return model
 
     def learn(self, record: Record, limit_bytes: int) -> None:
-        """What one record teaches: a measured peak, or an OOM at the limit."""
+        """What one record teaches: a measured peak, or an OOM at the limit. A GPU
+        trial's host running out (offloaded states) says nothing of the GPU's memory."""
         if record.outcome.ok:
             self.observe(record.config, record.outcome.peak_memory_bytes)
-        elif record.outcome.is_oom:
+        elif record.outcome.is_oom and not record.outcome.extra.get("host_memory"):
             self.observe_oom(record.config, limit_bytes)
 
     def predict(self, c: TrialConfig) -> MemoryEstimate:

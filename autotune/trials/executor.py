@@ -119,6 +119,7 @@ class RayExecutor(Executor):
         self.device: DeviceSpec | None = None
         self.probe_node: str | None = None  # the Ray node the device was read on
         self.capacity, self.threads = 1, node_cpus()
+        self.per_node = 1  # trials one node runs at once
         self._owns_ray = False
         self._reaper: subprocess.Popen | None = None
         self._remote: Any = None
@@ -174,7 +175,7 @@ class RayExecutor(Executor):
         gpus = self.spec.world_size
         if self.address is None:
             self.device = local_device()
-            per_node = self._slots(self.device, node_cpus())
+            self.per_node = per_node = self._slots(self.device, node_cpus())
             self.capacity, self.threads = per_node, max(1, node_cpus() // per_node)
             return self.device
         self._init()
@@ -186,7 +187,7 @@ class RayExecutor(Executor):
         # The cores Ray gives the node, which its start may have set below what the
         # machine has (several nodes on one host, or cores kept for other work).
         cpus = self._node_cpus(info["node"]) or info["cpus"]
-        per_node = self._slots(self.device, cpus)
+        self.per_node = per_node = self._slots(self.device, cpus)
         self.threads = max(1, cpus // per_node)
         self.capacity = self._cluster_slots(per_node)
         return self.device
@@ -258,7 +259,8 @@ class RayExecutor(Executor):
         device = self.device
         request = make_request(self.spec, config, on_cpu=not device.is_cuda, shape=self.shape,
                                memory_budget_bytes=self.budget, timeout_s=self.timeout_s,
-                               cpu_threads=self.threads, steps=steps)
+                               cpu_threads=self.threads, steps=steps,
+                               node_trials=self.per_node)
         if training_args is not None:
             request.training_args = training_args
         ticket, self._next = self._next, self._next + 1

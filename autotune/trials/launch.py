@@ -27,7 +27,8 @@ from autotune.trials.oom import is_oom_message, is_oom_signal
 from autotune.trials.protocol import TrialRequest, rank_result_path, read_result, rss_path
 
 STDERR_TAIL_CHARS = 3000
-# A CPU trial SIGKILLed below this share of its budget was killed for the host's sake.
+# A trial SIGKILLed below this share of its host memory (a CPU trial's budget, a GPU
+# trial's share of the host's RAM) was killed for the host's sake.
 HOST_PRESSURE_FRACTION = 0.8
 
 
@@ -137,6 +138,7 @@ def run_trial(request: TrialRequest) -> Outcome:
 
 def _run_trial(request: TrialRequest) -> Outcome:
     started = time.time()
+    host_share = _host_share(request)
     with tempfile.TemporaryDirectory(prefix="autotune-trial-") as tmp:
         tmpdir = Path(tmp)
         (tmpdir / "request.json").write_text(request.to_json())
@@ -157,14 +159,25 @@ def _run_trial(request: TrialRequest) -> Outcome:
         if outcome.status == OOM and is_oom_signal(code) and not ranks:
             outcome = _host_pressure(outcome, _rss_growth(tmpdir / "result.json",
                                                           request.world_size),
-                                     request.memory_budget_bytes)
+                                     host_share, on_gpu=not request.on_cpu)
     outcome.wall_seconds = time.time() - started
     outcome.extra["launch"] = "warm" if warm else "cold"
     return outcome
 
 
+def _host_share(request: TrialRequest) -> int | None:
+    """The host memory a trial may count on. A CPU trial's is its budget. A GPU trial's is
+    the RAM available as it starts, shared among the trials its node runs at once: under
+    that it cannot have run the host out of memory on its own."""
+    if request.on_cpu:
+        return request.memory_budget_bytes
+    import psutil
+
+    return psutil.virtual_memory().available // max(1, request.node_trials)
+
+
 def _rss_growth(result_path: Path, world_size: int) -> int | None:
-    """The largest RSS growth the ranks' budget watches last wrote (CPU trials)."""
+    """The largest RSS growth the ranks' host watches last wrote."""
     seen = []
     for r in range(world_size):
         with contextlib.suppress(OSError, ValueError):
@@ -173,16 +186,26 @@ def _rss_growth(result_path: Path, world_size: int) -> int | None:
     return max(seen) if seen else None
 
 
-def _host_pressure(outcome: Outcome, grown: int | None, budget: int | None) -> Outcome:
-    """A SIGKILL is the kernel's OOM killer's, but it kills for the whole host: a CPU trial
-    killed while it held well under its budget was killed for what others used (another
+def _host_pressure(outcome: Outcome, grown: int | None, share: int | None, *,
+                   on_gpu: bool = False) -> Outcome:
+    """A SIGKILL is the kernel's OOM killer's, but it kills for the whole host (and Ray
+    marks its workers, whose children trials are, to go first): a trial killed while it
+    held well under its share of the host was killed for what others used (another
     search, a benchmark, a browser), which says nothing of the config. That is `lost`
-    (run again), not an OOM the memory model would learn from."""
-    if grown is None or not budget or grown >= HOST_PRESSURE_FRACTION * budget:
+    (run again), not an OOM the memory model would learn from. A GPU trial killed at its
+    share stays an OOM, of host memory (offloaded states), which says nothing of the GPU's."""
+    kind = "budget" if not on_gpu else "share of the host's RAM"
+    if grown is None or not share or grown >= HOST_PRESSURE_FRACTION * share:
+        if on_gpu:
+            outcome.extra["host_memory"] = True
+            outcome.error = ("host memory ran out (SIGKILL)" + (
+                f" while the trial held {grown / 2**30:.2f} GiB of its {share / 2**30:.2f} "
+                f"GiB {kind}" if grown is not None and share else "")
+                + f"\n{(outcome.error or '')[-STDERR_TAIL_CHARS:]}")
         return outcome
     return Outcome(LOST, error=(
         f"killed by SIGKILL while it held {grown / 2**30:.2f} GiB of its "
-        f"{budget / 2**30:.2f} GiB budget: the host ran out of memory for other processes' "
+        f"{share / 2**30:.2f} GiB {kind}: the host ran out of memory for other processes' "
         f"use, not the config's\n{(outcome.error or '')[-STDERR_TAIL_CHARS:]}"))
 
 

@@ -34,6 +34,7 @@ class TrialRequest:
     cpu_threads: int = 1  # the trial's share of the node's cores, all its ranks together
     world_size: int = 1
     on_cpu: bool = False  # which devices it leases (trials.lease)
+    node_trials: int = 1  # trials its node runs at once, which share the node's RAM
     seed: int = 0
     import_paths: list[str] = field(default_factory=list)  # where a factory's module may be
 
@@ -49,7 +50,8 @@ class TrialRequest:
 
 def make_request(spec: Spec, config: TrialConfig, *, on_cpu: bool, shape: dict | None,
                  memory_budget_bytes: int | None, timeout_s: float,
-                 cpu_threads: int, steps: int | None = None) -> TrialRequest:
+                 cpu_threads: int, steps: int | None = None,
+                 node_trials: int = 1) -> TrialRequest:
     """The request for one trial of `spec`, built in the driver; `steps` replaces the
     spec's timed steps (confirmation measures longer)."""
     seed = spec.search.seed
@@ -61,7 +63,8 @@ def make_request(spec: Spec, config: TrialConfig, *, on_cpu: bool, shape: dict |
         training_args=training_arguments_kwargs(config, seed=seed,
                                                 world_size=spec.world_size, on_cpu=on_cpu),
         shape=shape, memory_budget_bytes=memory_budget_bytes, timeout_s=timeout_s,
-        cpu_threads=cpu_threads, world_size=spec.world_size, on_cpu=on_cpu, seed=seed,
+        cpu_threads=cpu_threads, world_size=spec.world_size, on_cpu=on_cpu,
+        node_trials=node_trials, seed=seed,
         import_paths=[p for p in (spec.base_dir, os.getcwd()) if p])
 
 
@@ -72,7 +75,7 @@ def rank_result_path(result_path: str | Path, rank: int, world: int) -> str:
 
 
 def rss_path(result_path: str | Path) -> str:
-    """Where a CPU trial's budget watch keeps its latest RSS growth: what it held when
+    """Where a trial's host watch keeps its latest RSS growth: what it held when
     something outside killed it."""
     return f"{result_path}.rss"
 

@@ -30,6 +30,9 @@ if TYPE_CHECKING:
     from autotune.config import TrialConfig
 
 ERROR_TAIL_LINES = 25
+# How far a watched trial's host RSS moves before the figure the launcher reads is
+# rewritten, where no budget sets the scale.
+WATCH_GRANULARITY = 64 * 2**20
 # Trial-only settings: how long to run and what not to do; never a knob. NaN losses are
 # logged as they are (Trainer's filter would hide a real divergence).
 TRIAL_ONLY = {"logging_steps": 1, "save_strategy": "no", "disable_tqdm": True,
@@ -45,11 +48,13 @@ def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
 
-class BudgetWatch(threading.Thread):
-    """On CPU nothing stops a trial at the budget, so watch RSS and end the trial as an
-    OOM the moment its growth passes the budget (before it can swap the machine)."""
+class HostWatch(threading.Thread):
+    """Watches the trial's RSS growth and keeps the latest figure where the launcher reads
+    it, should something outside kill the trial (the host's OOM killer). With a budget (a
+    CPU trial, where nothing else stops one), it also ends the trial as an OOM the moment
+    its growth passes the budget, before it can swap the machine."""
 
-    def __init__(self, base_rss: int, budget: int, result_path: str, started: float,
+    def __init__(self, base_rss: int, budget: int | None, result_path: str, started: float,
                  shape: dict | None):
         super().__init__(daemon=True)
         self.base, self.budget, self.path, self.started = base_rss, budget, result_path, started
@@ -57,21 +62,24 @@ class BudgetWatch(threading.Thread):
 
     def run(self) -> None:
         said: int | None = None
+        # A budget is checked often; a GPU trial's host figure only needs to be recent,
+        # and its host thread is better left to launch the GPU's work.
+        step = self.budget / 50 if self.budget else WATCH_GRANULARITY
+        pause = 0.01 if self.budget else 0.1
         while True:
             grown = _rss() - self.base
-            if said is None or abs(grown - said) > self.budget / 50:  # for the launcher,
-                # should something outside kill us
+            if said is None or abs(grown - said) > step:
                 said = grown
                 with contextlib.suppress(OSError):
                     Path(rss_path(self.path)).write_text(str(grown))
-            if grown > self.budget:
+            if self.budget and grown > self.budget:
                 write_result(self.path, Outcome(
                     OOM, peak_memory_bytes=grown, wall_seconds=time.time() - self.started,
                     shape=self.shape,
                     error=f"memory budget exceeded: {grown / 2**30:.2f} GiB > "
                           f"{self.budget / 2**30:.2f} GiB (host RSS growth)"))
                 os._exit(0 if _world() == 1 else 1)
-            time.sleep(0.01)
+            time.sleep(pause)
 
 
 def _world() -> int:
@@ -213,10 +221,9 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
         if budget:
             total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
             torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total))
-    watch = None
-    if not cuda and budget:
-        watch = BudgetWatch(base_rss, budget, result_path, started, shape)
-        watch.start()
+    # On a GPU the budget is the GPU's (set above); the host is only watched.
+    watch = HostWatch(base_rss, None if cuda else budget, result_path, started, shape)
+    watch.start()
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     try:
         model = build_model(spec.model.model_dump(), cfg.attn_implementation)
@@ -226,8 +233,7 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
             model = with_lora(model, spec.model.lora.model_dump(), spec.model.task)
         if shape is None:
             shape = _learned_shape(model, spec)
-            if watch is not None:
-                watch.shape = shape  # even an OOM trial teaches the search the model's size
+            watch.shape = shape  # even an OOM trial teaches the search the model's size
         n_steps = spec.measure.warmup_steps + spec.measure.steps
         # Every rank gets b x gas micro-batch samples per step, for exactly n_steps steps.
         samples = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * n_steps
