@@ -166,14 +166,16 @@ def _run_trial(request: TrialRequest) -> Outcome:
 
 
 def _host_share(request: TrialRequest) -> int | None:
-    """The host memory a trial may count on. A CPU trial's is its budget. A GPU trial's is
-    the RAM available as it starts, shared among the trials its node runs at once: under
-    that it cannot have run the host out of memory on its own."""
+    """The host memory each rank of a trial may count on. A CPU trial's is its budget (per
+    rank). A GPU trial's is the RAM available as it starts, shared among the ranks of the
+    trials its node runs at once: under that it cannot have run the host out of memory on
+    its own."""
     if request.on_cpu:
         return request.memory_budget_bytes
     import psutil
 
-    return psutil.virtual_memory().available // max(1, request.node_trials)
+    ranks = max(1, request.node_trials) * max(1, request.world_size)
+    return psutil.virtual_memory().available // ranks
 
 
 def _rss_growth(result_path: Path, world_size: int) -> int | None:
