@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -188,3 +190,68 @@ def test_a_search_starts_its_ray_only_between_the_trials_of_another(tmp_path, le
     assert proc.returncode == 0, err[-3000:]
     assert float(out.split()[-1]) > released
     assert "held by a trial of another search" in err
+
+
+NOBODY = 65534
+
+
+def _as_nobody() -> None:
+    os.setgroups([])
+    os.setgid(NOBODY)
+    os.setuid(NOBODY)
+
+
+def _python_for_nobody(env: dict[str, str]) -> str | None:
+    """An interpreter another user can run that imports this checkout's lease module (the
+    venv's may live under root's home)."""
+    for python in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
+        try:
+            ok = subprocess.run([python, "-c", "import autotune.trials.lease"], env=env,
+                                preexec_fn=_as_nobody, cwd="/", capture_output=True,
+                                timeout=30).returncode == 0
+        except OSError:
+            ok = False
+        if ok:
+            return python
+    return None
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0,
+                    reason="running a second user's search needs root")
+def test_two_users_share_the_machines_leases(tmp_path, monkeypatch):
+    """The lease folder is the machine's: the first user to lease creates it, and the
+    next user's searches must queue behind the first's trials, and theirs behind it, on
+    files another user created (not fail on a permission, nor skip the wait)."""
+    shared = Path(tempfile.mkdtemp(prefix="autotune-two-users-", dir="/tmp"))
+    try:
+        shared.chmod(0o1777)  # as /tmp itself
+        folder = shared / "autotune-leases"
+        monkeypatch.setenv("AUTOTUNE_LEASE_DIR", str(folder))
+        env = dict(os.environ) | {"PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+                                  "AUTOTUNE_LEASE_DIR": str(folder)}
+        python = _python_for_nobody(env)
+        if python is None:
+            pytest.skip("no interpreter user nobody may run imports this checkout")
+
+        def nobody_holds(name: str, hold: float):
+            log = shared / f"{name}.log"
+            proc = subprocess.Popen([python, "-c", HOLDER, "", str(node_cpus()), str(hold),
+                                     str(log)], env=env, preexec_fn=_as_nobody, cwd="/")
+            return proc, log
+
+        # Root leases first: the folder and the core files are root's, and the other
+        # user's trial queues behind root's.
+        with lease(ALL_CORES, timeout_s=30, label="root's trial"):
+            proc, log = nobody_holds("first", hold=2.0)
+            time.sleep(2.0)
+            assert not log.exists(), "the other user's trial ran beside root's"
+            released = time.time()
+        assert folder.stat().st_uid == 0
+        assert _wait_for(log, "got") >= released
+        # Now the other user holds the cores, and root's trial queues behind theirs.
+        with lease(ALL_CORES, timeout_s=30, label="root's trial") as waited:
+            got = time.time()
+        assert proc.wait(timeout=30) == 0, "the other user's lease failed"
+        assert got >= _wait_for(log, "done") and waited > 0.5
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
