@@ -5,8 +5,9 @@ seconds its imports take.
 Each forked trial is still its own process with its own limits: its own session (the
 launcher kills its group past the time limit), its own environment and thread count, its
 own log, and it dies with the server (which dies with its launcher). CUDA is never touched
-before the fork (a forked CUDA context is unusable), only imported. Trials of several
-ranks go through torchrun instead, cold.
+before the fork (a forked CUDA context is unusable), only imported. A trial of several
+ranks is forked as a leader that forks its ranks and does what torchrun does for one
+node: each rank's environment, and the first rank to fail takes the others down.
 
 Protocol, one JSON object per line: the launcher writes {"request", "result", "log",
 "cwd", "env"}; the server answers {"pid"} once the trial runs, then {"pid",
@@ -71,12 +72,8 @@ def _child(job: dict[str, Any], channel: int) -> None:
         os.chdir(job["cwd"])
         os.environ.clear()
         os.environ.update(job["env"])
-        import torch
-
-        torch.set_num_threads(int(job["env"].get("OMP_NUM_THREADS", "1")))
-        from autotune.trials import worker
-
-        code = worker.main(["worker", job["request"], job["result"]])
+        world = int(job.get("world_size", 1))
+        code = _ranks(job, world) if world > 1 else _worker(job)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # noqa: BLE001 - the traceback goes to the trial's log
@@ -88,6 +85,61 @@ def _child(job: dict[str, Any], channel: int) -> None:
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
+
+
+def _worker(job: dict[str, Any]) -> int:
+    import torch
+
+    torch.set_num_threads(int(job["env"].get("OMP_NUM_THREADS", "1")))
+    from autotune.trials import worker
+
+    return worker.main(["worker", job["request"], job["result"]])
+
+
+def _ranks(job: dict[str, Any], world: int) -> int:
+    """torchrun's part for one node, forked: the ranks' environment (the rendezvous
+    address is the launcher's), then wait; a rank that fails (a rank's OOM exits non-zero
+    so that the others, blocked in a collective, are ended) takes the rest down, and its
+    status is the trial's: a rank killed by a signal, the leader dies of the same one."""
+    ranks: dict[int, int] = {}
+    for rank in range(world):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                die_with_parent()
+                os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank),
+                                   "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+                                   "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+                                   "ROLE_WORLD_SIZE": str(world)})
+                code = _worker(job)
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+            except BaseException:  # noqa: BLE001 - the traceback goes to the trial's log
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                with contextlib.suppress(Exception):
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                os._exit(code)
+        ranks[pid] = rank
+    failed = 0
+    while ranks:
+        pid, status = os.wait()
+        ranks.pop(pid, None)
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0 and not failed:
+            failed = code
+            for other in ranks:
+                with contextlib.suppress(OSError):
+                    os.kill(other, signal.SIGKILL)
+    if failed < 0:
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL's cannot be set, nor need be
+            signal.signal(-failed, signal.SIG_DFL)
+        os.kill(os.getpid(), -failed)
+    return failed
 
 
 _current: dict[str, int] = {}  # the trial running now, for the parent watch

@@ -2,9 +2,10 @@
 
 A crash, an OOM kill or a hang must never reach the study: the trial runs in its own
 process session, is killed with its children past its time limit, dies with whatever
-launched it, and its exit status is classified here. A single-process trial is forked
-from a warm launcher that has its imports done (forkserver.py); a trial of several ranks
-starts cold under torchrun. AUTOTUNE_COLD_TRIALS=1 starts every trial cold.
+launched it, and its exit status is classified here. A trial is forked from a warm
+launcher that has its imports done (forkserver.py), its ranks too. Cold, it starts as a
+new interpreter (torchrun for ranks), as it does when the warm launcher cannot start and
+for every trial under AUTOTUNE_COLD_TRIALS=1.
 """
 
 from __future__ import annotations
@@ -38,12 +39,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _command(request_path: Path, result_path: Path, world_size: int) -> list[str]:
+def _command(request_path: Path, result_path: Path, world_size: int,
+             master_port: str) -> list[str]:
     worker = ["-m", "autotune.trials.worker", str(request_path), str(result_path)]
     if world_size == 1:
         return [sys.executable, *worker]
     return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world_size}",
-            f"--master_port={_free_port()}", *worker]
+            f"--master_port={master_port}", *worker]
 
 
 def extensions_dir() -> str:
@@ -61,11 +63,11 @@ def _environment(world_size: int, cpu_threads: int) -> dict[str, str]:
     # num_cpus and torch would otherwise inherit whatever the launching process had.
     per_rank = str(max(1, cpu_threads // world_size))
     env |= {"OMP_NUM_THREADS": per_rank, "MKL_NUM_THREADS": per_rank}
-    # A single process still needs a process group for DeepSpeed; torchrun sets these
-    # for several.
+    # A single process still needs a process group for DeepSpeed; the ranks of several
+    # get theirs from torchrun or the warm launcher, which rendezvous at this address.
+    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
     if world_size == 1:
-        env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "RANK": "0",
-                "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+        env |= {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
     env.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -82,7 +84,8 @@ def _run_cold(request: TrialRequest, tmpdir: Path, env: dict[str, str]) -> tuple
     """(return code, timed out) of the trial as a new interpreter (torchrun for ranks)."""
     with (tmpdir / "stderr.log").open("w") as log:
         proc = subprocess.Popen(
-            _command(tmpdir / "request.json", tmpdir / "result.json", request.world_size),
+            _command(tmpdir / "request.json", tmpdir / "result.json", request.world_size,
+                     env["MASTER_PORT"]),
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=tmpdir,
             preexec_fn=forkserver.die_with_parent)
         timed_out = False
@@ -104,7 +107,8 @@ def _run_warm(request: TrialRequest, tmpdir: Path, env: dict[str, str]) -> tuple
     server = forkserver.server(dict(os.environ))
     pid = server.start({"request": str(tmpdir / "request.json"),
                         "result": str(tmpdir / "result.json"),
-                        "log": str(tmpdir / "stderr.log"), "cwd": str(tmpdir), "env": env})
+                        "log": str(tmpdir / "stderr.log"), "cwd": str(tmpdir), "env": env,
+                        "world_size": request.world_size})
     try:
         code = server.wait(pid, request.timeout_s)
         if code is not None:
@@ -143,7 +147,7 @@ def _run_trial(request: TrialRequest) -> Outcome:
         tmpdir = Path(tmp)
         (tmpdir / "request.json").write_text(request.to_json())
         env = _environment(request.world_size, request.cpu_threads)
-        warm = request.world_size == 1 and os.environ.get("AUTOTUNE_COLD_TRIALS") != "1"
+        warm = os.environ.get("AUTOTUNE_COLD_TRIALS") != "1"
         try:
             code, timed_out = _run_warm(request, tmpdir, env) if warm else _run_cold(
                 request, tmpdir, env)
