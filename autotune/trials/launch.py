@@ -204,10 +204,10 @@ def _host_pressure(outcome: Outcome, grown: int | None, share: int | None, *,
     if grown is None or not share or grown >= HOST_PRESSURE_FRACTION * share:
         if on_gpu:
             outcome.extra["host_memory"] = True
-            outcome.error = ("host memory ran out (SIGKILL)" + (
-                f" while the trial held {grown / 2**30:.2f} GiB of its {share / 2**30:.2f} "
-                f"GiB {kind}" if grown is not None and share else "")
-                + f"\n{(outcome.error or '')[-STDERR_TAIL_CHARS:]}")
+            said = (f"host memory ran out (SIGKILL) while the trial held {grown / 2**30:.2f}"
+                    f" GiB of its {share / 2**30:.2f} GiB {kind}" if grown is not None and share
+                    else "killed by SIGKILL, the host's OOM killer's signal: host memory")
+            outcome.error = f"{said}\n{(outcome.error or '')[-STDERR_TAIL_CHARS:]}"
         return outcome
     return Outcome(LOST, error=(
         f"killed by SIGKILL while it held {grown / 2**30:.2f} GiB of its "
