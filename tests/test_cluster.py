@@ -309,6 +309,10 @@ def test_a_sigkill_near_the_budget_stays_the_configs_oom():
     assert _host_pressure(killed, int(3.5 * 2**30), 4 * 2**30) is killed
     assert _host_pressure(killed, None, 4 * 2**30) is killed  # nothing known: as before
     assert _host_pressure(killed, 2**30, 4 * 2**30).status == "lost"
+    # A GPU trial with nothing known of its host memory: an OOM of the host, not the GPU.
+    gpu = _host_pressure(Outcome(OOM, error="killed"), None, 4 * 2**30, on_gpu=True)
+    assert gpu.status == OOM and gpu.extra["host_memory"]
+    assert gpu.error.startswith("killed by SIGKILL, the host's OOM killer's signal")
 
 
 @pytest.mark.parametrize("node_trials", [1, 10**6])
