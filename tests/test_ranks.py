@@ -60,12 +60,16 @@ def test_oom_on_rank_1_is_the_trials_oom_and_ends_every_rank(tiny_spec):
     assert not left
 
 
-def test_a_rank_the_host_kills_ends_the_trial_as_the_hosts_failure(tiny_spec, tmp_path):
+@pytest.mark.parametrize("launch", ["warm", "cold"])
+def test_a_rank_the_host_kills_ends_the_trial_as_the_hosts_failure(tiny_spec, tmp_path,
+                                                                   launch, monkeypatch):
     """A rank killed by SIGKILL (standing in for the kernel's OOM killer) while its
-    partner waits for it in a collective: the warm launcher's leader ends the other rank
-    at once and dies of the same signal, so the trial is judged as a killed one (here
-    `lost`, well under its budget), not hung until its time limit nor blamed on the
-    config."""
+    partner waits for it in a collective: the warm launcher's leader (or torchrun, cold)
+    ends the other rank at once, and the trial is judged as a killed one (here `lost`,
+    well under its budget), not hung until its time limit nor blamed on the config."""
+    cold = launch == "cold"
+    if cold:
+        monkeypatch.setenv("AUTOTUNE_COLD_TRIALS", "1")
     spec = _two_ranks(tiny_spec, factory="tests.factories:stalls_the_first_time",
                       config={**tiny_spec["model"]["config"],
                               "stall_marker": str(tmp_path / "stalled")})
@@ -78,9 +82,11 @@ def test_a_rank_the_host_kills_ends_the_trial_as_the_hosts_failure(tiny_spec, tm
         time.sleep(1.0)  # its host watch has written what it holds
         for p in psutil.process_iter():
             with contextlib.suppress(psutil.Error):
-                parents = p.parents()  # a rank: forked by a trial's leader, its server's
-                if (len(parents) > 1 and not killed and "autotune.trials.forkserver" in
-                        " ".join(parents[1].cmdline())):
+                parents = p.parents()  # a rank: torchrun's child, or its leader's
+                launcher = " ".join(parents[0 if cold else 1].cmdline()) if len(
+                    parents) > 1 else ""
+                if not killed and ("torch.distributed.run" in launcher if cold
+                                   else "autotune.trials.forkserver" in launcher):
                     p.send_signal(signal.SIGKILL)
                     killed.append(p.pid)
 
@@ -89,6 +95,9 @@ def test_a_rank_the_host_kills_ends_the_trial_as_the_hosts_failure(tiny_spec, tm
     assert killed, "no rank was found to kill"
     assert out.status == "lost", (out.status, out.error)
     assert out.wall_seconds < 60  # taken down by the leader, not by the time limit
+    assert out.extra["launch"] == launch
     servers = [p for p in psutil.Process().children()
                if "autotune.trials.forkserver" in " ".join(p.cmdline())]
-    assert servers and not [c for p in servers for c in p.children(recursive=True)]
+    assert not [c for p in servers for c in p.children(recursive=True)]
+    assert not [p for p in psutil.Process().children(recursive=True)
+                if "autotune.trials.worker" in " ".join(p.cmdline())]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -158,6 +159,12 @@ def _run_trial(request: TrialRequest) -> Outcome:
         log_tail = log_path.read_text(errors="replace")[-STDERR_TAIL_CHARS:] if (
             log_path.is_file()) else ""
         ranks = _rank_results(tmpdir / "result.json", request.world_size)
+        if not warm and request.world_size > 1 and code > 0:
+            code = _torchrun_root_cause(log_tail) or code
+        if code < 0 and not timed_out and len(ranks) < request.world_size:
+            # A rank killed by a signal failed first: the others' errors (a collective
+            # torn down under them) follow from it and say nothing of the config.
+            ranks = {}
         outcome = _classify(code, timed_out, ranks, log_tail, request.timeout_s,
                             request.world_size)
         if outcome.status == OOM and is_oom_signal(code) and not ranks:
@@ -167,6 +174,14 @@ def _run_trial(request: TrialRequest) -> Outcome:
     outcome.wall_seconds = time.time() - started
     outcome.extra["launch"] = "warm" if warm else "cold"
     return outcome
+
+
+def _torchrun_root_cause(log_tail: str) -> int | None:
+    """The signal that killed the rank torchrun names as the root cause, as a negative
+    return code (torchrun itself exits 1): a rank the kernel killed is judged as a killed
+    trial, as the warm launcher reports it."""
+    found = re.search(r"Root Cause.*?exitcode\s*:\s*(-\d+)", log_tail, re.DOTALL)
+    return int(found.group(1)) if found else None
 
 
 def _host_share(request: TrialRequest) -> int | None:
