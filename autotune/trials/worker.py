@@ -2,10 +2,11 @@
 
 Run as `python -m autotune.trials.worker REQUEST.json RESULT.json`. It writes the result
 itself for every outcome it can see (ok, oom, nan, error); a crash or a kill leaves no
-file, and the launcher classifies that from the exit status. Under torchrun every rank
-writes its own file (RESULT.json.rankR, merged by the launcher), and a rank that failed
-exits non-zero so that torchrun takes the others down instead of leaving them blocked in
-a collective until the time limit.
+file, and the launcher classifies that from the exit status. Of several ranks (forked by
+the warm launcher's leader, or under torchrun) every rank writes its own file
+(RESULT.json.rankR, merged by the launcher), and a rank that failed exits non-zero so that
+the leader or torchrun takes the others down instead of leaving them blocked in a
+collective until the time limit.
 """
 
 from __future__ import annotations
@@ -396,7 +397,7 @@ def _gpu_memory(index: int) -> tuple[int, dict[str, Any]]:
 def main(argv: list[str]) -> int:
     from autotune.trials.forkserver import die_with_parent
 
-    die_with_parent()  # a rank under torchrun dies with it, whatever kills torchrun
+    die_with_parent()  # a rank dies with its leader or torchrun, however it dies
     request_path, result_path = argv[1], argv[2]
     request = TrialRequest.from_json(Path(request_path).read_text())
     # The trial runs in a scratch folder; model factories import from the spec's folder
