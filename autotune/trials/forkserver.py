@@ -28,7 +28,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 # What every trial imports; the optional ones only where installed. Importing them is
 # most of a cold trial's overhead (about 4-8 s on the development machine).
@@ -60,8 +61,8 @@ def _preload() -> None:
 
 def _child(job: dict[str, Any], channel: int) -> None:
     """In the forked process: become the trial, then exit with its status."""
-    code = 1
-    try:
+
+    def become() -> int:
         os.close(channel)
         os.setsid()
         die_with_parent()
@@ -73,7 +74,17 @@ def _child(job: dict[str, Any], channel: int) -> None:
         os.environ.clear()
         os.environ.update(job["env"])
         world = int(job.get("world_size", 1))
-        code = _ranks(job, world) if world > 1 else _worker(job)
+        return _ranks(job, world) if world > 1 else _worker(job)
+
+    _exit_with(become)
+
+
+def _exit_with(body: Callable[[], int]) -> NoReturn:
+    """Run a forked process's body and exit with its status, never returning into the
+    server's code: whatever it raises ends it (the traceback goes to the trial's log)."""
+    code = 1
+    try:
+        code = body()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # noqa: BLE001 - the traceback goes to the trial's log
@@ -96,6 +107,14 @@ def _worker(job: dict[str, Any]) -> int:
     return worker.main(["worker", job["request"], job["result"]])
 
 
+def _rank(job: dict[str, Any], rank: int, world: int) -> int:
+    die_with_parent()
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+                       "LOCAL_WORLD_SIZE": str(world), "GROUP_RANK": "0",
+                       "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world)})
+    return _worker(job)
+
+
 def _ranks(job: dict[str, Any], world: int) -> int:
     """torchrun's part for one node, forked: the ranks' environment (the rendezvous
     address is the launcher's), then wait; a rank that fails (a rank's OOM exits non-zero
@@ -105,25 +124,7 @@ def _ranks(job: dict[str, Any], world: int) -> int:
     for rank in range(world):
         pid = os.fork()
         if pid == 0:
-            code = 1
-            try:
-                die_with_parent()
-                os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank),
-                                   "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
-                                   "GROUP_RANK": "0", "ROLE_RANK": str(rank),
-                                   "ROLE_WORLD_SIZE": str(world)})
-                code = _worker(job)
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else 1
-            except BaseException:  # noqa: BLE001 - the traceback goes to the trial's log
-                import traceback
-
-                traceback.print_exc()
-            finally:
-                with contextlib.suppress(Exception):
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                os._exit(code)
+            _exit_with(lambda rank=rank: _rank(job, rank, world))
         ranks[pid] = rank
     failed = 0
     while ranks:
