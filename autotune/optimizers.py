@@ -23,9 +23,21 @@ class Optimizer:
     # Changes the training algorithm (not just its implementation): never searched unless
     # the user lists it.
     changes_algorithm: bool = False
+    # Bytes per element of the one tensor per parameter its step allocates and frees
+    # (torch's foreach AdamW: the square root of the second moment); fused kernels and
+    # bitsandbytes update in place. The allocator replay needs it (plan/allocator.py).
+    step_temporary_bytes: float = 0.0
+
+    @property
+    def state_tensors(self) -> tuple[float, ...]:
+        """Bytes per element of each state tensor a parameter gets: Adam's two moments
+        (fp32, or 8-bit), one for single-moment optimizers."""
+        two = self.state_bytes in (2, 8)
+        return (self.state_bytes / 2,) * 2 if two else ((self.state_bytes,)
+                                                        if self.state_bytes else ())
 
 
-ADAM = Optimizer(8, offload_type="AdamW")
+ADAM = Optimizer(8, offload_type="AdamW", step_temporary_bytes=4)
 OPTIMIZERS: dict[str, Optimizer] = {
     "adamw_torch": ADAM,
     "adamw_torch_fused": Optimizer(8, gpu_only=True),

@@ -49,6 +49,7 @@ class MemoryModel(Physics):
     def __init__(self, shape: ModelShape, device: DeviceSpec, world_size: int = 1) -> None:
         super().__init__(shape, device, world_size)
         self._points: dict[Family, dict[int, int]] = {}
+        self._configs: dict[tuple[Family, int], TrialConfig] = {}  # each point's config
         self._oom_at: dict[Family, int] = {}
         self._theta = PRIOR_MEAN.copy()
         self._family_resid: dict[Family, float] = {}
@@ -100,6 +101,12 @@ class MemoryModel(Physics):
     def _predict_total(self, c: TrialConfig) -> float:
         b = c.per_device_train_batch_size
         points = self._points.get(c.family, {})
+        if points and self.reserved_peak(c) is not None:
+            # The replay knows how the allocator's peak moves with the batch (unevenly):
+            # the family's nearest measurement carries over as an offset from it.
+            nearest = min(points, key=lambda p: abs(p - b))
+            here = self._configs[c.family, nearest]
+            return self._regressed(c) + points[nearest] - self._regressed(here)
         per_sample = self._per_sample(c)
         if len(points) >= 2:
             slope = self._family_slope(points, per_sample)
@@ -170,6 +177,7 @@ class MemoryModel(Physics):
         if not measured_bytes:
             return
         self._points.setdefault(c.family, {})[c.per_device_train_batch_size] = measured_bytes
+        self._configs[c.family, c.per_device_train_batch_size] = c
         self._memo.clear()
         self._refit()
 
@@ -187,7 +195,7 @@ class MemoryModel(Physics):
 
     def _refit(self) -> None:
         # 1) A scale per physics term, from every measured trial (Bayesian ridge).
-        measured = [(TrialConfig(b, 1, fam), m) for fam, points in self._points.items()
+        measured = [(self._configs[fam, b], m) for fam, points in self._points.items()
                     for b, m in points.items()]
         X = np.array([self.features(c) for c, _ in measured]).reshape(-1, len(FEATURES))
         y = np.array([m for _, m in measured], float)
@@ -206,7 +214,7 @@ class MemoryModel(Physics):
         errors = []
         for fam, points in self._points.items():
             self._family_resid[fam] = statistics.median(
-                m - self._regressed(TrialConfig(b, 1, fam)) for b, m in points.items())
+                m - self._regressed(self._configs[fam, b]) for b, m in points.items())
             errors.append(abs(self._family_resid[fam]) / statistics.median(points.values()))
         # 3) How far off an unmeasured family may be: what the shared fit misses on the
         # measured ones (a high quantile), shrunk toward the prior while they are few.

@@ -16,8 +16,9 @@ import numpy as np
 
 from autotune.config import TrialConfig
 from autotune.optimizers import optimizer
+from autotune.plan.allocator import replay, training_events
 from autotune.plan.shape import ModelShape
-from autotune.plan.trace import ActivationTrace, trace_activations
+from autotune.plan.trace import ActivationTrace, trace_activations, trace_step
 
 if TYPE_CHECKING:
     from autotune.plan.device import DeviceSpec
@@ -34,6 +35,11 @@ FRAGMENTATION = 0.05
 # 40 trials (benchmarks/memory_accuracy.txt): malloc arenas keep freed blocks and CPU
 # kernels keep fp32 intermediates. Uncalibrated CPU predictions use the median.
 CPU_OVERHEAD_FACTOR = 0.95
+# The allocator replay traces every layer of the model, twice per compute mode and
+# checkpointing (about 5 s for 12 layers on 2 cores; BERT-large's 24 layers made
+# `autotune estimate` take over 2 minutes). Until a trace of a few layers can stand for
+# the rest, deeper models keep the FRAGMENTATION allowance.
+MAX_REPLAY_LAYERS = 12
 COMPONENTS = ("weights", "gradients", "optimizer", "activations", "logits", "runtime")
 # Per-sample terms a knob switches to another formula: calibration may let each stray
 # from the shared scale where measurements say so. "activations|attention" is the s^2
@@ -83,6 +89,7 @@ class Physics:
     def __init__(self, shape: ModelShape, device: DeviceSpec, world_size: int = 1) -> None:
         self.shape, self.device, self.world_size = shape, device, world_size
         self._cache: dict[TrialConfig, np.ndarray] = {}
+        self._reserved: dict[TrialConfig, float | None] = {}
 
     def _model_states(self, c: TrialConfig) -> tuple[dict[str, float], float]:
         """(device bytes by component, host bytes) of weights, gradients and optimizer."""
@@ -262,13 +269,45 @@ class Physics:
         b = c.per_device_train_batch_size
         comps = states | {"activations": b * self.activation_bytes_per_sample(c),
                           "logits": b * self.logits_bytes_per_sample(c)}
-        slack = self._slack_factor() * sum(comps.values())
+        slack = self._slack_factor(c, sum(comps.values())) * sum(comps.values())
         runtime = CUDA_RUNTIME_BYTES if self.device.is_cuda else CPU_RUNTIME_BYTES
         comps["runtime"] = runtime + slack
         return MemoryEstimate({k: int(comps[k]) for k in COMPONENTS}, int(host))
 
-    def _slack_factor(self) -> float:
-        return FRAGMENTATION if self.device.is_cuda else CPU_OVERHEAD_FACTOR
+    def _slack_factor(self, c: TrialConfig, tensors: float) -> float:
+        """What the allocator holds beyond the tensors, as a fraction of them: on a GPU
+        the replayed reserved peak where the step can be replayed, else FRAGMENTATION;
+        on a CPU, malloc's arenas. (Negative where the replay's peak, which knows when
+        each tensor lives, is below the components' sum, which has them all at once.)"""
+        if not self.device.is_cuda:
+            return CPU_OVERHEAD_FACTOR
+        reserved = self.reserved_peak(c)
+        return FRAGMENTATION if reserved is None or not tensors else reserved / tensors - 1
+
+    def reserved_peak(self, c: TrialConfig) -> float | None:
+        """The caching allocator's reserved peak over a trial's steps (plan/allocator.py),
+        replayed from the whole model's traced allocations; None where there is no such
+        trace: a CPU, a model without config, LoRA, DeepSpeed or FSDP (their engines
+        allocate outside the model's code), Liger's kernels, or a model deeper than
+        MAX_REPLAY_LAYERS."""
+        if c in self._reserved:
+            return self._reserved[c]
+        value = None
+        opt = optimizer(c.optim)
+        if (self.device.is_cuda and self.shape.hf_config is not None and self.shape.lora is None
+                and c.zero_stage == 0 and c.fsdp == "none" and not c.use_liger_kernel
+                and c.optim != "adafactor" and self.shape.num_layers <= MAX_REPLAY_LAYERS):
+            mode = "fp32" if _compute_bytes(c.precision) == 4 else "autocast16"
+            step = trace_step(self.shape.hf_config, self.shape.task or "causal-lm",
+                              self.shape.seq_len, mode, c.gradient_checkpointing,
+                              "eager" if self.materialises_attention(c) else "sdpa", True)
+            if step is not None:
+                events = training_events(step, c.per_device_train_batch_size,
+                                         c.gradient_accumulation_steps, opt.state_tensors,
+                                         opt.step_temporary_bytes)
+                value = float(replay(events).peak_reserved)
+        self._reserved[c] = value
+        return value
 
     def features(self, c: TrialConfig) -> np.ndarray:
         """The physics' terms, each with its share of allocator slack, in FEATURES order:
@@ -278,7 +317,8 @@ class Physics:
         cached = self._cache.get(c)
         if cached is None:
             comps = self.physics(c).components
-            slack = 1 + self._slack_factor()
+            tensors = sum(comps[k] for k in COMPONENTS if k != "runtime")
+            slack = 1 + self._slack_factor(c, tensors)
             terms = {k: comps[k] * slack for k in COMPONENTS}
             terms["runtime"] = CUDA_RUNTIME_BYTES if self.device.is_cuda else CPU_RUNTIME_BYTES
             wide = _compute_bytes(c.precision) == 4

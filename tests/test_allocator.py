@@ -1,0 +1,84 @@
+"""The caching-allocator replay (plan/allocator.py): torch's rules for segments, reuse,
+splitting and merging, and the replayed peak of a traced model's training steps."""
+
+from __future__ import annotations
+
+from autotune.config import TrialConfig
+from autotune.plan.allocator import CachingAllocator, replay, training_events
+from autotune.plan.device import named_device
+from autotune.plan.memory import CUDA_RUNTIME_BYTES, Physics
+from autotune.plan.shape import load_hf_config, shape_from_hf_config
+from autotune.plan.trace import trace_step
+
+MiB = 2**20
+GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 512,
+        "n_positions": 64}
+
+
+def test_segments_are_sized_by_the_request():
+    a = CachingAllocator()
+    a.malloc("tiny", 100)  # small pool: one 2 MiB segment
+    assert a.reserved == 2 * MiB and a.allocated == 512
+    a.malloc("mid", 3 * MiB)  # under 10 MiB: a 20 MiB segment
+    assert a.reserved == 22 * MiB
+    a.malloc("fits", 11 * MiB)  # the 17 MiB left of that segment take it
+    assert a.reserved == 22 * MiB
+    a.malloc("big", 11 * MiB + 1)  # its own segment, rounded up to 2 MiB
+    assert a.reserved == 22 * MiB + 12 * MiB
+
+
+def test_a_freed_block_is_reused_only_where_the_request_fits():
+    a = CachingAllocator()
+    a.malloc("x", 100 * MiB)
+    a.free("x")
+    a.malloc("y", 60 * MiB)  # split from the cached 100 MiB block
+    a.malloc("z", 40 * MiB)  # the rest of it
+    assert a.reserved == 100 * MiB
+    a.free("y")
+    a.malloc("w", 80 * MiB)  # 60 MiB cached, but not contiguous with anything free
+    assert a.reserved == 180 * MiB and a.peak_allocated == 120 * MiB
+
+
+def test_freed_neighbours_merge():
+    a = CachingAllocator()
+    a.malloc("x", 100 * MiB)
+    a.free("x")
+    a.malloc("y", 50 * MiB)
+    a.malloc("z", 50 * MiB)
+    a.free("y")
+    a.free("z")
+    a.malloc("w", 100 * MiB)  # y and z merged back into one block
+    assert a.reserved == 100 * MiB
+
+
+def test_the_same_tensors_reserve_more_in_another_order():
+    """What the replay is for: the peak of live tensors does not fix the reserved peak."""
+    small_first = [("alloc", 1, 30 * MiB), ("free", 1, 0), ("alloc", 2, 40 * MiB)]
+    large_first = [("alloc", 2, 40 * MiB), ("free", 2, 0), ("alloc", 1, 30 * MiB)]
+    assert replay(small_first).peak_reserved == 70 * MiB
+    assert replay(large_first).peak_reserved == 40 * MiB
+
+
+def test_a_traced_step_replays_as_a_trial_allocates():
+    step = trace_step(GPT2, "causal-lm", 64, "autocast16", False, "sdpa", True)
+    assert step is not None and len(step.persistent) == len(step.trainable)
+    adam = replay(training_events(step, 4, 2, (4, 4), 4))
+    n = sum(step.trainable)
+    # Weights, gradients and both moments at least; no more than every event at once.
+    assert adam.peak_allocated >= 16 * n
+    assert adam.peak_reserved >= adam.peak_allocated
+    sgd = replay(training_events(step, 4, 2, (), 0))
+    assert adam.peak_allocated - sgd.peak_allocated >= 8 * n  # the moments
+    # Sizes are read linearly from two traced batches: a larger batch holds more.
+    assert replay(training_events(step, 12, 1, (4, 4), 4)).peak_allocated > adam.peak_allocated
+
+
+def test_physics_replays_plain_trainer_steps_on_a_gpu_only():
+    shape = shape_from_hf_config(load_hf_config({"config": GPT2}), 64)
+    h100 = Physics(shape, named_device("H100"))
+    plain = TrialConfig.of(4, 4, precision="bf16")
+    assert h100.reserved_peak(plain) is not None
+    total = h100.physics(plain).total_bytes
+    assert abs(total - h100.reserved_peak(plain) - CUDA_RUNTIME_BYTES) < 16  # the replay's
+    # DeepSpeed's engine allocates outside the model's code: no replay.
+    assert h100.reserved_peak(TrialConfig.of(4, 4, precision="bf16", zero_stage=2)) is None
