@@ -4,11 +4,11 @@ splitting and merging, and the replayed peak of a traced model's training steps.
 from __future__ import annotations
 
 from autotune.config import TrialConfig
-from autotune.plan.allocator import CachingAllocator, replay, training_events
+from autotune.plan.allocator import CachingAllocator, TracedStep, replay, training_events
 from autotune.plan.device import named_device
 from autotune.plan.memory import CUDA_RUNTIME_BYTES, Physics
 from autotune.plan.shape import load_hf_config, shape_from_hf_config
-from autotune.plan.trace import trace_step
+from autotune.plan.step_trace import _deepened, _record, trace_step
 
 MiB = 2**20
 GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 512,
@@ -82,3 +82,30 @@ def test_physics_replays_plain_trainer_steps_on_a_gpu_only():
     assert abs(total - h100.reserved_peak(plain) - CUDA_RUNTIME_BYTES) < 16  # the replay's
     # DeepSpeed's engine allocates outside the model's code: no replay.
     assert h100.reserved_peak(TrialConfig.of(4, 4, precision="bf16", zero_stage=2)) is None
+
+
+def _replayed(parts) -> tuple[int, int, int]:
+    params, trainable, first, later, persistent = parts
+    step = TracedStep(params, trainable, tuple((k, key, n, n) for k, key, n in first),
+                      tuple((k, key, n, n) for k, key, n in later), (8, 16), persistent)
+    a = replay(training_events(step, 8, 3, (4, 4), 4))
+    return a.peak_reserved, a.peak_allocated, a.allocated
+
+
+def test_a_deep_model_is_traced_from_four_layers():
+    """Four layers traced, the third repeated: the same replay as tracing all seven."""
+    llama = {"model_type": "llama", "num_hidden_layers": 7, "hidden_size": 64,
+             "intermediate_size": 160, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "vocab_size": 512, "max_position_embeddings": 64}
+    gpt2 = GPT2 | {"n_layer": 7}
+    for raw, mode, ckpt in ((llama, "autocast16", False), (gpt2, "fp32", True)):
+        cfg = load_hf_config({"config": raw})
+        deep = _deepened(cfg, "causal-lm", 64, 8, mode, ckpt, "sdpa", True, 7)
+        p, t, first, later, kept = _record(cfg, "causal-lm", 64, 8, mode, ckpt, "sdpa",
+                                           True, 7)
+        plain = lambda evs: [(k, (key, 0), n) for k, key, n, _ in evs]  # noqa: E731
+        direct = (tuple(b for b, _ in p), tuple(e for e, _ in t), plain(first),
+                  plain(later), frozenset((k, 0) for k in kept))
+        assert len(deep[0]) == len(direct[0]) and len(deep[2]) == len(direct[2])
+        assert len(deep[4]) == len(direct[4]) == len(deep[1])  # one gradient per parameter
+        assert _replayed(deep) == _replayed(direct), (raw["model_type"], mode, ckpt)

@@ -18,7 +18,8 @@ from autotune.config import TrialConfig
 from autotune.optimizers import optimizer
 from autotune.plan.allocator import replay, training_events
 from autotune.plan.shape import ModelShape
-from autotune.plan.trace import ActivationTrace, trace_activations, trace_step
+from autotune.plan.step_trace import trace_step
+from autotune.plan.trace import ActivationTrace, trace_activations
 
 if TYPE_CHECKING:
     from autotune.plan.device import DeviceSpec
@@ -35,11 +36,6 @@ FRAGMENTATION = 0.05
 # 40 trials (benchmarks/memory_accuracy.txt): malloc arenas keep freed blocks and CPU
 # kernels keep fp32 intermediates. Uncalibrated CPU predictions use the median.
 CPU_OVERHEAD_FACTOR = 0.95
-# The allocator replay traces every layer of the model, twice per compute mode and
-# checkpointing (about 5 s for 12 layers on 2 cores; BERT-large's 24 layers made
-# `autotune estimate` take over 2 minutes). Until a trace of a few layers can stand for
-# the rest, deeper models keep the FRAGMENTATION allowance.
-MAX_REPLAY_LAYERS = 12
 COMPONENTS = ("weights", "gradients", "optimizer", "activations", "logits", "runtime")
 # Per-sample terms a knob switches to another formula: calibration may let each stray
 # from the shared scale where measurements say so. "activations|attention" is the s^2
@@ -288,15 +284,14 @@ class Physics:
         """The caching allocator's reserved peak over a trial's steps (plan/allocator.py),
         replayed from the whole model's traced allocations; None where there is no such
         trace: a CPU, a model without config, LoRA, DeepSpeed or FSDP (their engines
-        allocate outside the model's code), Liger's kernels, or a model deeper than
-        MAX_REPLAY_LAYERS."""
+        allocate outside the model's code), or Liger's kernels."""
         if c in self._reserved:
             return self._reserved[c]
         value = None
         opt = optimizer(c.optim)
         if (self.device.is_cuda and self.shape.hf_config is not None and self.shape.lora is None
                 and c.zero_stage == 0 and c.fsdp == "none" and not c.use_liger_kernel
-                and c.optim != "adafactor" and self.shape.num_layers <= MAX_REPLAY_LAYERS):
+                and c.optim != "adafactor"):
             mode = "fp32" if _compute_bytes(c.precision) == 4 else "autocast16"
             step = trace_step(self.shape.hf_config, self.shape.task or "causal-lm",
                               self.shape.seq_len, mode, c.gradient_checkpointing,

@@ -62,7 +62,8 @@ class _LiveBytes:
     and views count once. With `events`, each allocation and free is also recorded, in
     order, under a key of its own (what the allocator replay takes)."""
 
-    def __init__(self, events: list | None = None, existing: Any = ()) -> None:
+    def __init__(self, events: list | None = None, existing: Any = (),
+                 region: list | None = None) -> None:
         from torch.utils._python_dispatch import TorchDispatchMode
 
         tracker = self
@@ -76,6 +77,7 @@ class _LiveBytes:
         self.mode = Mode()
         self.live = self.peak = 0
         self.events = events
+        self.region = region  # where the model is (one item, moved by step_trace's hooks)
         self._alive: dict[int, weakref.ref] = {}
         self._keys = 0
         self.key_of: dict[int, int] = {}  # storage id -> its key in `events`
@@ -102,7 +104,7 @@ class _LiveBytes:
             self._keys += 1
             self.key_of[key] = self._keys
             if self.events is not None:
-                self.events.append(("alloc", self._keys, n))
+                self.events.append(("alloc", self._keys, n, self._where()))
             self._alive[key] = weakref.ref(
                 st, lambda _r, n=n, key=key, k=self._keys: self._free(n, key, k))
 
@@ -111,7 +113,10 @@ class _LiveBytes:
         self._alive.pop(key, None)
         self.key_of.pop(key, None)
         if self.events is not None:
-            self.events.append(("free", k, 0))
+            self.events.append(("free", k, 0, self._where()))
+
+    def _where(self) -> Any:
+        return self.region[0] if self.region is not None else None
 
 
 class _CudaAutocast:
@@ -244,7 +249,7 @@ def _state_tensors(model) -> list:
 
 
 def _micro_step(model, hf_config, task: str, seq_len: int, batch: int, mode: str,
-                cuda: bool, tracker: _LiveBytes) -> None:
+                cuda: bool, tracker: _LiveBytes, before_backward: Any = None) -> None:
     """One forward and backward of a micro-batch, followed by `tracker`."""
     import torch
 
@@ -263,6 +268,8 @@ def _micro_step(model, hf_config, task: str, seq_len: int, batch: int, mode: str
             loss = model(input_ids=ids, labels=labels).loss
         if cuda_autocast is not None:
             cuda_autocast.end_forward()
+        if before_backward is not None:
+            before_backward()
         # The engine, not `loss.backward()`: a torch-function mode steps aside while
         # it handles a call, and checkpointing's recompute must run under it.
         from torch.autograd.graph import _engine_run_backward
@@ -270,47 +277,6 @@ def _micro_step(model, hf_config, task: str, seq_len: int, batch: int, mode: str
         _engine_run_backward((loss,), (torch.ones_like(loss),), False, False, (),
                              allow_unreachable=True, accumulate_grad=True)
         del loss, ids, labels
-
-
-def _release_all_but(tracker: _LiveBytes, kept: frozenset[int]) -> None:
-    """Records as freed what outlives a micro-batch besides its gradients: on the CPU
-    build, copies of the weights its fp32 matmuls keep (a GPU keeps none), which would
-    otherwise sit in the replay for good. The recording stops here."""
-    events, tracker.events = tracker.events, None
-    for k in sorted(set(tracker.key_of.values()) - kept):
-        events.append(("free", k, 0))
-
-
-def _step_events(hf_config, task: str, seq_len: int, batch: int, mode: str,
-                 checkpointing: bool, attention: str, cuda: bool):
-    """The whole model's allocations in a micro-batch that creates the gradients and in
-    one that adds to them, with the parameters' sizes in load order."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    layers = next((int(getattr(hf_config, k)) for k in ("num_hidden_layers", "n_layer",
-                                                         "num_layers")
-                   if getattr(hf_config, k, None) is not None), 1)
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        model = _build(hf_config, task, layers, mode, checkpointing, attention, None)
-        seen: set[int] = set()
-        params = []
-        for t in [*model.parameters(), *model.buffers()]:
-            if id(t) not in seen:
-                seen.add(id(t))
-                params.append(t.untyped_storage().nbytes())
-        trainable = tuple(p.numel() for p in model.parameters() if p.requires_grad)
-        grads = lambda: {id(p.grad.untyped_storage()) for p in model.parameters()  # noqa: E731
-                         if p.grad is not None}
-        first: list = []
-        tracker = _LiveBytes(first, _state_tensors(model))
-        _micro_step(model, hf_config, task, seq_len, batch, mode, cuda, tracker)
-        persistent = frozenset(tracker.key_of[g] for g in grads() if g in tracker.key_of)
-        _release_all_but(tracker, persistent)
-        later: list = []
-        tracker = _LiveBytes(later, _state_tensors(model))
-        _micro_step(model, hf_config, task, seq_len, batch, mode, cuda, tracker)
-        _release_all_but(tracker, frozenset())
-    return tuple(params), trainable, first, later, persistent
 
 
 @lru_cache(maxsize=256)
@@ -365,46 +331,3 @@ def trace_activations(config: dict[str, Any], task: str, seq_len: int, mode: str
                          checkpointing, attention, cuda,
                          json.dumps(lora, sort_keys=True) if lora else None)
 
-
-@lru_cache(maxsize=64)
-def _trace_step_cached(config_json: str, task: str, seq_len: int, mode: str,
-                       checkpointing: bool, attention: str, cuda: bool):
-    import json
-
-    from autotune.plan.allocator import TracedStep
-    from autotune.plan.shape import load_hf_config
-
-    try:
-        hf_config = load_hf_config({"config": json.loads(config_json)})
-        b1, b2 = BATCHES
-        params, trainable, f1, l1, persistent = _step_events(
-            hf_config, task, seq_len, b1, mode, checkpointing, attention, cuda)
-        _, _, f2, l2, persistent2 = _step_events(
-            hf_config, task, seq_len, b2, mode, checkpointing, attention, cuda)
-    except Exception as exc:
-        log.info("the step of this model is not traced (%s: %s); no allocator replay",
-                 type(exc).__name__, str(exc)[:200])
-        return None
-
-    def paired(a: list, b: list):
-        if [(k, key) for k, key, _ in a] != [(k, key) for k, key, _ in b]:
-            return None  # the step's shape depends on the batch: sizes cannot be read
-        return tuple((k, key, n1, n2) for (k, key, n1), (_, _, n2) in zip(a, b, strict=True))
-
-    first, later = paired(f1, f2), paired(l1, l2)
-    if first is None or later is None or persistent != persistent2:
-        return None
-    return TracedStep(params, trainable, first, later, BATCHES, persistent)
-
-
-def trace_step(config: dict[str, Any], task: str, seq_len: int, mode: str,
-               checkpointing: bool, attention: str, cuda: bool):
-    """Every allocation of a Trainer micro-batch of the whole model (`TracedStep`), for
-    the allocator replay (plan/allocator.py); None where it cannot be traced. Unlike
-    `trace_activations` it takes every layer, so its cost grows with depth."""
-    import json
-
-    if mode not in MODES:
-        raise ValueError(f"mode {mode!r}: allowed {MODES}")
-    return _trace_step_cached(json.dumps(config, sort_keys=True), task, seq_len, mode,
-                              checkpointing, attention, cuda)
