@@ -108,11 +108,11 @@ def measure(name: str, quick: bool, device: DeviceSpec, parallel: int,
             print(f"  {cfg.label():40s} {out.status}: {(out.error or '')[-300:]}")
             continue
         measured.append((cfg, out.peak_memory_bytes))
-        notes[cfg] = f"  ({secs:.0f} s){_allocator_note(out.extra, cfg, shape)}"
+        notes[cfg] = f"  ({secs:.0f} s){_allocator_note(out.extra, cfg, shape, device)}"
     return report(shape, device, measured, notes)
 
 
-def _allocator_note(extra: dict, cfg: TrialConfig, shape) -> str:
+def _allocator_note(extra: dict, cfg: TrialConfig, shape, device: DeviceSpec) -> str:
     """On a GPU: the allocator's allocated peak, the step whose running peak first reached
     the final one (1 = the first step, before optimizer states exist), and what the
     reserved peak holds beyond the allocated one next to the size of a 16-bit model's
@@ -120,7 +120,9 @@ def _allocator_note(extra: dict, cfg: TrialConfig, shape) -> str:
     cached in a block too small for the loss's fp32 gradients, so reserved exceeds
     allocated by about them in bf16/fp16 and not in fp32. Adopted in the physics it takes
     the uncalibrated median from 7.9% to 4.2% but leaves the calibrated one as it is, and
-    the gpt2-medium simulated landscape disagrees; this column decides it.)"""
+    the gpt2-medium simulated landscape disagrees; this column decides it.) Beside them,
+    the allocator replay's own allocated and reserved peaks (autotune/plan/allocator.py):
+    whether its rules and the traced step match the GPU's allocator, peak by peak."""
     steps, allocated = extra.get("peaks_by_step"), extra.get("allocator_peak_allocated")
     if not steps or not allocated:
         return ""
@@ -128,9 +130,12 @@ def _allocator_note(extra: dict, cfg: TrialConfig, shape) -> str:
     at = next(i for i, (_, reserved) in enumerate(steps, 1) if reserved == final)
     logits16 = (2 * cfg.per_device_train_batch_size * shape.seq_len * shape.vocab_size
                 if cfg.precision in ("bf16", "fp16") and shape.has_lm_logits else 0)
-    return (f"  allocated {allocated / 2**20:.0f} MiB, reserved peak set at step {at}, "
-            f"reserved - allocated {(final - allocated) / 2**20:.0f} MiB "
-            f"(16-bit logits {logits16 / 2**20:.0f} MiB)")
+    replayed = MemoryModel(shape, device).replayed_peaks(cfg)
+    against = ("" if replayed is None else f"; allocator replay: allocated "
+               f"{replayed[0] / 2**20:.0f}, reserved {replayed[1] / 2**20:.0f} MiB")
+    return (f"  allocated {allocated / 2**20:.0f} MiB, reserved {final / 2**20:.0f} MiB, "
+            f"peak set at step {at}, reserved - allocated {(final - allocated) / 2**20:.0f} "
+            f"MiB (16-bit logits {logits16 / 2**20:.0f} MiB){against}")
 
 
 def report(shape, device: DeviceSpec, measured: list[tuple[TrialConfig, int]],

@@ -65,15 +65,46 @@ def test_physics_traces_for_a_gpu_and_falls_back_to_the_formulas():
             == Physics(formula, h100).physics(c).total_bytes)
 
 
-def test_uncalibrated_prediction_of_the_recorded_h100_trials():
-    """Issue 14's figure: before any trial, the median error on the 14 recorded H100
-    trials of GPT-2 124M at s1024 is at most 10% (30% with the formulas alone)."""
+def _bench():
     path = ROOT / "benchmarks" / "memory_accuracy.py"
     spec = importlib.util.spec_from_file_location("memory_accuracy", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_prediction_of_the_recorded_h100_trials():
+    """Issue 14's figures on the 14 recorded H100 trials of GPT-2 124M at s1024: before
+    any trial the median error is at most 10% (30% with the formulas alone, 7.9% with the
+    traced activations, 3.2% with the allocator replay); calibrated on the other trials,
+    the median is 2.2% (3.4% before the replay; the bar, 2%, is not met)."""
+    from autotune.plan.calibration import leave_one_out_errors
+    from autotune.plan.shape import model_shape
+    from autotune.spec import load_spec
+
+    bench = _bench()
     device, by_shape = bench.recorded(str(ROOT / "benchmarks" / "memory_accuracy_h100.txt"))
     errors = [e for name, measured in by_shape.items()
               for e in bench.physics_errors(device, name, measured)]
     assert len(errors) == 14
-    assert statistics.median(errors) <= 0.10, errors
+    assert statistics.median(errors) <= 0.05, errors
+    (name, measured), = by_shape.items()
+    shape = model_shape(load_spec(bench.spec_for(*bench.GPU_SHAPES[name])))
+    assert statistics.median(leave_one_out_errors(shape, device, 1, measured)) <= 0.025
+    # The measured bf16 family is concave (1480 then 1273 MiB per sample from batch 4 to
+    # 8 to 16), and so is the replay.
+    physics = Physics(shape, device)
+    peak = {c.per_device_train_batch_size: physics.reserved_peak(c) for c, _ in measured
+            if c.label() in ("b4x8 bf16 adamw_torch", "b8x4 bf16 adamw_torch",
+                             "b16x2 bf16 adamw_torch")}
+    assert (peak[8] - peak[4]) / 4 > 1.1 * (peak[16] - peak[8]) / 8, peak
+
+
+def test_the_gpu_benchmark_sets_the_replay_beside_the_allocators_peaks():
+    bench = _bench()
+    shape = shape_from_hf_config(load_hf_config({"config": GPT2}), S)
+    c = TrialConfig.of(4, 4, precision="bf16")
+    extra = {"allocator_peak_allocated": 30 * 2**20,
+             "peaks_by_step": [[20 * 2**20, 32 * 2**20], [30 * 2**20, 40 * 2**20]]}
+    note = bench._allocator_note(extra, c, shape, named_device("H100"))
+    assert "reserved 40 MiB, peak set at step 2" in note and "allocator replay" in note

@@ -85,7 +85,7 @@ class Physics:
     def __init__(self, shape: ModelShape, device: DeviceSpec, world_size: int = 1) -> None:
         self.shape, self.device, self.world_size = shape, device, world_size
         self._cache: dict[TrialConfig, np.ndarray] = {}
-        self._reserved: dict[TrialConfig, float | None] = {}
+        self._reserved: dict[TrialConfig, tuple[float, float] | None] = {}
 
     def _model_states(self, c: TrialConfig) -> tuple[dict[str, float], float]:
         """(device bytes by component, host bytes) of weights, gradients and optimizer."""
@@ -282,9 +282,14 @@ class Physics:
 
     def reserved_peak(self, c: TrialConfig) -> float | None:
         """The caching allocator's reserved peak over a trial's steps (plan/allocator.py),
-        replayed from the whole model's traced allocations; None where there is no such
-        trace: a CPU, a model without config, LoRA, DeepSpeed or FSDP (their engines
-        allocate outside the model's code), or Liger's kernels."""
+        replayed from the model's traced allocations; None where there is no such trace:
+        a CPU, a model without config, LoRA, DeepSpeed or FSDP (their engines allocate
+        outside the model's code), or Liger's kernels."""
+        replayed = self.replayed_peaks(c)
+        return None if replayed is None else replayed[1]
+
+    def replayed_peaks(self, c: TrialConfig) -> tuple[float, float] | None:
+        """(allocated, reserved) peak bytes of the allocator replay, or None."""
         if c in self._reserved:
             return self._reserved[c]
         value = None
@@ -297,10 +302,10 @@ class Physics:
                               self.shape.seq_len, mode, c.gradient_checkpointing,
                               "eager" if self.materialises_attention(c) else "sdpa", True)
             if step is not None:
-                events = training_events(step, c.per_device_train_batch_size,
-                                         c.gradient_accumulation_steps, opt.state_tensors,
-                                         opt.step_temporary_bytes)
-                value = float(replay(events).peak_reserved)
+                allocator = replay(training_events(
+                    step, c.per_device_train_batch_size, c.gradient_accumulation_steps,
+                    opt.state_tensors, opt.step_temporary_bytes))
+                value = (float(allocator.peak_allocated), float(allocator.peak_reserved))
         self._reserved[c] = value
         return value
 
