@@ -109,3 +109,15 @@ def test_a_deep_model_is_traced_from_four_layers():
         assert len(deep[0]) == len(direct[0]) and len(deep[2]) == len(direct[2])
         assert len(deep[4]) == len(direct[4]) == len(deep[1])  # one gradient per parameter
         assert _replayed(deep) == _replayed(direct), (raw["model_type"], mode, ckpt)
+
+
+def test_ddp_holds_its_buckets_beside_the_gradients_over_several_ranks():
+    shape = shape_from_hf_config(load_hf_config({"config": GPT2}), 64)
+    one, two = Physics(shape, named_device("H100")), Physics(shape, named_device("H100"), 2)
+    c = TrialConfig.of(4, 4, precision="bf16")
+    t = shape.trainable_parameters or shape.num_parameters
+    grads = lambda p, cfg: p.physics(cfg).components["gradients"]  # noqa: E731
+    assert grads(two, c) - grads(one, c) == 4 * t
+    assert two.replayed_peaks(c)[0] - one.replayed_peaks(c)[0] >= 4 * t  # allocated
+    z2 = TrialConfig.of(4, 4, precision="bf16", zero_stage=2)  # ZeRO reduces its own way
+    assert two.ddp_bucket_bytes(z2) == 0

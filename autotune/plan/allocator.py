@@ -25,6 +25,8 @@ SMALL_BUFFER = 2 << 20
 MIN_LARGE_ALLOC = 10 << 20
 LARGE_BUFFER = 20 << 20
 ROUND_LARGE = 2 << 20
+DDP_FIRST_BUCKET = 1 << 20  # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
+DDP_BUCKET = 25 << 20  # DDP's bucket_cap_mb default, which Trainer keeps
 
 # A traced step as the allocator sees it: ("alloc", key, bytes) or ("free", key, 0).
 Event = tuple[str, object, int]
@@ -143,12 +145,14 @@ class TracedStep:
 
 def training_events(step: TracedStep, batch: int, accumulation: int,
                     state_tensors: tuple[float, ...], step_temporary_bytes: float,
-                    steps: int = 2) -> list[Event]:
+                    steps: int = 2, buckets: float = 0.0) -> list[Event]:
     """The allocations of a trial: the model loaded, then `steps` optimizer steps of
     `accumulation` micro-batches each. The optimizer's states (`state_tensors`: bytes per
     element of each state tensor a parameter gets) come at the first step, its
     temporaries (bytes per element, one tensor per parameter) live through each step, and
-    the gradients go at `zero_grad`. Past the second micro-batch and the second step the
+    the gradients go at `zero_grad`. `buckets` bytes of DDP's all-reduce buckets are
+    allocated with the model, as DDP wraps it: 1 MiB first, then up to 25 MiB each
+    (its defaults). Past the second micro-batch and the second step the
     allocator repeats itself (GPT-2 124M, 24 configs of batch 1-32 in three modes: the
     same peak with 2 as with up to 32 micro-batches and 3 steps), so no more are replayed.
     """
@@ -159,6 +163,10 @@ def training_events(step: TracedStep, batch: int, accumulation: int,
         return max(0, round(s1 + (s2 - s1) * (batch - b1) / (b2 - b1)))
 
     events: list[Event] = [("alloc", ("param", i), n) for i, n in enumerate(step.params)]
+    left, cap, i = int(buckets), DDP_FIRST_BUCKET, 0
+    while left > 0:
+        events.append(("alloc", ("bucket", i), min(left, cap)))
+        left, cap, i = left - min(left, cap), DDP_BUCKET, i + 1
     for s in range(steps):
         grads = []
         for m in range(accumulation):

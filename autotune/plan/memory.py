@@ -101,12 +101,23 @@ class Physics:
         if c.zero_stage == 0:
             # Trainer's own AMP (the seeds' anatomy): fp32 weights, and under mixed
             # precision the 16-bit copies autocast keeps of them (or what the trace saw
-            # the step hold once, those copies among it); fp32 gradients; states.
+            # the step hold once, those copies among it); fp32 gradients, and over
+            # several ranks DDP's buckets beside them; states.
             mixed = c.precision in ("fp16", "bf16")
             traced = self.trace(c)
             extra = traced.fixed if traced else (2 * p if mixed else 0)
-            return {"weights": 4 * p + extra, "gradients": 4 * t, "optimizer": state}, 0.0
+            grads = 4 * t + self.ddp_bucket_bytes(c)
+            return {"weights": 4 * p + extra, "gradients": grads, "optimizer": state}, 0.0
         return self._deepspeed_states(c, p, n, state, t)
+
+    def ddp_bucket_bytes(self, c: TrialConfig) -> float:
+        """DDP's all-reduce buckets, one more copy of the gradients over several ranks
+        without ZeRO or FSDP: accelerate wraps Trainer's model with
+        `gradient_as_bucket_view=False`, so the gradients are copied in and out of
+        buckets that DDP allocates when it wraps the model."""
+        if self.world_size <= 1 or c.zero_stage or c.fsdp != "none":
+            return 0.0
+        return 4.0 * float(self.shape.trainable_parameters or self.shape.num_parameters)
 
     def _fsdp_states(self, c: TrialConfig, p: float, t: float, n: int,
                      state: float) -> tuple[dict[str, float], float]:
@@ -304,7 +315,8 @@ class Physics:
             if step is not None:
                 allocator = replay(training_events(
                     step, c.per_device_train_batch_size, c.gradient_accumulation_steps,
-                    opt.state_tensors, opt.step_temporary_bytes))
+                    opt.state_tensors, opt.step_temporary_bytes,
+                    buckets=self.ddp_bucket_bytes(c)))
                 value = (float(allocator.peak_allocated), float(allocator.peak_reserved))
         self._reserved[c] = value
         return value
