@@ -29,6 +29,15 @@ class Optimizer:
     step_temporary_bytes: float = 0.0
 
     @property
+    def eight_bit(self) -> bool:
+        return self.bitsandbytes and self.state_bytes < 4 * len(self.state_tensors)
+
+    def embedding_state_tensors(self) -> tuple[float, ...]:
+        """An nn.Embedding's states: Trainer has bitsandbytes keep them in 32 bits under
+        its 8-bit optimizers (`register_module_override(..., {"optim_bits": 32})`)."""
+        return (4.0,) * len(self.state_tensors) if self.eight_bit else self.state_tensors
+
+    @property
     def state_tensors(self) -> tuple[float, ...]:
         """Bytes per element of each state tensor a parameter gets: Adam's two moments
         (fp32, or 8-bit), one for single-moment optimizers."""

@@ -85,7 +85,8 @@ def test_physics_replays_plain_trainer_steps_on_a_gpu_only():
 
 
 def _replayed(parts) -> tuple[int, int, int]:
-    params, trainable, first, later, persistent = parts
+    params, per_param, first, later, persistent = parts
+    trainable = tuple(n for n, _ in per_param)  # (elements, an embedding's) per parameter
     step = TracedStep(params, trainable, tuple((k, key, n, n) for k, key, n in first),
                       tuple((k, key, n, n) for k, key, n in later), (8, 16), persistent)
     a = replay(training_events(step, 8, 3, (4, 4), 4))
@@ -121,3 +122,18 @@ def test_ddp_holds_its_buckets_beside_the_gradients_over_several_ranks():
     assert two.replayed_peaks(c)[0] - one.replayed_peaks(c)[0] >= 4 * t  # allocated
     z2 = TrialConfig.of(4, 4, precision="bf16", zero_stage=2)  # ZeRO reduces its own way
     assert two.ddp_bucket_bytes(z2) == 0
+
+
+def test_trainer_keeps_embedding_states_in_32_bits_under_8_bit_optimizers():
+    shape = shape_from_hf_config(load_hf_config({"config": GPT2}), 64)
+    emb = shape.embedding_parameters
+    assert emb == GPT2["vocab_size"] * 64 + GPT2["n_positions"] * 64  # wte (tied), wpe
+    h100 = Physics(shape, named_device("H100"))
+    bnb = TrialConfig.of(4, 4, precision="bf16", optim="adamw_bnb_8bit")
+    t = shape.trainable_parameters or shape.num_parameters
+    assert h100.physics(bnb).components["optimizer"] == int(2 * (t - emb) + 8 * emb)
+    step = trace_step(GPT2, "causal-lm", 64, "autocast16", False, "sdpa", True)
+    assert sum(n for n, e in zip(step.trainable, step.embedding, strict=True) if e) == emb
+    plain = replay(training_events(step, 4, 1, (1, 1), 0)).peak_allocated
+    kept = replay(training_events(step, 4, 1, (1, 1), 0, embedding_state_tensors=(4, 4)))
+    assert kept.peak_allocated - plain >= 6 * emb

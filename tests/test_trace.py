@@ -76,8 +76,9 @@ def _bench():
 def test_prediction_of_the_recorded_h100_trials():
     """Issue 14's figures on the 14 recorded H100 trials of GPT-2 124M at s1024: before
     any trial the median error is at most 10% (30% with the formulas alone, 7.9% with the
-    traced activations, 3.2% with the allocator replay); calibrated on the other trials,
-    the median is 2.2% (3.4% before the replay; the bar, 2%, is not met)."""
+    traced activations, 3.0% with the allocator replay); calibrated on the other trials,
+    at most 2% (0.7%; 3.4% before the replay). The max, 5% in the issue, is not met: the
+    DeepSpeed rows."""
     from autotune.plan.calibration import leave_one_out_errors
     from autotune.plan.shape import model_shape
     from autotune.spec import load_spec
@@ -90,7 +91,7 @@ def test_prediction_of_the_recorded_h100_trials():
     assert statistics.median(errors) <= 0.05, errors
     (name, measured), = by_shape.items()
     shape = model_shape(load_spec(bench.spec_for(*bench.GPU_SHAPES[name])))
-    assert statistics.median(leave_one_out_errors(shape, device, 1, measured)) <= 0.025
+    assert statistics.median(leave_one_out_errors(shape, device, 1, measured)) <= 0.02
     # The measured bf16 family is concave (1480 then 1273 MiB per sample from batch 4 to
     # 8 to 16), and so is the replay.
     physics = Physics(shape, device)

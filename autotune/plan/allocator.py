@@ -141,18 +141,21 @@ class TracedStep:
     later: tuple[tuple[str, int, int, int], ...]
     batches: tuple[int, int]
     persistent: frozenset[int]  # keys of `first` alive at its end: the gradients
+    embedding: tuple[bool, ...] = ()  # per trainable parameter: an nn.Embedding's
 
 
 def training_events(step: TracedStep, batch: int, accumulation: int,
                     state_tensors: tuple[float, ...], step_temporary_bytes: float,
-                    steps: int = 2, buckets: float = 0.0) -> list[Event]:
+                    steps: int = 2, buckets: float = 0.0,
+                    embedding_state_tensors: tuple[float, ...] | None = None) -> list[Event]:
     """The allocations of a trial: the model loaded, then `steps` optimizer steps of
     `accumulation` micro-batches each. The optimizer's states (`state_tensors`: bytes per
     element of each state tensor a parameter gets) come at the first step, its
     temporaries (bytes per element, one tensor per parameter) live through each step, and
-    the gradients go at `zero_grad`. `buckets` bytes of DDP's all-reduce buckets are
-    allocated with the model, as DDP wraps it: 1 MiB first, then up to 25 MiB each
-    (its defaults). Past the second micro-batch and the second step the
+    the gradients go at `zero_grad`; an embedding's states are `embedding_state_tensors`
+    where given (Trainer's 32-bit override under 8-bit optimizers). `buckets` bytes of
+    DDP's all-reduce buckets are allocated with the model, as DDP wraps it: 1 MiB first,
+    then up to 25 MiB each (its defaults). Past the second micro-batch and the second step the
     allocator repeats itself (GPT-2 124M, 24 configs of batch 1-32 in three modes: the
     same peak with 2 as with up to 32 micro-batches and 3 steps), so no more are replayed.
     """
@@ -176,9 +179,11 @@ def training_events(step: TracedStep, batch: int, accumulation: int,
                 if m == 0 and key in step.persistent and kind == "alloc":
                     grads.append((s, m, key))
         if s == 0:
-            events += [("alloc", ("state", i, j), int(n * nbytes))
-                       for i, n in enumerate(step.trainable)
-                       for j, nbytes in enumerate(state_tensors)]
+            for i, n in enumerate(step.trainable):
+                tensors = (embedding_state_tensors if embedding_state_tensors is not None
+                           and step.embedding and step.embedding[i] else state_tensors)
+                events += [("alloc", ("state", i, j), int(n * nbytes))
+                           for j, nbytes in enumerate(tensors)]
         if step_temporary_bytes:
             temps = [("temp", s, i) for i in range(len(step.trainable))]
             events += [("alloc", t, int(n * step_temporary_bytes))

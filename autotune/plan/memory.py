@@ -95,7 +95,9 @@ class Physics:
         if c.optim == "adafactor":
             state = _adafactor_state_bytes(self.shape) * t / p
         else:
-            state = optimizer(c.optim).state_bytes * t
+            opt = optimizer(c.optim)
+            e = float(self.shape.embedding_parameters or 0) if self.shape.lora is None else 0.0
+            state = opt.state_bytes * (t - e) + sum(opt.embedding_state_tensors()) * e
         if c.fsdp != "none":
             return self._fsdp_states(c, p, t, n, state)
         if c.zero_stage == 0:
@@ -316,7 +318,8 @@ class Physics:
                 allocator = replay(training_events(
                     step, c.per_device_train_batch_size, c.gradient_accumulation_steps,
                     opt.state_tensors, opt.step_temporary_bytes,
-                    buckets=self.ddp_bucket_bytes(c)))
+                    buckets=self.ddp_bucket_bytes(c),
+                    embedding_state_tensors=opt.embedding_state_tensors()))
                 value = (float(allocator.peak_allocated), float(allocator.peak_reserved))
         self._reserved[c] = value
         return value

@@ -44,6 +44,9 @@ class ModelShape:
     # factory, a landscape), and the formulas stand alone.
     hf_config: dict[str, Any] | None = None
     lora: dict[str, Any] | None = None
+    # Trainable parameters of nn.Embedding modules: Trainer keeps their states in 32 bits
+    # under bitsandbytes' 8-bit optimizers. None: not known.
+    embedding_parameters: int | None = None
 
     @property
     def has_lm_logits(self) -> bool:
@@ -104,10 +107,11 @@ def load_hf_config(model: dict[str, Any]):
 
 
 def count_parameters(hf_config: Any, task: str = "causal-lm",
-                     lora: dict[str, Any] | None = None) -> tuple[int, str, int | None]:
+                     lora: dict[str, Any] | None = None) -> tuple[int, str, int | None, int]:
     """Parameters of the model the config describes, built on the meta device (no weights
     allocated, so a 70B model counts in seconds), the attention implementation
-    transformers resolves for it, and under LoRA the adapters' (trainable) count."""
+    transformers resolves for it, under LoRA the adapters' (trainable) count, and the
+    trainable parameters of its embeddings."""
     import torch
     import transformers
 
@@ -122,12 +126,23 @@ def count_parameters(hf_config: Any, task: str = "causal-lm",
             model = with_lora(model, lora, task)
             trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     n = sum(p.numel() for p in model.parameters())
-    return n, str(attn), trainable
+    return n, str(attn), trainable, embedding_parameters(model)
+
+
+def embedding_parameters(model: Any) -> int:
+    """Trainable parameters of a model's nn.Embedding modules, each tensor once (tied
+    heads share theirs)."""
+    import torch
+
+    seen = {id(p): p.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding)
+            for p in m.parameters() if p.requires_grad}
+    return sum(seen.values())
 
 
 def _from_config(cfg: Any, num_parameters: int, seq_len: int, task: str, name: str,
                  attn_implementation: str, trainable: int | None = None,
-                 lora: dict[str, Any] | None = None) -> ModelShape:
+                 lora: dict[str, Any] | None = None,
+                 embeddings: int | None = None) -> ModelShape:
     return ModelShape(
         num_parameters=int(num_parameters),
         num_layers=int(_first(cfg, _LAYER_KEYS) or 1),
@@ -137,7 +152,7 @@ def _from_config(cfg: Any, num_parameters: int, seq_len: int, task: str, name: s
         seq_len=int(seq_len), causal_lm=task == "causal-lm", task=task,
         intermediate_size=_first(cfg, _FFN_KEYS), name=name,
         attn_implementation=attn_implementation, trainable_parameters=trainable,
-        hf_config=_config_dict(cfg), lora=lora)
+        hf_config=_config_dict(cfg), lora=lora, embedding_parameters=embeddings)
 
 
 def _config_dict(cfg: Any) -> dict[str, Any] | None:
@@ -161,7 +176,8 @@ def shape_from_model(model: Any, seq_len: int, task: str = "causal-lm") -> Model
     return _from_config(cfg, sum(p.numel() for p in params), seq_len, task,
                         str(getattr(cfg, "model_type", "model")),
                         str(getattr(cfg, "_attn_implementation", None) or "auto"),
-                        trainable if trainable < sum(p.numel() for p in params) else None)
+                        trainable if trainable < sum(p.numel() for p in params) else None,
+                        embeddings=embedding_parameters(model))
 
 
 def shape_from_hf_config(hf_config: Any, seq_len: int, task: str = "causal-lm",
@@ -169,10 +185,10 @@ def shape_from_hf_config(hf_config: Any, seq_len: int, task: str = "causal-lm",
                          lora: dict[str, Any] | None = None) -> ModelShape:
     if attn_implementation:
         hf_config._attn_implementation = attn_implementation
-    n_params, resolved, trainable = count_parameters(hf_config, task, lora)
+    n_params, resolved, trainable, embeddings = count_parameters(hf_config, task, lora)
     name = str(getattr(hf_config, "name_or_path", "") or hf_config.model_type)
     return _from_config(hf_config, n_params, seq_len, task, name,
-                        attn_implementation or resolved, trainable, lora)
+                        attn_implementation or resolved, trainable, lora, embeddings)
 
 
 def model_shape(spec: Spec) -> ModelShape | None:

@@ -107,6 +107,7 @@ def _record(hf_config, task: str, seq_len: int, batch: int, mode: str, checkpoin
     """A `layers`-deep model's micro-batch that creates the gradients and one that adds to
     them, labelled; the parameters' bytes and trainable elements in load order, each with
     the index of the layer it belongs to (None outside the layers)."""
+    import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from autotune.plan.trace import _state_tensors
@@ -124,8 +125,10 @@ def _record(hf_config, task: str, seq_len: int, batch: int, mode: str, checkpoin
             if id(t) not in seen:
                 seen.add(id(t))
                 params.append((t.untyped_storage().nbytes(), owner.get(id(t))))
-        trainable = tuple((p.numel(), owner.get(id(p))) for p in model.parameters()
-                          if p.requires_grad)
+        embedding = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding)
+                     for p in m.parameters()}
+        trainable = tuple(((p.numel(), id(p) in embedding), owner.get(id(p)))
+                          for p in model.parameters() if p.requires_grad)
         recordings = []
         for _ in range(2):
             regions = _Regions(stack)
@@ -280,7 +283,7 @@ def _trace_step_cached(config_json: str, task: str, seq_len: int, mode: str,
             depth = next(int(getattr(hf_config, k)) for k in _LAYER_KEYS
                          if getattr(hf_config, k, None) is not None)
         b1, b2 = BATCHES
-        params, trainable, f1, l1, persistent = _deepened(
+        params, per_param, f1, l1, persistent = _deepened(
             hf_config, task, seq_len, b1, mode, checkpointing, attention, cuda, depth)
         _, _, f2, l2, persistent2 = _deepened(
             hf_config, task, seq_len, b2, mode, checkpointing, attention, cuda, depth)
@@ -297,7 +300,8 @@ def _trace_step_cached(config_json: str, task: str, seq_len: int, mode: str,
     first, later = paired(f1, f2), paired(l1, l2)
     if first is None or later is None or persistent != persistent2:
         return None
-    return TracedStep(params, trainable, first, later, BATCHES, persistent)
+    return TracedStep(params, tuple(n for n, _ in per_param), first, later, BATCHES,
+                      persistent, tuple(emb for _, emb in per_param))
 
 
 def trace_step(config: dict[str, Any], task: str, seq_len: int, mode: str,
