@@ -85,21 +85,22 @@ class CachingAllocator:
             return
         self.allocated -= block.size
         block.free = True
-        prev, nxt = block.prev, block.next
-        if prev is not None and prev.free:
-            self._remove(prev)
-            prev.size += block.size
-            prev.next = block.next
-            if block.next is not None:
-                block.next.prev = prev
-            block = prev
-        if nxt is not None and nxt.free:
-            self._remove(nxt)
-            block.size += nxt.size
-            block.next = nxt.next
-            if nxt.next is not None:
-                nxt.next.prev = block
+        if block.prev is not None and block.prev.free:
+            self._remove(block.prev)
+            block = self._absorb(block.prev, block)
+        if block.next is not None and block.next.free:
+            self._remove(block.next)
+            block = self._absorb(block, block.next)
         self._insert(block)
+
+    @staticmethod
+    def _absorb(left: _Block, right: _Block) -> _Block:
+        """`right`, the block after `left` in its segment, merged into `left`."""
+        left.size += right.size
+        left.next = right.next
+        if right.next is not None:
+            right.next.prev = left
+        return left
 
     def _insert(self, block: _Block) -> None:
         bisect.insort(self._pools[block.small], (block.size, block.addr, block))
