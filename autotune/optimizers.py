@@ -13,7 +13,9 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Optimizer:
-    state_bytes: float  # per parameter, fp32 states unless quantised
+    # Bytes per element of each state tensor a parameter gets (Adam's two fp32 moments:
+    # (4, 4)); quantised for bitsandbytes' 8-bit optimizers.
+    states: tuple[float, ...]
     bitsandbytes: bool = False  # implemented by bitsandbytes (8-bit, paged, its Lion)
     gpu_only: bool = False  # a fused CUDA kernel: measures nothing new on CPU
     # DeepSpeed's CPU implementation under optimizer offload, and the config params it
@@ -27,56 +29,61 @@ class Optimizer:
     # (torch's foreach AdamW: the square root of the second moment); fused kernels and
     # bitsandbytes update in place. The allocator replay needs it (plan/allocator.py).
     step_temporary_bytes: float = 0.0
+    # An 8-bit optimizer's states where it keeps them in 32 bits: parameters under its
+    # min_8bit_size (4096 elements), and every nn.Embedding, which Trainer registers with
+    # bitsandbytes' GlobalOptimManager at 32 bits.
+    states_32bit: tuple[float, ...] | None = None
 
     @property
-    def eight_bit(self) -> bool:
-        return self.bitsandbytes and self.state_bytes < 4 * len(self.state_tensors)
+    def state_bytes(self) -> float:
+        """Per parameter."""
+        return float(sum(self.states))
 
-    def embedding_state_tensors(self) -> tuple[float, ...]:
-        """An nn.Embedding's states: Trainer has bitsandbytes keep them in 32 bits under
-        its 8-bit optimizers (`register_module_override(..., {"optim_bits": 32})`)."""
-        return (4.0,) * len(self.state_tensors) if self.eight_bit else self.state_tensors
-
-    @property
-    def state_tensors(self) -> tuple[float, ...]:
-        """Bytes per element of each state tensor a parameter gets: Adam's two moments
-        (fp32, or 8-bit), one for single-moment optimizers."""
-        two = self.state_bytes in (2, 8)
-        return (self.state_bytes / 2,) * 2 if two else ((self.state_bytes,)
-                                                        if self.state_bytes else ())
+    def states_of(self, numel: int, embedding: bool) -> tuple[float, ...]:
+        """The state tensors one parameter gets."""
+        if self.states_32bit is not None and (embedding or numel < MIN_8BIT_SIZE):
+            return self.states_32bit
+        return self.states
 
 
-ADAM = Optimizer(8, offload_type="AdamW", step_temporary_bytes=4)
+MIN_8BIT_SIZE = 4096  # bitsandbytes' default min_8bit_size
+ADAM = Optimizer((4, 4), offload_type="AdamW", step_temporary_bytes=4)
+ADAM_8BIT = Optimizer((1, 1), bitsandbytes=True, states_32bit=(4, 4))
 OPTIMIZERS: dict[str, Optimizer] = {
     "adamw_torch": ADAM,
-    "adamw_torch_fused": Optimizer(8, gpu_only=True),
-    "adamw_torch_xla": Optimizer(8),
-    "adamw_torch_npu_fused": Optimizer(8),
-    "adamw_apex_fused": Optimizer(8, gpu_only=True),
-    "adamw_anyprecision": Optimizer(8),
-    "adamw_bnb_8bit": Optimizer(2, bitsandbytes=True),
-    "adamw_8bit": Optimizer(2, bitsandbytes=True),
-    "paged_adamw_8bit": Optimizer(2, bitsandbytes=True),
-    "paged_adamw_32bit": Optimizer(8, bitsandbytes=True),
-    "ademamix_8bit": Optimizer(3, bitsandbytes=True, changes_algorithm=True),
+    "adamw_torch_fused": Optimizer((4, 4), gpu_only=True),
+    "adamw_torch_xla": Optimizer((4, 4)),
+    "adamw_torch_npu_fused": Optimizer((4, 4)),
+    "adamw_apex_fused": Optimizer((4, 4), gpu_only=True),
+    "adamw_anyprecision": Optimizer((4, 4)),
+    "adamw_bnb_8bit": ADAM_8BIT,
+    "adamw_8bit": ADAM_8BIT,
+    "paged_adamw_8bit": ADAM_8BIT,
+    "paged_adamw_32bit": Optimizer((4, 4), bitsandbytes=True),
+    # AdEMAMix's two first moments in one tensor, and a second moment.
+    "ademamix_8bit": Optimizer((2, 1), bitsandbytes=True, changes_algorithm=True,
+                               states_32bit=(8, 4)),
     # Lion keeps one momentum; DeepSpeed's CPU Lion takes no eps.
-    "lion_32bit": Optimizer(4, bitsandbytes=True, offload_type="Lion",
+    "lion_32bit": Optimizer((4,), bitsandbytes=True, offload_type="Lion",
                             offload_params=("lr", "betas", "weight_decay"),
                             changes_algorithm=True),
-    "lion_8bit": Optimizer(1, bitsandbytes=True, changes_algorithm=True),
-    "paged_lion_8bit": Optimizer(1, bitsandbytes=True, changes_algorithm=True),
-    "paged_lion_32bit": Optimizer(4, bitsandbytes=True, changes_algorithm=True),
-    "rmsprop": Optimizer(4, changes_algorithm=True),
-    "rmsprop_bnb_8bit": Optimizer(1, bitsandbytes=True, changes_algorithm=True),
+    "lion_8bit": Optimizer((1,), bitsandbytes=True, changes_algorithm=True,
+                           states_32bit=(4,)),
+    "paged_lion_8bit": Optimizer((1,), bitsandbytes=True, changes_algorithm=True,
+                                 states_32bit=(4,)),
+    "paged_lion_32bit": Optimizer((4,), bitsandbytes=True, changes_algorithm=True),
+    "rmsprop": Optimizer((4,), changes_algorithm=True),
+    "rmsprop_bnb_8bit": Optimizer((1,), bitsandbytes=True, changes_algorithm=True,
+                                  states_32bit=(4,)),
     # DeepSpeed's CPU Adagrad takes no betas.
-    "adagrad": Optimizer(4, offload_type="Adagrad", offload_params=("lr", "eps", "weight_decay"),
-                         changes_algorithm=True),
+    "adagrad": Optimizer((4,), offload_type="Adagrad",
+                         offload_params=("lr", "eps", "weight_decay"), changes_algorithm=True),
     # Trainer's `sgd` is torch SGD without momentum: no state (with momentum it is 4).
-    "sgd": Optimizer(0, changes_algorithm=True),
+    "sgd": Optimizer((), changes_algorithm=True),
     # Adafactor's factored second moments: counted from the shape by the memory model.
-    "adafactor": Optimizer(0, changes_algorithm=True),
+    "adafactor": Optimizer((), changes_algorithm=True),
 }
-UNKNOWN = Optimizer(8)  # an optimizer we have no entry for: assume Adam-like, no offload
+UNKNOWN = Optimizer((4, 4))  # an optimizer we have no entry for: assume Adam-like, no offload
 
 
 def optimizer(name: str) -> Optimizer:

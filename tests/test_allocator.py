@@ -4,7 +4,14 @@ splitting and merging, and the replayed peak of a traced model's training steps.
 from __future__ import annotations
 
 from autotune.config import TrialConfig
-from autotune.plan.allocator import CachingAllocator, TracedStep, replay, training_events
+from autotune.optimizers import ADAM, optimizer
+from autotune.plan.allocator import (
+    CachingAllocator,
+    TracedStep,
+    ddp_buckets,
+    replay,
+    training_events,
+)
 from autotune.plan.device import named_device
 from autotune.plan.memory import CUDA_RUNTIME_BYTES, Physics
 from autotune.plan.shape import load_hf_config, shape_from_hf_config
@@ -62,15 +69,16 @@ def test_the_same_tensors_reserve_more_in_another_order():
 def test_a_traced_step_replays_as_a_trial_allocates():
     step = trace_step(GPT2, "causal-lm", 64, "autocast16", False, "sdpa", True)
     assert step is not None and len(step.persistent) == len(step.trainable)
-    adam = replay(training_events(step, 4, 2, (4, 4), 4))
+    adam = replay(training_events(step, 4, 2, ADAM.states_of, 4))
     n = sum(step.trainable)
     # Weights, gradients and both moments at least; no more than every event at once.
     assert adam.peak_allocated >= 16 * n
     assert adam.peak_reserved >= adam.peak_allocated
-    sgd = replay(training_events(step, 4, 2, (), 0))
+    sgd = replay(training_events(step, 4, 2, lambda n, e: (), 0))
     assert adam.peak_allocated - sgd.peak_allocated >= 8 * n  # the moments
     # Sizes are read linearly from two traced batches: a larger batch holds more.
-    assert replay(training_events(step, 12, 1, (4, 4), 4)).peak_allocated > adam.peak_allocated
+    larger = replay(training_events(step, 12, 1, ADAM.states_of, 4))
+    assert larger.peak_allocated > adam.peak_allocated
 
 
 def test_physics_replays_plain_trainer_steps_on_a_gpu_only():
@@ -89,7 +97,7 @@ def _replayed(parts) -> tuple[int, int, int]:
     trainable = tuple(n for n, _ in per_param)  # (elements, an embedding's) per parameter
     step = TracedStep(params, trainable, tuple((k, key, n, n) for k, key, n in first),
                       tuple((k, key, n, n) for k, key, n in later), (8, 16), persistent)
-    a = replay(training_events(step, 8, 3, (4, 4), 4))
+    a = replay(training_events(step, 8, 3, ADAM.states_of, 4))
     return a.peak_reserved, a.peak_allocated, a.allocated
 
 
@@ -134,6 +142,16 @@ def test_trainer_keeps_embedding_states_in_32_bits_under_8_bit_optimizers():
     assert h100.physics(bnb).components["optimizer"] == int(2 * (t - emb) + 8 * emb)
     step = trace_step(GPT2, "causal-lm", 64, "autocast16", False, "sdpa", True)
     assert sum(n for n, e in zip(step.trainable, step.embedding, strict=True) if e) == emb
-    plain = replay(training_events(step, 4, 1, (1, 1), 0)).peak_allocated
-    kept = replay(training_events(step, 4, 1, (1, 1), 0, embedding_state_tensors=(4, 4)))
+    eight = optimizer("adamw_bnb_8bit")
+    assert eight.states_of(10**6, False) == (1, 1) and eight.states_of(10**6, True) == (4, 4)
+    assert eight.states_of(100, False) == (4, 4)  # under bitsandbytes' min_8bit_size
+    plain = replay(training_events(step, 4, 1, lambda n, e: (1, 1), 0)).peak_allocated
+    kept = replay(training_events(step, 4, 1, eight.states_of, 0))
     assert kept.peak_allocated - plain >= 6 * emb
+
+
+def test_ddp_buckets_close_at_their_cap_from_the_last_parameter_back():
+    MiB_ = 2**20
+    assert ddp_buckets([30 * MiB_, 2 * MiB_, MiB_ // 2, MiB_ // 2]) == [MiB_, 32 * MiB_]
+    assert ddp_buckets([10 * MiB_] * 6) == [10 * MiB_, 30 * MiB_, 20 * MiB_]
+    assert sum(ddp_buckets([7, 3, 5])) == 15

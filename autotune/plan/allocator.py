@@ -9,14 +9,14 @@ evenly; replaying its traced steps through these rules gives 1494 and 1297.
 The rules are CUDACachingAllocator's defaults: requests rounded to 512 bytes; those up
 to 1 MiB from a small pool of 2 MiB segments; larger ones from 20 MiB segments when under
 10 MiB, else from segments rounded to 2 MiB; the smallest cached block that fits; a
-block split when the rest is over 1 MiB (512 bytes in the small pool); neighbours merged
-on free. One stream, no expandable segments, no `max_split_size_mb`.
+block split when the rest is over 1 MiB (at least 512 bytes in the small pool);
+neighbours merged on free. One stream, no expandable segments, no `max_split_size_mb`.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 MIN_BLOCK = 512
@@ -55,6 +55,7 @@ class CachingAllocator:
     def malloc(self, key: object, nbytes: int) -> None:
         if nbytes <= 0:
             return  # torch hands out no block for an empty tensor
+        assert key not in self._blocks, f"{key!r} allocated twice"
         size = max(MIN_BLOCK, -(-nbytes // MIN_BLOCK) * MIN_BLOCK)
         small = size <= SMALL_SIZE
         pool = self._pools[small]
@@ -108,6 +109,7 @@ class CachingAllocator:
     def _remove(self, block: _Block) -> None:
         pool = self._pools[block.small]
         i = bisect.bisect_left(pool, (block.size, block.addr))
+        assert pool[i][2] is block
         del pool[i]
 
 
@@ -146,19 +148,18 @@ class TracedStep:
 
 
 def training_events(step: TracedStep, batch: int, accumulation: int,
-                    state_tensors: tuple[float, ...], step_temporary_bytes: float,
-                    steps: int = 2, buckets: float = 0.0,
-                    embedding_state_tensors: tuple[float, ...] | None = None) -> list[Event]:
+                    states_of: Callable[[int, bool], tuple[float, ...]],
+                    step_temporary_bytes: float, steps: int = 2,
+                    ddp: bool = False) -> list[Event]:
     """The allocations of a trial: the model loaded, then `steps` optimizer steps of
-    `accumulation` micro-batches each. The optimizer's states (`state_tensors`: bytes per
-    element of each state tensor a parameter gets) come at the first step, its
-    temporaries (bytes per element, one tensor per parameter) live through each step, and
-    the gradients go at `zero_grad`; an embedding's states are `embedding_state_tensors`
-    where given (Trainer's 32-bit override under 8-bit optimizers). `buckets` bytes of
-    DDP's all-reduce buckets are allocated with the model, as DDP wraps it: 1 MiB first,
-    then up to 25 MiB each (its defaults). Past the second micro-batch and the second step the
-    allocator repeats itself (GPT-2 124M, 24 configs of batch 1-32 in three modes: the
-    same peak with 2 as with up to 32 micro-batches and 3 steps), so no more are replayed.
+    `accumulation` micro-batches each. The optimizer's states come at the first step
+    (`states_of(elements, is_embedding)`: bytes per element of each state tensor a
+    parameter gets), its temporaries (bytes per element, one tensor per parameter) live
+    through each step, and the gradients go at `zero_grad`. Under `ddp`, DDP's fp32
+    buckets are allocated with the model, as DDP wraps it. Past the second micro-batch
+    and the second step the allocator repeats itself (GPT-2 124M, 24 configs of batch
+    1-32 in three modes: the same peak with 2 as with up to 32 micro-batches and 3 steps),
+    so no more are replayed.
     """
     accumulation = min(accumulation, 2)
     b1, b2 = step.batches
@@ -167,10 +168,10 @@ def training_events(step: TracedStep, batch: int, accumulation: int,
         return max(0, round(s1 + (s2 - s1) * (batch - b1) / (b2 - b1)))
 
     events: list[Event] = [("alloc", ("param", i), n) for i, n in enumerate(step.params)]
-    left, cap, i = int(buckets), DDP_FIRST_BUCKET, 0
-    while left > 0:
-        events.append(("alloc", ("bucket", i), min(left, cap)))
-        left, cap, i = left - min(left, cap), DDP_BUCKET, i + 1
+    if ddp:
+        events += [("alloc", ("bucket", i), n)
+                   for i, n in enumerate(ddp_buckets([4 * n for n in step.trainable]))]
+    embedding = step.embedding or (False,) * len(step.trainable)
     for s in range(steps):
         grads = []
         for m in range(accumulation):
@@ -180,11 +181,9 @@ def training_events(step: TracedStep, batch: int, accumulation: int,
                 if m == 0 and key in step.persistent and kind == "alloc":
                     grads.append((s, m, key))
         if s == 0:
-            for i, n in enumerate(step.trainable):
-                tensors = (embedding_state_tensors if embedding_state_tensors is not None
-                           and step.embedding and step.embedding[i] else state_tensors)
+            for i, (n, emb) in enumerate(zip(step.trainable, embedding, strict=True)):
                 events += [("alloc", ("state", i, j), int(n * nbytes))
-                           for j, nbytes in enumerate(tensors)]
+                           for j, nbytes in enumerate(states_of(n, emb))]
         if step_temporary_bytes:
             temps = [("temp", s, i) for i in range(len(step.trainable))]
             events += [("alloc", t, int(n * step_temporary_bytes))
@@ -192,3 +191,20 @@ def training_events(step: TracedStep, batch: int, accumulation: int,
             events += [("free", t, 0) for t in temps]
         events += [("free", g, 0) for g in grads]
     return events
+
+
+def ddp_buckets(grad_bytes: list[int]) -> list[int]:
+    """DDP's bucket sizes for gradients of these sizes (in parameter order): filled from
+    the last parameter back, a bucket closing once it holds at least its cap, 1 MiB for
+    the first and 25 MiB after (`_compute_bucket_assignment_by_size`; Trainer keeps the
+    defaults). DDP rebuilds them in the order the first backward produced the gradients,
+    which for a stack of layers is about the same."""
+    buckets, current, cap = [], 0, DDP_FIRST_BUCKET
+    for n in reversed(grad_bytes):
+        current += n
+        if current >= cap:
+            buckets.append(current)
+            current, cap = 0, DDP_BUCKET
+    if current:
+        buckets.append(current)
+    return buckets

@@ -85,7 +85,7 @@ class Physics:
     def __init__(self, shape: ModelShape, device: DeviceSpec, world_size: int = 1) -> None:
         self.shape, self.device, self.world_size = shape, device, world_size
         self._cache: dict[TrialConfig, np.ndarray] = {}
-        self._reserved: dict[TrialConfig, tuple[float, float] | None] = {}
+        self._reserved: dict[tuple, tuple[float, float] | None] = {}
 
     def _model_states(self, c: TrialConfig) -> tuple[dict[str, float], float]:
         """(device bytes by component, host bytes) of weights, gradients and optimizer."""
@@ -97,7 +97,7 @@ class Physics:
         else:
             opt = optimizer(c.optim)
             e = float(self.shape.embedding_parameters or 0) if self.shape.lora is None else 0.0
-            state = opt.state_bytes * (t - e) + sum(opt.embedding_state_tensors()) * e
+            state = opt.state_bytes * (t - e) + sum(opt.states_of(0, True)) * e
         if c.fsdp != "none":
             return self._fsdp_states(c, p, t, n, state)
         if c.zero_stage == 0:
@@ -278,16 +278,21 @@ class Physics:
         b = c.per_device_train_batch_size
         comps = states | {"activations": b * self.activation_bytes_per_sample(c),
                           "logits": b * self.logits_bytes_per_sample(c)}
-        slack = self._slack_factor(c, sum(comps.values())) * sum(comps.values())
+        tensors = sum(comps.values())
+        slack = self._slack_factor(c, tensors)
+        if slack < 0:  # the replay's peak is below the components at once: scale them
+            comps = {k: v * (1 + slack) for k, v in comps.items()}
+            slack = 0.0
         runtime = CUDA_RUNTIME_BYTES if self.device.is_cuda else CPU_RUNTIME_BYTES
-        comps["runtime"] = runtime + slack
+        comps["runtime"] = runtime + slack * tensors
         return MemoryEstimate({k: int(comps[k]) for k in COMPONENTS}, int(host))
 
     def _slack_factor(self, c: TrialConfig, tensors: float) -> float:
         """What the allocator holds beyond the tensors, as a fraction of them: on a GPU
         the replayed reserved peak where the step can be replayed, else FRAGMENTATION;
         on a CPU, malloc's arenas. (Negative where the replay's peak, which knows when
-        each tensor lives, is below the components' sum, which has them all at once.)"""
+        each tensor lives, is below the components' sum, which has them all at once; the
+        components are then scaled to it.)"""
         if not self.device.is_cuda:
             return CPU_OVERHEAD_FACTOR
         reserved = self.reserved_peak(c)
@@ -296,33 +301,36 @@ class Physics:
     def reserved_peak(self, c: TrialConfig) -> float | None:
         """The caching allocator's reserved peak over a trial's steps (plan/allocator.py),
         replayed from the model's traced allocations; None where there is no such trace:
-        a CPU, a model without config, LoRA, DeepSpeed or FSDP (their engines allocate
-        outside the model's code), or Liger's kernels."""
+        a CPU, a model without config or one whose code the trace cannot run or repeat,
+        LoRA, DeepSpeed or FSDP (their engines allocate outside the model's code),
+        Liger's kernels, or Adafactor (factored states)."""
         replayed = self.replayed_peaks(c)
         return None if replayed is None else replayed[1]
 
     def replayed_peaks(self, c: TrialConfig) -> tuple[float, float] | None:
-        """(allocated, reserved) peak bytes of the allocator replay, or None."""
-        if c in self._reserved:
-            return self._reserved[c]
-        value = None
+        """(allocated, reserved) peak bytes of the allocator replay, or None. Memoised on
+        what the replay depends on, so configs differing in other knobs share it."""
+        if not (self.device.is_cuda and self.shape.hf_config is not None
+                and self.shape.lora is None and c.zero_stage == 0 and c.fsdp == "none"
+                and not c.use_liger_kernel and c.optim != "adafactor"):
+            return None
         opt = optimizer(c.optim)
-        if (self.device.is_cuda and self.shape.hf_config is not None and self.shape.lora is None
-                and c.zero_stage == 0 and c.fsdp == "none" and not c.use_liger_kernel
-                and c.optim != "adafactor"):
-            mode = "fp32" if _compute_bytes(c.precision) == 4 else "autocast16"
+        mode = "fp32" if _compute_bytes(c.precision) == 4 else "autocast16"
+        attention = "eager" if self.materialises_attention(c) else "sdpa"
+        key = (c.per_device_train_batch_size, min(c.gradient_accumulation_steps, 2), mode,
+               c.gradient_checkpointing, attention, opt, self.ddp_bucket_bytes(c) > 0)
+        if key not in self._reserved:
             step = trace_step(self.shape.hf_config, self.shape.task or "causal-lm",
                               self.shape.seq_len, mode, c.gradient_checkpointing,
-                              "eager" if self.materialises_attention(c) else "sdpa", True)
+                              attention, True)
+            value = None
             if step is not None:
                 allocator = replay(training_events(
                     step, c.per_device_train_batch_size, c.gradient_accumulation_steps,
-                    opt.state_tensors, opt.step_temporary_bytes,
-                    buckets=self.ddp_bucket_bytes(c),
-                    embedding_state_tensors=opt.embedding_state_tensors()))
+                    opt.states_of, opt.step_temporary_bytes, ddp=key[-1]))
                 value = (float(allocator.peak_allocated), float(allocator.peak_reserved))
-        self._reserved[c] = value
-        return value
+            self._reserved[key] = value
+        return self._reserved[key]
 
     def features(self, c: TrialConfig) -> np.ndarray:
         """The physics' terms, each with its share of allocator slack, in FEATURES order:

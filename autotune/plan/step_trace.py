@@ -222,13 +222,15 @@ class _Deepen:
         flush()
         return out
 
-    def check(self) -> None:
-        """The layers next to the repeated one must allocate alike, or a copy's
-        references to its neighbours cannot be renamed."""
+    def check(self, events: list[Labelled]) -> None:
+        """The layers next to the repeated one must allocate alike, tensor for tensor, or
+        a copy's references to its neighbours cannot be renamed."""
+        size = {key: n for kind, key, n, _ in events if kind == "alloc"}
         for phase in ("f", "b"):
-            sizes = [len(self.blocks.get((phase, i), [])) for i in range(1, self.n)]
-            if len(set(sizes)) != 1:
-                raise LookupError(f"layers allocate differently ({phase}: {sizes})")
+            shapes = {tuple(size[k] for k in self.blocks.get((phase, i), []))
+                      for i in range(1, self.n)}
+            if len(shapes) != 1:
+                raise LookupError(f"layers 1-{self.n - 1} allocate differently ({phase})")
 
 
 def _deepened(hf_config, task: str, seq_len: int, batch: int, mode: str, checkpointing: bool,
@@ -242,8 +244,8 @@ def _deepened(hf_config, task: str, seq_len: int, batch: int, mode: str, checkpo
         return (tuple(b for b, _ in params), tuple(e for e, _ in trainable), plain(first),
                 plain(later), frozenset((k, 0) for k in persistent))
     deep_first, deep_later = _Deepen(first, n, depth), _Deepen(later, n, depth)
-    deep_first.check()
-    deep_later.check()
+    deep_first.check(first)
+    deep_later.check(later)
     first_events = deep_first.events(first)
     owner = deep_first.owner
     deep_persistent = frozenset(
@@ -275,13 +277,10 @@ def _trace_step_cached(config_json: str, task: str, seq_len: int, mode: str,
 
     from autotune.plan.shape import _LAYER_KEYS, load_hf_config
 
-    raw = json.loads(config_json)
-    depth = next((int(raw[k]) for k in _LAYER_KEYS if k in raw), None)
     try:
-        hf_config = load_hf_config({"config": raw})
-        if depth is None:
-            depth = next(int(getattr(hf_config, k)) for k in _LAYER_KEYS
-                         if getattr(hf_config, k, None) is not None)
+        hf_config = load_hf_config({"config": json.loads(config_json)})
+        depth = next(int(getattr(hf_config, k)) for k in _LAYER_KEYS
+                     if getattr(hf_config, k, None) is not None)
         b1, b2 = BATCHES
         params, per_param, f1, l1, persistent = _deepened(
             hf_config, task, seq_len, b1, mode, checkpointing, attention, cuda, depth)
