@@ -155,3 +155,14 @@ def test_ddp_buckets_close_at_their_cap_from_the_last_parameter_back():
     assert ddp_buckets([30 * MiB_, 2 * MiB_, MiB_ // 2, MiB_ // 2]) == [MiB_, 32 * MiB_]
     assert ddp_buckets([10 * MiB_] * 6) == [10 * MiB_, 30 * MiB_, 20 * MiB_]
     assert sum(ddp_buckets([7, 3, 5])) == 15
+
+
+def test_a_failing_replay_leaves_the_allowance_not_an_error(monkeypatch):
+    import autotune.plan.memory as memory
+
+    shape = shape_from_hf_config(load_hf_config({"config": GPT2}), 64)
+    broken = lambda *a, **k: [("alloc", "x", 1024), ("alloc", "x", 1024)]  # noqa: E731
+    monkeypatch.setattr(memory, "training_events", broken)
+    h100 = Physics(shape, named_device("H100"))
+    c = TrialConfig.of(4, 4, precision="bf16")
+    assert h100.reserved_peak(c) is None and h100.physics(c).total_bytes > 0
