@@ -374,6 +374,13 @@ def _gpu_memory(index: int) -> tuple[int, dict[str, Any]]:
     reserved_peak = torch.cuda.max_memory_reserved()
     extra: dict[str, Any] = {"allocator_peak_reserved": reserved_peak,
                              "allocator_peak_allocated": torch.cuda.max_memory_allocated()}
+    # Pinned host memory (offloaded optimizer states and their staging buffers): host RAM,
+    # recorded beside the device figures so a GPU run can tell whether it shows in them.
+    try:
+        extra["pinned_host_peak"] = int(
+            torch.cuda.host_memory_stats().get("allocated_bytes.peak", 0))
+    except Exception as exc:  # noqa: BLE001 - older torch: the device figures stand
+        extra["pinned_host_peak"] = f"unavailable: {type(exc).__name__}"[:100]
     try:
         import pynvml
 

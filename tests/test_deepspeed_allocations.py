@@ -1,0 +1,80 @@
+"""The emulation of DeepSpeed ZeRO-1/2's allocations against the real engine, on CPU."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import deepspeed_allocations as da  # noqa: E402
+
+BUCKET = 2_000_000  # above the small model's 1.05M parameters: one fill per backward
+
+
+def _engine_phases() -> list[list[tuple[str, int, int]]]:
+    return [da.phases(*da.record(stage, offload, da.SMALL_GPT2, 64, 2, 2, bucket=BUCKET))
+            for stage, offload in da.CONFIGS]
+
+
+@pytest.mark.slow
+def test_the_emulation_follows_the_real_engine_through_each_backward():
+    """ZeRO-1, ZeRO-2 and ZeRO-2 + optimizer offload: each micro-batch's forward and
+    backward as the real engine allocates it (gloo, one rank, in a process of its own so
+    torch.distributed stays out of this one): the peak above the phase's start, and
+    (without offload, whose host buffers share the CPU) what the phase leaves behind.
+    Catches a bucket at the wrong time or size, gradients kept or freed wrongly (ZeRO-1
+    keeps them to the boundary, ZeRO-2 copies them out), and the gradient partition's
+    lifetime. The steps themselves differ (CPU AdamW's temporaries) and are not held."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        recorded = pool.submit(_engine_phases).result(timeout=300)
+    for (stage, offload), engine in zip(da.CONFIGS, recorded, strict=True):
+        marks: da.Marks = []
+        events = da.emulated(da.SMALL_GPT2, 64, 2, 2, stage, offload, False, BUCKET, marks)
+        assert events is not None
+        emulated = da.phases(events, marks)
+        assert [name for name, *_ in engine] == [name for name, *_ in emulated]
+        for i in range(1, len(engine)):
+            name = f"ZeRO-{stage} {offload}: {engine[i][0]}"
+            if not name.endswith("fwd+bwd"):
+                continue
+            (_, start, _), (_, end, peak) = engine[i - 1], engine[i]
+            (_, e_start, _), (_, e_end, e_peak) = emulated[i - 1], emulated[i]
+            assert e_peak - e_start == pytest.approx(peak - start, rel=0.02), name
+            if offload == "none":
+                assert e_end - e_start == pytest.approx(end - start, abs=64 * 1024), name
+
+
+def test_the_gpu_note_prints_the_zero_replay_and_what_lies_outside_the_allocator():
+    """A 16-bit ZeRO-2 + offload trial's note on a GPU (its figures made up here, where no
+    GPU is): the emulation's replayed peaks beside NVML's and the pinned host peak."""
+    import importlib.util
+
+    from autotune.config import TrialConfig
+    from autotune.plan.device import named_device
+    from autotune.plan.shape import model_shape
+    from autotune.spec import load_spec
+
+    spec = importlib.util.spec_from_file_location("memory_accuracy",
+                                                  ROOT / "benchmarks" / "memory_accuracy.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    shape = model_shape(load_spec(bench.spec_for(4, 128, 4, 256, 8192, 16)))
+    config = TrialConfig.of(8, 2, precision="bf16", zero_stage=2, offload="optimizer")
+    extra = {"peaks_by_step": [[900 << 20, 1000 << 20], [950 << 20, 1100 << 20]],
+             "allocator_peak_allocated": 950 << 20, "nvml_overhead": 600 << 20,
+             "pinned_host_peak": 48 << 20}
+    note = bench._allocator_note(extra, config, shape, named_device("H100-80GB"))
+    assert "allocator replay: allocated" in note
+    assert "outside the allocator (NVML) 600 MiB" in note
+    assert "pinned host peak 48 MiB" in note
+    peaks = da.replayed_peaks(shape.hf_config, 256, 8, 2, 2, "optimizer")
+    assert peaks is not None and f"reserved {peaks[1] / 2**20:.0f} MiB" in note
+    # Without offload the fp32 master partition and the 16-bit gradients stay on the device.
+    kept = da.replayed_peaks(shape.hf_config, 256, 8, 2, 2, "none")
+    assert kept is not None and kept[0] > peaks[0] + 6 * shape.num_parameters
