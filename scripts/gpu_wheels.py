@@ -1,0 +1,193 @@
+"""Wheels for the GPU machine, which reaches no package registry, within what one call carries.
+
+The device tool's machines hold PyTorch, transformers, accelerate, PEFT and NVML's
+bindings, but not DeepSpeed, Ray, Optuna or bitsandbytes, and a call carries at most
+64 MiB with the working tree. This puts in `.whl/` (ignored by git) the wheels of every
+distribution autotune needs that the image lacks, at the versions this checkout is
+tested with, for the image's Python (3.12, x86-64 Linux):
+
+- the missing part of autotune's requirement closure, walked from this environment's
+  installed metadata, stopping at what the image already has;
+- DeepSpeed built from its sdist (PyPI has no wheel; its ops compile just in time);
+- Ray without its Java jar, dashboard client and unused libraries (75.6 MiB to about 38);
+- bitsandbytes last, only if it still fits (without it the 8-bit optimizers are pruned
+  from the space, as on any machine without it).
+
+    .venv/bin/python scripts/gpu_wheels.py            # then: run(carry=[".whl"], ...)
+
+`benchmarks/gpu_proof.sh` installs whatever is in `.whl/` to a private target first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import importlib.metadata as md
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+ROOT = Path(__file__).resolve().parents[1]
+# The device tool's image 'cuda' (nvidia-h100-x1, nvidia-h200), as its KINDS.md listed it
+# on 2026-11-17: carry only what is not here.
+IMAGE_LISTED = """
+absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs
+botorch build certifi charset-normalizer chex click cloudpickle cmake colorama contourpy
+coverage cuda-bindings cuda-core cuda-pathfinder cuda-toolkit cupy-cuda13x cycler cython
+diffrax e3nn einops equinox etils execnet filelock flatbuffers flax fonttools formulaic
+frozenlist fsspec gpytorch grpcio h11 h5py hf-xet httpcore httpx huggingface-hub humanize
+hypothesis idna imageio iniconfig interface-meta jax jax-cuda13-pjrt jax-cuda13-plugin
+jaxlib jaxtyping jinja2 joblib kiwisolver lazy-loader lightning lightning-utilities
+linear-operator lineax llvmlite lxml markdown markdown-it-py markupsafe matplotlib mdurl
+meson ml-dtypes mpi4py mpmath msgpack multidict multipledispatch mypy-extensions nanobind
+narwhals networkx ninja numba numba-cuda numpy numpyro nvidia-cublas nvidia-cuda-cupti
+nvidia-cuda-nvrtc nvidia-cuda-runtime nvidia-cudnn-cu13 nvidia-cufft nvidia-cufile
+nvidia-curand nvidia-cusolver nvidia-cusparse nvidia-cusparselt-cu13 nvidia-ml-py
+nvidia-nccl-cu13 nvidia-nvjitlink nvidia-nvshmem-cu13 nvidia-nvtx onnx onnx-ir onnxruntime
+onnxscript opencv-python-headless optax opt-einsum opt-einsum-fx optimistix orbax-checkpoint
+packaging pandas pathspec patsy peft pillow pip pluggy portalocker prometheus-client
+propcache protobuf psutil pyarrow pybind11 py-cpuinfo pygments pyparsing pyproject-hooks
+pyre-extensions pytest pytest-benchmark pytest-cov pytest-mock pytest-timeout pytest-xdist
+python-dateutil pytorch-lightning pyyaml regex requests rich sacrebleu safetensors
+scikit-build-core scikit-image scikit-learn scipy seaborn sentencepiece
+sentence-transformers setuptools shellingham simplejson six sortedcontainers statsmodels
+sympy tabulate tensorboard tensorboard-data-server tensorstore threadpoolctl tifffile
+tiktoken timm tokenizers toolz torch torchaudio torchdiffeq torch-geometric torchmetrics
+torchvision tqdm transformers treescope triton typer typing-extensions typing-inspect
+urllib3 uvloop wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp
+"""
+IMAGE = {canonicalize_name(name) for name in IMAGE_LISTED.split()}
+TARGET = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
+          "platform_machine": "x86_64", "platform_system": "Linux", "os_name": "posix",
+          "implementation_name": "cpython", "platform_python_implementation": "CPython"}
+PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
+             "manylinux2014_x86_64", "manylinux1_x86_64", "manylinux_2_34_x86_64",
+             "manylinux_2_35_x86_64", "manylinux_2_24_x86_64", "manylinux_2_31_x86_64"]
+OPTIONAL = ("bitsandbytes",)  # pruned from the space where missing: carried if it fits
+NO_WHEEL = ("deepspeed",)  # sdist only on PyPI
+# Java workers, the dashboard's web client (autotune starts Ray without the dashboard),
+# and libraries autotune does not use (Ray imports them lazily, on first use).
+RAY_DROP = ("ray/jars/", "ray/dashboard/client/", "ray/rllib/", "ray/data/", "ray/serve/",
+            "ray/llm/")
+# Plotly's JupyterLab extension (the report embeds plotly.js from package_data).
+SLIMMED = {"ray": RAY_DROP, "plotly": ("/labextension/", ".data/data/share/")}
+CARRY_MIB = 64.0  # what one device call carries, the working tree included
+MARGIN_MIB = 0.5
+
+
+def tree_mib() -> float:
+    """The working tree a device call copies: tracked and untracked, unignored files."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                             "--exclude-standard"], cwd=ROOT, check=True,
+                            capture_output=True).stdout.split(b"\0")
+    return sum((ROOT / os.fsdecode(f)).stat().st_size for f in listed
+               if f and (ROOT / os.fsdecode(f)).is_file()) / 2**20
+
+
+def missing(image: set[str] = IMAGE) -> dict[str, str]:
+    """{distribution: installed version} that autotune needs and the image lacks: its
+    requirements, and theirs, walked only through distributions the image does not have
+    (the image's own satisfy their own), markers read for the image's Python."""
+    found: dict[str, str] = {}
+
+    def walk(name: str, extras: frozenset[str]) -> None:
+        key = canonicalize_name(name)
+        if key in image or key in found:
+            return
+        dist = md.distribution(name)
+        found[key] = dist.version
+        for line in dist.requires or []:
+            req = Requirement(line)
+            if req.marker is None or any(req.marker.evaluate(TARGET | {"extra": e})
+                                         for e in {"", *extras}):
+                walk(req.name, frozenset(req.extras))
+
+    for line in md.requires("autotune") or []:
+        req = Requirement(line)
+        if req.marker is None or req.marker.evaluate(TARGET | {"extra": ""}):
+            walk(req.name, frozenset(req.extras))
+    return found
+
+
+def fetch(name: str, version: str, out: Path) -> Path:
+    """One distribution's wheel for the image, into `out`."""
+    before = set(out.iterdir())
+    if name in NO_WHEEL:
+        cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+               "-w", str(out), f"{name}=={version}"]
+        env = os.environ | {"DS_BUILD_OPS": "0"}
+    else:
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+               "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
+               *[f"--platform={p}" for p in PLATFORMS], "-d", str(out), f"{name}=={version}"]
+        env = None
+    subprocess.run(cmd, check=True, env=env)
+    new = set(out.iterdir()) - before
+    if len(new) != 1:
+        raise RuntimeError(f"{name}=={version}: expected one wheel, got {sorted(new)}")
+    return new.pop()
+
+
+def slim(wheel: Path, drop: tuple[str, ...]) -> Path:
+    """The wheel less the files whose path contains any of `drop`, its RECORD rewritten
+    to match (pip takes the RECORD as the list of what it installed)."""
+    tmp = wheel.with_suffix(".slim")
+    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as dst:
+        record = next(n for n in src.namelist() if n.endswith(".dist-info/RECORD"))
+        kept = [n for n in src.namelist() if n != record and not any(d in n for d in drop)]
+        rows = []
+        for name in kept:
+            data = src.read(name)
+            dst.writestr(src.getinfo(name), data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+            rows.append(f"{name},sha256={digest.decode()},{len(data)}")
+        dst.writestr(record, "\n".join([*rows, f"{record},,"]) + "\n")
+    tmp.replace(wheel)
+    return wheel
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(ROOT / ".whl"))
+    ap.add_argument("--budget-mib", type=float, default=None,
+                    help="default: 64 MiB less the working tree and a margin")
+    args = ap.parse_args()
+    if args.budget_mib is None:
+        args.budget_mib = CARRY_MIB - tree_mib() - MARGIN_MIB
+    out = Path(args.out)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    need = missing()
+    order = sorted(need, key=lambda n: (n in OPTIONAL, n))
+    total, left_out = 0.0, []
+    with tempfile.TemporaryDirectory() as scratch:
+        for name in order:
+            wheel = fetch(name, need[name], Path(scratch))
+            if name in SLIMMED:
+                slim(wheel, SLIMMED[name])
+            mib = wheel.stat().st_size / 2**20
+            if total + mib > args.budget_mib:
+                if name not in OPTIONAL:
+                    print(f"{name} ({mib:.1f} MiB) does not fit: {total:.1f} MiB already",
+                          file=sys.stderr)
+                    return 1
+                left_out.append(f"{name} ({mib:.1f} MiB)")
+                continue
+            shutil.move(str(wheel), out / wheel.name)
+            total += mib
+            print(f"  {name} {need[name]}: {mib:.1f} MiB")
+    print(f"{len(need) - len(left_out)} wheels, {total:.1f} MiB in {out} (budget "
+          f"{args.budget_mib:.1f} MiB); left out: {', '.join(left_out) or 'nothing'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
