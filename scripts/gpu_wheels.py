@@ -65,7 +65,7 @@ torchvision tqdm transformers treescope triton typer typing-extensions typing-in
 urllib3 uvloop wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp
 """
 IMAGE = {canonicalize_name(name) for name in IMAGE_LISTED.split()}
-TARGET = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
+TARGET = {"sys_platform": "linux",
           "platform_machine": "x86_64", "platform_system": "Linux", "os_name": "posix",
           "implementation_name": "cpython", "platform_python_implementation": "CPython"}
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
@@ -92,11 +92,12 @@ def tree_mib() -> float:
                if f and (ROOT / os.fsdecode(f)).is_file()) / 2**20
 
 
-def missing(image: set[str] = IMAGE) -> dict[str, str]:
+def missing(image: set[str] = IMAGE, python: str = "3.12") -> dict[str, str]:
     """{distribution: installed version} that autotune needs and the image lacks: its
     requirements, and theirs, walked only through distributions the image does not have
     (the image's own satisfy their own), markers read for the image's Python."""
     found: dict[str, str] = {}
+    target = TARGET | {"python_version": python, "python_full_version": f"{python}.0"}
 
     def walk(name: str, extras: frozenset[str]) -> None:
         key = canonicalize_name(name)
@@ -106,19 +107,19 @@ def missing(image: set[str] = IMAGE) -> dict[str, str]:
         found[key] = dist.version
         for line in dist.requires or []:
             req = Requirement(line)
-            if req.marker is None or any(req.marker.evaluate(TARGET | {"extra": e})
+            if req.marker is None or any(req.marker.evaluate(target | {"extra": e})
                                          for e in {"", *extras}):
                 walk(req.name, frozenset(req.extras))
 
     for line in md.requires("autotune") or []:
         req = Requirement(line)
-        if req.marker is None or req.marker.evaluate(TARGET | {"extra": ""}):
+        if req.marker is None or req.marker.evaluate(target | {"extra": ""}):
             walk(req.name, frozenset(req.extras))
     return found
 
 
-def fetch(name: str, version: str, out: Path) -> Path:
-    """One distribution's wheel for the image, into `out`."""
+def fetch(name: str, version: str, out: Path, python: str = "3.12") -> Path:
+    """One distribution's wheel for the image (or another CPython `python`), into `out`."""
     before = set(out.iterdir())
     if name in NO_WHEEL:
         cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
@@ -126,7 +127,7 @@ def fetch(name: str, version: str, out: Path) -> Path:
         env = os.environ | {"DS_BUILD_OPS": "0"}
     else:
         cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps",
-               "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
+               "--only-binary=:all:", "--python-version", python, "--implementation", "cp",
                *[f"--platform={p}" for p in PLATFORMS], "-d", str(out), f"{name}=={version}"]
         env = None
     subprocess.run(cmd, check=True, env=env)
@@ -157,6 +158,8 @@ def slim(wheel: Path, drop: tuple[str, ...]) -> Path:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / ".whl"))
+    ap.add_argument("--python", default="3.12", help="the target CPython (a rehearsal "
+                    "in a bare environment of this machine's Python: 3.11)")
     ap.add_argument("--budget-mib", type=float, default=None,
                     help="default: 64 MiB less the working tree and a margin")
     args = ap.parse_args()
@@ -165,12 +168,12 @@ def main() -> int:
     out = Path(args.out)
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    need = missing()
+    need = missing(python=args.python)
     order = sorted(need, key=lambda n: (n in OPTIONAL, n))
     total, left_out = 0.0, []
     with tempfile.TemporaryDirectory() as scratch:
         for name in order:
-            wheel = fetch(name, need[name], Path(scratch))
+            wheel = fetch(name, need[name], Path(scratch), args.python)
             if name in SLIMMED:
                 slim(wheel, SLIMMED[name])
             mib = wheel.stat().st_size / 2**20
