@@ -14,7 +14,8 @@ sees it. This module:
   H100 file's DeepSpeed rows beside their measurements.
 
 Not in the physics yet: on the H100 file the emulation explains ZeRO-1 > ZeRO-2 only in
-allocated bytes, and ZeRO-2 + optimizer offload measured 2.3 GiB above it (see README).
+allocated bytes, and ZeRO-2 + optimizer offload measured 3.5 GiB over its reserved peak,
+where Trainer rows measure 0.9-1.6 GiB over theirs (see README).
 The GPU proof's ZeRO step prints each row's allocated, reserved, NVML and pinned-host
 figures beside this emulation, which decides where that memory is.
 
@@ -97,20 +98,25 @@ def zero_events(step: TracedStep, batch: int, accumulation: int, stage: int, off
 
     - at initialize, the 16-bit weights flattened into one buffer (the parameters become
       views of it), and without offload the fp32 master partition (and a zeroed fp32
-      gradient, at once freed); offload keeps a 16-bit gradient staging buffer of the
-      largest parameter on the device and everything else on the host;
+      gradient, at once freed); offload clones the 16-bit weights on the way to the host
+      and keeps a 16-bit staging buffer of the largest parameter on the device;
     - at a micro-batch's first gradient, the reduction bucket (`bucket` 16-bit elements;
       two under overlap_comm, ZeRO-2 here): ZeRO-2 every micro-batch, freed at its end;
       ZeRO-1 once per step, live until the boundary. Autograd's gradients are copied into
-      it and freed (ZeRO-2), or kept and added to until the boundary (ZeRO-1);
-    - at the end of a micro-batch without offload, the 16-bit gradient partition (ZeRO-2:
+      it and freed (ZeRO-2), or kept and added to until the boundary's backward (ZeRO-1);
+    - at the end of a backward without offload, the 16-bit gradient partition (ZeRO-2:
       created at the first, added to through a temporary after; ZeRO-1: at the boundary);
       with offload, the boundary's per-parameter fp64 norm and fp32 copy;
     - at the step without offload: the fp64 norm of the largest gradient, the flattened
       gradients and their fp32 copy, the optimizer's states (first step) and temporaries.
 
-    With more parameters than one bucket holds the bucket is reduced and reused within
-    the backward; the allocations are the same. `marks` gets phase ends as `record`'s.
+    Two things of a GPU it leaves out, both candidates for what the H100 file's ZeRO-2 rows
+    hold beyond it: the caching allocator keeps a pool per CUDA stream, and under
+    overlap_comm the partition and offload's copies are allocated on DeepSpeed's reduction
+    stream, which the single-pool replay lets share blocks with the model's; and with more
+    parameters than one bucket holds, the bucket is reduced within the backward, so
+    ZeRO-2's partition is made there (while activations live), not after it. `marks` gets
+    phase ends as `record`'s.
     """
     b1, b2 = step.batches
 
@@ -118,64 +124,80 @@ def zero_events(step: TracedStep, batch: int, accumulation: int, stage: int, off
         return max(0, round(s1 + (s2 - s1) * (batch - b1) / (b2 - b1)))
 
     p, largest = sum(step.trainable), max(step.trainable)
-    n_buckets = 2 if stage >= 2 else 1
     offloaded = offload != "none"
-    events: list[Event] = [("alloc", ("param", i), n) for i, n in enumerate(step.params)]
-    events.append(("alloc", "flat16", 2 * p))
-    events += [("free", ("param", i), 0) for i in range(len(step.params))]
-    events.append(("alloc", "buffers", max(0, sum(step.params) - 2 * p)))  # not flattened
-    if offloaded:
-        events.append(("alloc", "offload staging", 2 * largest))
-    else:
-        events += [("alloc", "master", 4 * p), ("alloc", "zero grad", 4 * p),
-                   ("free", "zero grad", 0)]
+    events = _initialize(step, p, largest, offloaded)
     _mark(marks, "init", events)
     for s in range(steps):
-        grads = []
+        kept: list[Any] = []  # ZeRO-1's gradients, until the boundary
         for m in range(accumulation):
+            boundary = m == accumulation - 1
             fresh = stage >= 2 or m == 0  # autograd creates the gradients afresh
-            template = step.first if fresh else step.later
-            buckets = [("bucket", s, m, j) for j in range(n_buckets)] if fresh else []
-            for kind, key, s1, s2 in template:
+            buckets = [("bucket", s, m, j) for j in range(2 if stage >= 2 else 1)]
+            for kind, key, s1, s2 in step.first if fresh else step.later:
                 events.append((kind, (s, m, key), at(s1, s2) if kind == "alloc" else 0))
                 if kind == "alloc" and fresh and key in step.persistent:
                     events += [("alloc", b, 2 * bucket) for b in buckets]
                     buckets = []
                     if stage >= 2:  # copied into the bucket
                         events.append(("free", (s, m, key), 0))
-                    else:  # kept, and added to, until the boundary
-                        grads.append((s, m, key))
-            boundary = m == accumulation - 1
-            if offloaded and boundary:
-                events += [("alloc", ("norm", s), 8 * largest), ("free", ("norm", s), 0),
-                           ("alloc", ("fp32 copy", s), 4 * largest),
-                           ("free", ("fp32 copy", s), 0)]
-            elif not offloaded and stage >= 2 and m > 0:
-                events += [("alloc", ("partition add", s, m), 2 * p),
-                           ("free", ("partition add", s, m), 0)]
-            elif not offloaded and (m == 0 if stage >= 2 else boundary):
-                events.append(("alloc", ("partition", s), 2 * p))
-            if boundary:
-                events += [("free", g, 0) for g in grads]
+                    else:
+                        kept.append((s, m, key))
+            if boundary:  # ZeRO-1's gradients go into the bucket as the backward ends
+                events += [("free", g, 0) for g in kept]
+            events += _epilogue(s, m, boundary, stage, offloaded, p, largest)
             if stage >= 2 or boundary:
                 events += [("free", ("bucket", s, m if stage >= 2 else 0, j), 0)
-                           for j in reversed(range(n_buckets))]
+                           for j in reversed(range(2 if stage >= 2 else 1))]
             _mark(marks, f"s{s}m{m} fwd+bwd", events)
             if not boundary:
                 _mark(marks, f"s{s}m{m} step", events)
         if not offloaded:
-            events += [("alloc", ("norm", s), 8 * largest), ("free", ("norm", s), 0),
-                       ("alloc", ("flat", s), 2 * p), ("alloc", ("fp32 grad", s), 4 * p),
-                       ("free", ("flat", s), 0), ("free", ("partition", s), 0)]
-            if s == 0:
-                events += [("alloc", ("state", j), int(p * nbytes))
-                           for j, nbytes in enumerate(states_of(p, False))]
-            if step_temporary_bytes:
-                events += [("alloc", ("temp", s), int(p * step_temporary_bytes)),
-                           ("free", ("temp", s), 0)]
-            events.append(("free", ("fp32 grad", s), 0))
+            events += _optimizer_step(s, p, largest, states_of, step_temporary_bytes)
         _mark(marks, f"s{s}m{accumulation - 1} step", events)
     return events
+
+
+def _initialize(step: TracedStep, p: int, largest: int, offloaded: bool) -> list[Event]:
+    events: list[Event] = [("alloc", ("param", i), n) for i, n in enumerate(step.params)]
+    events.append(("alloc", "flat16", 2 * p))
+    events += [("free", ("param", i), 0) for i in range(len(step.params))]
+    events.append(("alloc", "buffers", max(0, sum(step.params) - 2 * p)))  # not flattened
+    if offloaded:
+        return events + [("alloc", "host copy", 2 * p), ("free", "host copy", 0),
+                         ("alloc", "offload staging", 2 * largest)]
+    return events + [("alloc", "master", 4 * p), ("alloc", "zero grad", 4 * p),
+                     ("free", "zero grad", 0)]
+
+
+def _epilogue(s: int, m: int, boundary: bool, stage: int, offloaded: bool, p: int,
+              largest: int) -> list[Event]:
+    """What a backward's end allocates: the gradient partition, or offload's copies."""
+    if offloaded:
+        return [("alloc", ("norm", s), 8 * largest), ("free", ("norm", s), 0),
+                ("alloc", ("fp32 copy", s), 4 * largest),
+                ("free", ("fp32 copy", s), 0)] if boundary else []
+    if stage >= 2 and m > 0:
+        return [("alloc", ("partition add", s, m), 2 * p),
+                ("free", ("partition add", s, m), 0)]
+    if (stage >= 2 and m == 0) or (stage < 2 and boundary):
+        return [("alloc", ("partition", s), 2 * p)]
+    return []
+
+
+def _optimizer_step(s: int, p: int, largest: int,
+                    states_of: Callable[[int, bool], tuple[float, ...]],
+                    step_temporary_bytes: float) -> list[Event]:
+    events: list[Event] = [
+        ("alloc", ("norm", s), 8 * largest), ("free", ("norm", s), 0),
+        ("alloc", ("flat", s), 2 * p), ("alloc", ("fp32 grad", s), 4 * p),
+        ("free", ("flat", s), 0), ("free", ("partition", s), 0)]
+    if s == 0:
+        events += [("alloc", ("state", j), int(p * nbytes))
+                   for j, nbytes in enumerate(states_of(p, False))]
+    if step_temporary_bytes:
+        events += [("alloc", ("temp", s), int(p * step_temporary_bytes)),
+                   ("free", ("temp", s), 0)]
+    return events + [("free", ("fp32 grad", s), 0)]
 
 
 def _mark(marks: Marks | None, name: str, events: list[Event]) -> None:

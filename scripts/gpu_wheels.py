@@ -166,8 +166,9 @@ def main() -> int:
     if args.budget_mib is None:
         args.budget_mib = CARRY_MIB - tree_mib() - MARGIN_MIB
     out = Path(args.out)
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("*.whl"):  # a fresh set: two versions of one stop the install
+        old.unlink()
     need = missing(python=args.python)
     order = sorted(need, key=lambda n: (n in OPTIONAL, n))
     total, left_out = 0.0, []

@@ -23,6 +23,7 @@ def _engine_phases() -> list[list[tuple[str, int, int]]]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_the_emulation_follows_the_real_engine_through_each_backward():
     """ZeRO-1, ZeRO-2 and ZeRO-2 + optimizer offload: each micro-batch's forward and
     backward as the real engine allocates it (gloo, one rank, in a process of its own so
@@ -32,7 +33,7 @@ def test_the_emulation_follows_the_real_engine_through_each_backward():
     keeps them to the boundary, ZeRO-2 copies them out), and the gradient partition's
     lifetime. The steps themselves differ (CPU AdamW's temporaries) and are not held."""
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        recorded = pool.submit(_engine_phases).result(timeout=300)
+        recorded = pool.submit(_engine_phases).result()
     for (stage, offload), engine in zip(da.CONFIGS, recorded, strict=True):
         marks: da.Marks = []
         events = da.emulated(da.SMALL_GPT2, 64, 2, 2, stage, offload, False, BUCKET, marks)

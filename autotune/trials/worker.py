@@ -374,11 +374,11 @@ def _gpu_memory(index: int) -> tuple[int, dict[str, Any]]:
     reserved_peak = torch.cuda.max_memory_reserved()
     extra: dict[str, Any] = {"allocator_peak_reserved": reserved_peak,
                              "allocator_peak_allocated": torch.cuda.max_memory_allocated()}
-    # Pinned host memory (offloaded optimizer states and their staging buffers): host RAM,
-    # recorded beside the device figures so a GPU run can tell whether it shows in them.
+    # Pinned host memory (offloaded optimizer states and their staging buffers, in the
+    # pinned allocator's power-of-two blocks): host RAM, never in the peak, recorded so a
+    # GPU run can set it beside what NVML reports.
     try:
-        extra["pinned_host_peak"] = int(
-            torch.cuda.host_memory_stats().get("allocated_bytes.peak", 0))
+        extra["pinned_host_peak"] = int(torch.cuda.host_memory_stats()["allocated_bytes.peak"])
     except Exception as exc:  # noqa: BLE001 - older torch: the device figures stand
         extra["pinned_host_peak"] = f"unavailable: {type(exc).__name__}"[:100]
     try:
