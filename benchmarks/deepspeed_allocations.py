@@ -50,8 +50,11 @@ def record(stage: int, offload: str, hf_config: dict[str, Any], seq: int, batch:
     `init` and of each micro-batch's forward and backward (`sSmM fwd+bwd`) and step."""
     import torch
 
+    from autotune.trials.launch import extensions_dir
+
     for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(29650 + stage)),
-                       ("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
+                       ("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
+                       ("TORCH_EXTENSIONS_DIR", extensions_dir())):  # set-up's built ops
         os.environ.setdefault(key, value)
     import deepspeed
     from transformers import AutoConfig, AutoModelForCausalLM

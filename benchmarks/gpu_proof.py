@@ -104,12 +104,15 @@ def pip_check() -> list[str]:
 
 
 def _step(name: str, cmd: list[str], box: int, out: Path, log: list[dict]) -> int | None:
-    """Run one step in its own process group, killed at its time box."""
+    """Run one step in its own process group, killed at its time box, and with this
+    script if it is killed (a device call cut off at its limit)."""
+    from autotune.trials.forkserver import die_with_parent
+
     started = time.time()
     path = out / f"{name}.log"
     with path.open("w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=die_with_parent)
         try:
             code = proc.wait(timeout=box)
         except subprocess.TimeoutExpired:
@@ -145,15 +148,15 @@ def bert_step(rehearse: bool, out: Path) -> None:
     """Vanilla against the tuner's pick, same model and data; printed and saved."""
     spec = _bert_spec(rehearse, out)
     vanilla = _vanilla_trial(spec)
-    import autotune
-
-    result = autotune.search(spec)
-    best = result.best
     rows = {"vanilla": {"config": "b4x1 fp32 adamw_torch",
                         "samples_per_second": vanilla.get("samples_per_second"),
                         "peak_memory_bytes": vanilla.get("peak_memory_bytes"),
                         "mfu": (vanilla.get("extra") or {}).get("mfu"),
                         "status": vanilla.get("status")}}
+    (out / "bert.json").write_text(json.dumps(rows, indent=2))  # kept if the box ends it
+    import autotune
+
+    best = autotune.search(spec).best
     if best is not None:
         rows["tuned"] = {"config": best.config.label(),
                          "samples_per_second": best.outcome.samples_per_second,
@@ -168,6 +171,49 @@ def memory_step(rehearse: bool, out: Path) -> None:
     cmd = [sys.executable, str(ROOT / "benchmarks" / "memory_accuracy.py"), "--proof",
            *([] if rehearse else ["--parallel", "4"])]
     subprocess.run(cmd, check=True, cwd=ROOT)
+
+
+class _Report:
+    """The files that come back from a device call (at most 8: these five), written again
+    after every step, so a call cut off at its limit still returns what it measured."""
+
+    def __init__(self, out: Path, final: Path, found: dict[str, str], log: list[dict],
+                 skipped: list[str], rehearse: bool, started: float) -> None:
+        self.out, self.final, self.found, self.log = out, final, found, log
+        self.skipped, self.rehearse, self.started = skipped, rehearse, started
+
+    def publish(self, land: Path | None = None, done: bool = False) -> list[str]:
+        out, final = self.out, self.final
+        bert = json.loads((out / "bert.json").read_text()) if (out / "bert.json").is_file() else {}
+        title = f"# GPU proof {'rehearsal (CPU, tiny shapes)' if self.rehearse else ''}".rstrip()
+        lines = [title + ("" if done else " (in progress)"), "",
+                 f"device: {self.found.get('device')} · {time.time() - self.started:.0f} s "
+                 "in all", "", "| step | exit | seconds | box |", "| --- | --- | --- | --- |"]
+        lines += [f"| {s['step']} | {'timed out' if s['exit'] is None else s['exit']} | "
+                  f"{s['seconds']} | {s['box']} |" for s in self.log]
+        if bert:
+            lines += ["", "| BERT benchmark | config | samples/s | peak memory GB | MFU |",
+                      "| --- | --- | --- | --- | --- |"]
+            for label, sps, gb in ([] if self.rehearse else SEED_BERT):
+                lines.append(f"| {label} | b4x1 fp32 | {sps} | {gb} | |")
+            for key, row in bert.items():
+                peak = row.get("peak_memory_bytes")
+                sps, mfu = row.get("samples_per_second"), row.get("mfu")
+                lines.append(f"| {key} | {row['config']} | {f'{sps:.1f}' if sps else '—'} | "
+                             f"{f'{peak / 1e9:.2f}' if peak else '—'} | "
+                             f"{f'{mfu:.1%}' if mfu else '—'} |")
+        lines += ["", "skipped: " + ("; ".join(self.skipped) if self.skipped else "nothing")]
+        (out / "summary.md").write_text("\n".join(lines) + "\n")
+        partial = final / "results.tar.gz.part"
+        with tarfile.open(partial, "w:gz") as tar:
+            tar.add(out, arcname="gpu-proof")
+        partial.replace(final / "results.tar.gz")
+        for f in ("summary.md", "versions.json"):
+            shutil.copy(out / f, final / f)
+        if land is not None:  # the landscape's files also come back on their own
+            for f in ("meta.json", "trials.csv"):
+                shutil.copy(land / f, final / f"landscape-{f}")
+        return lines
 
 
 def landscape(out: Path, rehearse: bool) -> Path | None:
@@ -242,49 +288,25 @@ def main() -> int:
                                                              else [])
     print(f"working in {out}; results go to {final}", flush=True)
     log: list[dict] = []
+    report = _Report(out, final, found, log, skipped, args.rehearse, started)
     if gpu:
         _step("gpu_tests", [sys.executable, "-m", "pytest", "-m", "gpu", "-x", "-q",
                             "-p", "no:cacheprovider", "tests"], boxes["gpu_tests"], out, log)
     else:
         skipped.append("gpu_tests: no CUDA device (pytest -m gpu would skip every test)")
+    report.publish()
     _step("bert", [*me, "--step", "bert", str(out)], boxes["bert"], out, log)
+    report.publish()
     spec, extra = _gpt2_spec(args.rehearse, out)
     _step("gpt2_search", [sys.executable, "-m", "autotune", "search", str(spec), *extra],
           boxes["gpt2_search"], out, log)
+    report.publish()
     _step("memory", [*me, "--step", "memory", str(out)], boxes["memory"], out, log)
     land = landscape(out, args.rehearse)
     if land is None:
         skipped.append("landscape: the GPT-2 search left no summary.json")
-
-    bert = json.loads((out / "bert.json").read_text()) if (out / "bert.json").is_file() else {}
-    lines = [f"# GPU proof {'rehearsal (CPU, tiny shapes)' if args.rehearse else ''}".rstrip(),
-             "", f"device: {found.get('device')} · {time.time() - started:.0f} s in all", "",
-             "| step | exit | seconds | box |", "| --- | --- | --- | --- |"]
-    lines += [f"| {s['step']} | {'timed out' if s['exit'] is None else s['exit']} | "
-              f"{s['seconds']} | {s['box']} |" for s in log]
-    if bert:
-        lines += ["", "| BERT benchmark | config | samples/s | peak memory GB | MFU |",
-                  "| --- | --- | --- | --- | --- |"]
-        for label, sps, gb in ([] if args.rehearse else SEED_BERT):
-            lines.append(f"| {label} | b4x1 fp32 | {sps} | {gb} | |")
-        for key, row in bert.items():
-            peak = row.get("peak_memory_bytes")
-            sps, mfu = row.get("samples_per_second"), row.get("mfu")
-            lines.append(f"| {key} | {row['config']} | {f'{sps:.1f}' if sps else '—'} | "
-                         f"{f'{peak / 1e9:.2f}' if peak else '—'} | "
-                         f"{f'{mfu:.1%}' if mfu else '—'} |")
-    lines += ["", "skipped: " + ("; ".join(skipped) if skipped else "nothing")]
-    (out / "summary.md").write_text("\n".join(lines) + "\n")
-    # At most 8 files come back from a device call: these five.
-    with tarfile.open(final / "results.tar.gz", "w:gz") as tar:
-        tar.add(out, arcname="gpu-proof")
-    for f in ("summary.md", "versions.json"):
-        shutil.copy(out / f, final / f)
-    if land is not None:  # the landscape's files also come back on their own
-        for f in ("meta.json", "trials.csv"):
-            shutil.copy(land / f, final / f"landscape-{f}")
+    print("\n".join(report.publish(land, done=True)))
     shutil.rmtree(out, ignore_errors=True)
-    print("\n".join(lines))
     failed = [s for s in log if s["exit"] != 0]
     return 1 if failed else 0
 
