@@ -146,6 +146,11 @@ class TracedStep:
     persistent: frozenset[int]  # keys of `first` alive at its end: the gradients
     embedding: tuple[bool, ...] = ()  # per trainable parameter: an nn.Embedding's
 
+    def bytes_at(self, s1: int, s2: int, batch: int) -> int:
+        """An event's bytes at `batch`, read off the line through its two traced sizes."""
+        b1, b2 = self.batches
+        return max(0, round(s1 + (s2 - s1) * (batch - b1) / (b2 - b1)))
+
 
 def training_events(step: TracedStep, batch: int, accumulation: int,
                     states_of: Callable[[int, bool], tuple[float, ...]],
@@ -162,11 +167,6 @@ def training_events(step: TracedStep, batch: int, accumulation: int,
     so no more are replayed.
     """
     accumulation = min(accumulation, 2)
-    b1, b2 = step.batches
-
-    def at(s1: int, s2: int) -> int:
-        return max(0, round(s1 + (s2 - s1) * (batch - b1) / (b2 - b1)))
-
     events: list[Event] = [("alloc", ("param", i), n) for i, n in enumerate(step.params)]
     if ddp:
         events += [("alloc", ("bucket", i), n)
@@ -177,7 +177,8 @@ def training_events(step: TracedStep, batch: int, accumulation: int,
         for m in range(accumulation):
             template = step.first if m == 0 else step.later
             for kind, key, s1, s2 in template:
-                events.append((kind, (s, m, key), at(s1, s2) if kind == "alloc" else 0))
+                size = step.bytes_at(s1, s2, batch) if kind == "alloc" else 0
+                events.append((kind, (s, m, key), size))
                 if m == 0 and key in step.persistent and kind == "alloc":
                     grads.append((s, m, key))
         if s == 0:

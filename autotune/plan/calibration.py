@@ -282,12 +282,14 @@ def _line(points: dict[int, int]) -> tuple[float, float]:
 
 
 def leave_one_out_errors(shape: ModelShape, device: DeviceSpec, world_size: int,
-                         measured: list[tuple[TrialConfig, int]]) -> list[float]:
+                         measured: list[tuple[TrialConfig, int]],
+                         model_type: type[MemoryModel] = MemoryModel) -> list[float]:
     """Relative error of the calibrated prediction for each measured config, calibrated on
-    all the others: how well measurements of some configs predict an unmeasured one."""
+    all the others: how well measurements of some configs predict an unmeasured one.
+    (`model_type`: a variant of the model, to judge a change to it on the same trials.)"""
     errors = []
     for i, (config, actual) in enumerate(measured):
-        model = MemoryModel(shape, device, world_size)
+        model = model_type(shape, device, world_size)
         for j, (other, bytes_) in enumerate(measured):
             if j != i:
                 model.observe(other, bytes_)
