@@ -179,6 +179,23 @@ def test_a_request_no_node_can_place_fails_at_once(open_cluster, tiny_spec):
     assert time.time() - started < 60
 
 
+def test_a_head_that_fails_to_start_a_client_server_is_tried_again_then_named():
+    # Ray Client's own words when the head's proxy cannot start this client's server
+    # (ray/util/client/worker.py): the head's traceback follows the first line.
+    from autotune.trials.executor import _client_server_failed, _connection_error
+
+    failed = ConnectionAbortedError(
+        "Initialization failure from server:\nTraceback (most recent call last):\n"
+        '  File "proxier.py", line 780, in Datapath\n'
+        "RuntimeError: Proxy failed to Connect to backend! Check `ray_client_server.err`")
+    assert _client_server_failed(failed)
+    assert not _client_server_failed(ConnectionError("Failed to connect within 30 seconds"))
+    message = _connection_error("ray://head:10001", failed)
+    assert "could not start a Ray Client server" in message
+    assert "RuntimeError: Proxy failed to Connect to backend!" in message
+    assert "\n" not in message
+
+
 def test_token_authentication_is_one_line_and_the_token_joins(tmp_path, tiny_spec):
     home = tmp_path / "home"
     home.mkdir()

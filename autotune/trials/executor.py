@@ -38,6 +38,7 @@ RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 GRACE_S = 120.0  # beyond a trial's own time limit (start-up, queueing) before it is lost
 PROBE_TIMEOUT_S = 60.0
 RETRIES = 1  # infrastructure failures are retried this many times
+CLIENT_INIT_ATTEMPTS = 3  # connections via Ray Client whose server the head failed to start
 
 
 class Executor(ABC):
@@ -158,12 +159,26 @@ class RayExecutor(Executor):
             logging.getLogger(RAY_AUTH_LOGGER).setLevel(logging.ERROR)
         else:
             init["address"] = self.address
-        try:
-            with (driver_work(f"autotune search (pid {os.getpid()}) starting Ray",
-                              timeout_s=self.timeout_s) if leased else contextlib.nullcontext()):
-                ray.init(**init)
-        except Exception as exc:  # noqa: BLE001 - every way of not connecting, one line
-            raise ClusterError(_connection_error(self.address, exc)) from None
+        for attempt in range(1, CLIENT_INIT_ATTEMPTS + 1):
+            try:
+                with (driver_work(f"autotune search (pid {os.getpid()}) starting Ray",
+                                  timeout_s=self.timeout_s) if leased
+                      else contextlib.nullcontext()):
+                    ray.init(**init)
+                break
+            except Exception as exc:  # noqa: BLE001 - every way of not connecting, one line
+                if attempt < CLIENT_INIT_ATTEMPTS and _client_server_failed(exc):
+                    # The head's proxy starts one server process per Ray Client; on a
+                    # busy head that start can miss the proxy's wait. The cluster is
+                    # there, so the connection is tried again, not written off.
+                    log.warning("Ray Client: the head could not start this client's "
+                                "server (%s); trying again (%d/%d)", _reason(exc), attempt,
+                                CLIENT_INIT_ATTEMPTS)
+                    with contextlib.suppress(Exception):
+                        ray.shutdown()
+                    time.sleep(2 * attempt)
+                    continue
+                raise ClusterError(_connection_error(self.address, exc)) from None
         self._owns_ray = True
         if self.address is None:
             self._reaper = reaper.start(os.getpid())
@@ -323,14 +338,34 @@ class RayExecutor(Executor):
             self._reaper.terminate()  # Ray closed normally: nothing to reap
 
 
+def _client_server_failed(exc: Exception) -> bool:
+    """Ray Client's head proxy answered, but could not start the server for this client."""
+    return isinstance(exc, ConnectionAbortedError) and "failure from server" in str(exc)
+
+
+def _reason(exc: Exception) -> str:
+    """One line for an exception. Ray Client's init failure carries the head's traceback
+    after its first line; its last line is the reason."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    if _client_server_failed(exc) and len(lines) > 1:
+        return f"{lines[0]} {lines[-1]}"
+    return lines[0]
+
+
 def _connection_error(address: str | None, exc: Exception) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = _reason(exc)
     if "auth" in text.lower() or "token" in text.lower():
         return (f"--address {address}: the Ray cluster refused the connection: it uses token "
                 "authentication. Set RAY_AUTH_TOKEN to the cluster's token, or put it in "
                 "~/.ray/auth_token (on the head node: `ray get-auth-token`)")
     if address is None:
         return f"could not start an embedded Ray: {text}"
+    if _client_server_failed(exc):
+        return (f"--address {address}: the head answered but could not start a Ray Client "
+                f"server for this search, {CLIENT_INIT_ATTEMPTS} times ({text}); its "
+                "ray_client_server*.err logs on the head node say why")
     hint = ""
     if not _have_token():  # a refused token shows only in Ray's log, not in the exception
         hint = ("; if it uses token authentication (Ray's default for clusters it starts), "
