@@ -248,6 +248,18 @@ def replayed_peaks(hf_config: dict[str, Any], seq: int, batch: int, accumulation
     return float(allocator.peak_allocated), float(allocator.peak_reserved)
 
 
+def trial_peaks(shape: Any, cfg: Any) -> tuple[float, float] | None:
+    """The replay of a trial's config where the emulation's assumptions hold: ZeRO-1/2 in
+    bf16/fp16 with torch AdamW, no checkpointing and SDPA (what the engine was recorded
+    with); None elsewhere. `shape` is a ModelShape, `cfg` a TrialConfig."""
+    if (cfg.zero_stage not in (1, 2) or cfg.precision not in ("bf16", "fp16")
+            or cfg.optim != "adamw_torch" or cfg.gradient_checkpointing
+            or cfg.attn_implementation != "auto" or shape.hf_config is None):
+        return None
+    return replayed_peaks(shape.hf_config, shape.seq_len, cfg.per_device_train_batch_size,
+                          cfg.gradient_accumulation_steps, cfg.zero_stage, cfg.offload)
+
+
 CONFIGS = ((1, "none"), (2, "none"), (2, "optimizer"))
 
 
@@ -281,12 +293,8 @@ def compare_h100() -> None:
 
     class WithZeroReplay(MemoryModel):
         def replayed_peaks(self, c):  # noqa: ANN001, ANN202 - Physics' own signature
-            if (self.device.is_cuda and c.zero_stage in (1, 2)
-                    and c.precision in ("bf16", "fp16") and self.shape.hf_config is not None):
-                return replayed_peaks(self.shape.hf_config, self.shape.seq_len,
-                                      c.per_device_train_batch_size,
-                                      c.gradient_accumulation_steps, c.zero_stage, c.offload)
-            return super().replayed_peaks(c)
+            zero = trial_peaks(self.shape, c) if self.device.is_cuda else None
+            return zero if zero is not None else super().replayed_peaks(c)
 
     device, by_shape = recorded(str(Path(__file__).resolve().parent
                                     / "memory_accuracy_h100.txt"))

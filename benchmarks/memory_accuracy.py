@@ -154,18 +154,12 @@ def _allocator_note(extra: dict, cfg: TrialConfig, shape, device: DeviceSpec) ->
     logits16 = (2 * cfg.per_device_train_batch_size * shape.seq_len * shape.vocab_size
                 if cfg.precision in ("bf16", "fp16") and shape.has_lm_logits else 0)
     replayed = MemoryModel(shape, device).replayed_peaks(cfg)
-    if (replayed is None and cfg.zero_stage in (1, 2) and cfg.precision in ("bf16", "fp16")
-            and cfg.optim == "adamw_torch" and not cfg.gradient_checkpointing
-            and cfg.attn_implementation == "auto" and shape.hf_config is not None):
-        # The emulation's own assumptions: torch AdamW, no checkpointing, SDPA.
+    if replayed is None and cfg.zero_stage in (1, 2):
         if str(HERE) not in sys.path:
             sys.path.insert(0, str(HERE))
-        from deepspeed_allocations import replayed_peaks as zero_replayed_peaks
+        from deepspeed_allocations import trial_peaks
 
-        replayed = zero_replayed_peaks(shape.hf_config, shape.seq_len,
-                                       cfg.per_device_train_batch_size,
-                                       cfg.gradient_accumulation_steps, cfg.zero_stage,
-                                       cfg.offload)
+        replayed = trial_peaks(shape, cfg)
     against = ("" if replayed is None else f"; allocator replay: allocated "
                f"{replayed[0] / 2**20:.0f}, reserved {replayed[1] / 2**20:.0f} MiB")
     outside = "".join(f", {label} {_mib(extra.get(key))}" for label, key in (
