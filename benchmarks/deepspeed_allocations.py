@@ -7,6 +7,8 @@ sees it. This module:
 
 - `record`: runs the real engine (gloo, one rank, on CPU) on a GPT-2 and follows every
   storage it allocates and frees from `deepspeed.initialize` on, phase by phase;
+- `record_trial`: the same engine as a trial runs it, inside HF Trainer with the trial's
+  TrainingArguments (it holds what the bare engine holds, but for the first step);
 - `zero_events`: emulates the same stream beside a traced micro-batch of the model in
   native 16-bit (plan/step_trace.py), as DeepSpeed 0.19's stage_1_and_2.py allocates it
   on a GPU, for the allocator replay;
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -90,6 +93,81 @@ def record(stage: int, offload: str, hf_config: dict[str, Any], seq: int, batch:
                 engine.step()
                 del loss
                 marks.append((f"s{s}m{m} step", len(events)))
+    return [(kind, key, n) for kind, key, n, _ in events], marks
+
+
+def record_trial(stage: int, offload: str, hf_config: dict[str, Any], seq: int, batch: int,
+                 accumulation: int, bucket: int = DEFAULT_BUCKET,
+                 steps: int = 2) -> tuple[list[Event], Marks]:
+    """As `record`, but the way a trial runs it: HF Trainer with the trial's own
+    TrainingArguments (autotune/trials/trainargs.py) wraps the engine; marks at the end of
+    `init` (training begins), of each micro-batch before the boundary (`sSmM`: forward,
+    backward and the engine's step, which does nothing there) and of each optimizer step
+    (`sS step`: the boundary's micro-batch and the step).
+
+    One difference from the engine driven directly, on CPU: Trainer gives the optimizer
+    two parameter groups (with and without weight decay), and at the first step the
+    16-bit flat gradients then outlive the making of the optimizer's states: that step's
+    peak is 2 bytes per parameter higher. The emulation's step leaves it out; for every
+    row of the H100 file the step's peak is far below the backward's."""
+    import torch
+    from torch.utils.data import Dataset
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
+
+    from autotune.config import Family, TrialConfig
+    from autotune.plan.trace import _LiveBytes
+    from autotune.trials.launch import extensions_dir
+    from autotune.trials.trainargs import training_arguments_kwargs
+
+    for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(29660 + stage)),
+                       ("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
+                       ("TORCH_EXTENSIONS_DIR", extensions_dir())):
+        os.environ.setdefault(key, value)
+    config = TrialConfig(batch, accumulation, Family.of(
+        precision="bf16", optim="adamw_torch", zero_stage=stage, offload=offload))
+    with tempfile.TemporaryDirectory() as out:
+        kwargs = training_arguments_kwargs(config, seed=0, on_cpu=True, output_dir=out)
+        kwargs["deepspeed"]["zero_optimization"]["reduce_bucket_size"] = bucket
+        kwargs |= {"max_steps": steps, "save_strategy": "no", "disable_tqdm": True,
+                   "dataloader_num_workers": 0, "remove_unused_columns": False}
+        torch.manual_seed(0)
+        fields = {k: v for k, v in hf_config.items() if k != "model_type"}
+        model = AutoModelForCausalLM.from_config(
+            AutoConfig.for_model(hf_config["model_type"], **fields))
+        ids = torch.randint(0, int(hf_config["vocab_size"]), (batch * accumulation * steps,
+                                                               seq))
+
+        class Tokens(Dataset):
+            def __len__(self) -> int:
+                return len(ids)
+
+            def __getitem__(self, i: int) -> dict[str, Any]:
+                return {"input_ids": ids[i], "labels": ids[i]}
+
+        events: list = []
+        marks: Marks = []
+
+        class Phases(TrainerCallback):
+            def on_train_begin(self, *args: Any, **kwargs: Any) -> None:
+                marks.append(("init", len(events)))
+
+            def on_substep_end(self, args: Any, state: Any, *more: Any, **kw: Any) -> None:
+                micro = sum(name.startswith(f"s{state.global_step}m") for name, _ in marks)
+                marks.append((f"s{state.global_step}m{micro}", len(events)))
+
+            def on_step_end(self, args: Any, state: Any, *more: Any, **kw: Any) -> None:
+                marks.append((f"s{state.global_step - 1} step", len(events)))
+
+        tracker = _LiveBytes(events, existing=[*model.parameters(), *model.buffers(), ids])
+        with tracker.mode:
+            Trainer(model=model, args=TrainingArguments(**kwargs), train_dataset=Tokens(),
+                    callbacks=[Phases()]).train()
     return [(kind, key, n) for kind, key, n, _ in events], marks
 
 

@@ -17,8 +17,14 @@ import deepspeed_allocations as da  # noqa: E402
 BUCKET = 2_000_000  # above the small model's 1.05M parameters: one fill per backward
 
 
-def _engine_phases() -> list[list[tuple[str, int, int]]]:
-    return [da.phases(*da.record(stage, offload, da.SMALL_GPT2, 64, 2, 2, bucket=BUCKET))
+Phases = list[tuple[str, int, int]]
+
+
+def _recorded() -> list[tuple[Phases, Phases]]:
+    """Per config: the engine driven directly, and the same engine as a trial runs it."""
+    return [(da.phases(*da.record(stage, offload, da.SMALL_GPT2, 64, 2, 2, bucket=BUCKET)),
+             da.phases(*da.record_trial(stage, offload, da.SMALL_GPT2, 64, 2, 2,
+                                        bucket=BUCKET)))
             for stage, offload in da.CONFIGS]
 
 
@@ -31,10 +37,25 @@ def test_the_emulation_follows_the_real_engine_through_each_backward():
     (without offload, whose host buffers share the CPU) what the phase leaves behind.
     Catches a bucket at the wrong time or size, gradients kept or freed wrongly (ZeRO-1
     keeps them to the boundary, ZeRO-2 copies them out), and the gradient partition's
-    lifetime. The steps themselves differ (CPU AdamW's temporaries) and are not held."""
+    lifetime. The steps themselves differ (CPU AdamW's temporaries) and are not held.
+    And the engine as a trial runs it (HF Trainer, the trial's TrainingArguments) holds
+    what the engine driven directly holds: each optimizer step's peak and what it leaves,
+    so the emulation stands for the trials the H100 file measured."""
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        recorded = pool.submit(_engine_phases).result()
-    for (stage, offload), engine in zip(da.CONFIGS, recorded, strict=True):
+        recorded = pool.submit(_recorded).result()
+    for (stage, offload), (engine, trial) in zip(da.CONFIGS, recorded, strict=True):
+        assert [name for name, *_ in trial] == ["init", "s0m0", "s0 step", "s1m0", "s1 step"]
+        assert trial[0][1] == pytest.approx(engine[0][1], abs=64 * 1024), \
+            f"ZeRO-{stage} {offload}: init"
+        # The engine's phases, two per micro-batch (forward and backward, the step), grouped
+        # as the trial's: each micro-batch before the boundary, then the boundary's with
+        # the optimizer step.
+        for i, (name, live, peak) in enumerate(trial[1:]):
+            mine = engine[1 + 2 * i:3 + 2 * i]
+            label = f"ZeRO-{stage} {offload}: {name}"
+            assert live == pytest.approx(mine[-1][1], abs=64 * 1024), label
+            if name != "s0 step":  # the first step: see record_trial
+                assert peak == pytest.approx(max(p for *_, p in mine), abs=64 * 1024), label
         marks: da.Marks = []
         events = da.emulated(da.SMALL_GPT2, 64, 2, 2, stage, offload, False, BUCKET, marks)
         assert events is not None
