@@ -46,6 +46,28 @@ SMALL_GPT2 = {"model_type": "gpt2", "n_layer": 4, "n_embd": 128, "n_head": 4,
 Marks = list[tuple[str, int]]
 
 
+def _one_rank(port: int) -> None:
+    """torch.distributed's environment for one rank on this machine, and set-up's built
+    DeepSpeed ops (a default extensions folder would rebuild them: 100 s)."""
+    from autotune.trials.launch import extensions_dir
+
+    for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port)),
+                       ("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
+                       ("TORCH_EXTENSIONS_DIR", extensions_dir())):
+        os.environ.setdefault(key, value)
+
+
+def _model(hf_config: dict[str, Any]) -> Any:
+    """The causal LM of `hf_config`, with the same initial weights every time."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    fields = {k: v for k, v in hf_config.items() if k != "model_type"}
+    return AutoModelForCausalLM.from_config(AutoConfig.for_model(hf_config["model_type"],
+                                                                 **fields))
+
+
 def record(stage: int, offload: str, hf_config: dict[str, Any], seq: int, batch: int,
            accumulation: int, bucket: int = DEFAULT_BUCKET,
            steps: int = 2) -> tuple[list[Event], Marks]:
@@ -53,14 +75,8 @@ def record(stage: int, offload: str, hf_config: dict[str, Any], seq: int, batch:
     `init` and of each micro-batch's forward and backward (`sSmM fwd+bwd`) and step."""
     import torch
 
-    from autotune.trials.launch import extensions_dir
-
-    for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(29650 + stage)),
-                       ("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
-                       ("TORCH_EXTENSIONS_DIR", extensions_dir())):  # set-up's built ops
-        os.environ.setdefault(key, value)
+    _one_rank(29650 + stage)
     import deepspeed
-    from transformers import AutoConfig, AutoModelForCausalLM
 
     from autotune.config import Family, TrialConfig
     from autotune.plan.trace import _LiveBytes
@@ -71,10 +87,7 @@ def record(stage: int, offload: str, hf_config: dict[str, Any], seq: int, batch:
     ds = deepspeed_config(config)
     ds["zero_optimization"]["reduce_bucket_size"] = bucket
     deepspeed.init_distributed(dist_backend="gloo")
-    torch.manual_seed(0)
-    fields = {k: v for k, v in hf_config.items() if k != "model_type"}
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(hf_config["model_type"],
-                                                                  **fields))
+    model = _model(hf_config)
     events: list = []
     marks: Marks = []
     tracker = _LiveBytes(events, existing=[*model.parameters(), *model.buffers()])
@@ -113,8 +126,6 @@ def record_trial(stage: int, offload: str, hf_config: dict[str, Any], seq: int, 
     import torch
     from torch.utils.data import Dataset
     from transformers import (
-        AutoConfig,
-        AutoModelForCausalLM,
         Trainer,
         TrainerCallback,
         TrainingArguments,
@@ -122,13 +133,9 @@ def record_trial(stage: int, offload: str, hf_config: dict[str, Any], seq: int, 
 
     from autotune.config import Family, TrialConfig
     from autotune.plan.trace import _LiveBytes
-    from autotune.trials.launch import extensions_dir
     from autotune.trials.trainargs import training_arguments_kwargs
 
-    for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(29660 + stage)),
-                       ("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
-                       ("TORCH_EXTENSIONS_DIR", extensions_dir())):
-        os.environ.setdefault(key, value)
+    _one_rank(29650 + stage)
     config = TrialConfig(batch, accumulation, Family.of(
         precision="bf16", optim="adamw_torch", zero_stage=stage, offload=offload))
     with tempfile.TemporaryDirectory() as out:
@@ -136,10 +143,7 @@ def record_trial(stage: int, offload: str, hf_config: dict[str, Any], seq: int, 
         kwargs["deepspeed"]["zero_optimization"]["reduce_bucket_size"] = bucket
         kwargs |= {"max_steps": steps, "save_strategy": "no", "disable_tqdm": True,
                    "dataloader_num_workers": 0, "remove_unused_columns": False}
-        torch.manual_seed(0)
-        fields = {k: v for k, v in hf_config.items() if k != "model_type"}
-        model = AutoModelForCausalLM.from_config(
-            AutoConfig.for_model(hf_config["model_type"], **fields))
+        model = _model(hf_config)
         ids = torch.randint(0, int(hf_config["vocab_size"]), (batch * accumulation * steps,
                                                                seq))
 
