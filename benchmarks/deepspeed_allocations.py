@@ -121,7 +121,7 @@ def record_trial(stage: int, offload: str, hf_config: dict[str, Any], seq: int, 
     One difference from the engine driven directly, on CPU: Trainer gives the optimizer
     two parameter groups (with and without weight decay), and at the first step the
     16-bit flat gradients then outlive the making of the optimizer's states: that step's
-    peak is 2 bytes per parameter higher. The emulation's step leaves it out; for every
+    peak is up to 2 bytes per parameter higher. The emulation's step leaves it out; for every
     row of the H100 file the step's peak is far below the backward's."""
     import torch
     from torch.utils.data import Dataset
@@ -331,12 +331,15 @@ def replayed_peaks(hf_config: dict[str, Any], seq: int, batch: int, accumulation
 
 
 def trial_peaks(shape: Any, cfg: Any) -> tuple[float, float] | None:
-    """The replay of a trial's config where the emulation's assumptions hold: ZeRO-1/2 in
-    bf16/fp16 with torch AdamW, no checkpointing and SDPA (what the engine was recorded
-    with); None elsewhere. `shape` is a ModelShape, `cfg` a TrialConfig."""
+    """The replay of a trial's config where the emulation's assumptions hold: a causal LM
+    trained whole (no LoRA, no Liger kernels), ZeRO-1/2 in bf16/fp16 with torch AdamW,
+    no checkpointing and SDPA (what the engine was recorded with); None elsewhere.
+    `shape` is a ModelShape, `cfg` a TrialConfig."""
+    causal = shape.task == "causal-lm" or (not shape.task and shape.causal_lm)
     if (cfg.zero_stage not in (1, 2) or cfg.precision not in ("bf16", "fp16")
             or cfg.optim != "adamw_torch" or cfg.gradient_checkpointing
-            or cfg.attn_implementation != "auto" or shape.hf_config is None):
+            or cfg.attn_implementation != "auto" or cfg.use_liger_kernel
+            or shape.hf_config is None or shape.lora is not None or not causal):
         return None
     return replayed_peaks(shape.hf_config, shape.seq_len, cfg.per_device_train_batch_size,
                           cfg.gradient_accumulation_steps, cfg.zero_stage, cfg.offload)

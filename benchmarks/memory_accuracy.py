@@ -154,7 +154,7 @@ def _allocator_note(extra: dict, cfg: TrialConfig, shape, device: DeviceSpec) ->
     logits16 = (2 * cfg.per_device_train_batch_size * shape.seq_len * shape.vocab_size
                 if cfg.precision in ("bf16", "fp16") and shape.has_lm_logits else 0)
     replayed = MemoryModel(shape, device).replayed_peaks(cfg)
-    if replayed is None and cfg.zero_stage in (1, 2):
+    if replayed is None:
         if str(HERE) not in sys.path:
             sys.path.insert(0, str(HERE))
         from deepspeed_allocations import trial_peaks

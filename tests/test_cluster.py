@@ -66,12 +66,16 @@ class Cluster:
 
     def processes(self) -> list[psutil.Process]:
         """This cluster's processes: every node's daemons name its temp folder or its
-        head's address, and Ray's workers are their descendants."""
-        keys = (str(self.temp), self.address)
+        head's address, Ray Client's proxy its port and the head's GCS port (at the
+        node's own IP, not 127.0.0.1), and Ray's workers and the proxy's servers are
+        their descendants."""
+        keys = (str(self.temp), self.address, f":{self.port} ")
+        if hasattr(self, "client_port"):
+            keys += (f"--port={self.client_port} ",)
         roots = []
         for p in psutil.process_iter(["cmdline"]):
             with contextlib.suppress(psutil.Error):
-                if any(k in " ".join(p.info["cmdline"] or []) for k in keys):
+                if any(k in " ".join(p.info["cmdline"] or []) + " " for k in keys):
                     roots.append(p)
         found = {p.pid: p for p in roots}
         for p in roots:
@@ -158,15 +162,45 @@ def test_the_device_is_found_on_a_worker_node_and_trials_run_there_via_ray_clien
     finally:
         executor.close()
     # `--address ray://host:port`: the driver a Ray Client, the trial on the worker node
-    # with that node's cores.
+    # with that node's cores. The head's first server for this client is killed as it
+    # starts (a busy head's failed start, as one CI run met): the connection is tried
+    # again, not given up.
+    killed = _Killer(cluster, "specific-server")
     executor = RayExecutor(_spec(tiny_spec), address=f"ray://127.0.0.1:{cluster.client_port}",
                            timeout_s=180)
     try:
         out = executor.run(TrialConfig(4, 4))
     finally:
         executor.close()
+        killed.set()
+    assert killed.victims == 1
     assert out.ok, out.error
     assert out.extra["node"] in workers and out.extra["cpu_threads"] == 2
+
+
+class _Killer(threading.Thread):
+    """Kills the first process of a cluster whose command line holds `word`, then stops
+    (or stops when set)."""
+
+    def __init__(self, cluster: Cluster, word: str) -> None:
+        super().__init__(daemon=True)
+        self.cluster, self.word, self.victims = cluster, word, 0
+        self._done = threading.Event()
+        self.start()
+
+    def set(self) -> None:
+        self._done.set()
+        self.join(10)
+
+    def run(self) -> None:
+        while not self._done.is_set():
+            for p in self.cluster.processes():
+                with contextlib.suppress(psutil.Error):
+                    if self.word in " ".join(p.cmdline()):
+                        p.kill()
+                        self.victims += 1
+                        return
+            time.sleep(0.05)
 
 
 def test_a_request_no_node_can_place_fails_at_once(open_cluster, tiny_spec):

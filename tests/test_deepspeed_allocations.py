@@ -15,6 +15,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import deepspeed_allocations as da  # noqa: E402
 
 BUCKET = 2_000_000  # above the small model's 1.05M parameters: one fill per backward
+PARAMETERS = 1_063_680  # of da.SMALL_GPT2 (GPT-2, 4 layers of 128, vocabulary 2048)
 
 
 Phases = list[tuple[str, int, int]]
@@ -39,8 +40,9 @@ def test_the_emulation_follows_the_real_engine_through_each_backward():
     keeps them to the boundary, ZeRO-2 copies them out), and the gradient partition's
     lifetime. The steps themselves differ (CPU AdamW's temporaries) and are not held.
     And the engine as a trial runs it (HF Trainer, the trial's TrainingArguments) holds
-    what the engine driven directly holds: each optimizer step's peak and what it leaves,
-    so the emulation stands for the trials the H100 file measured."""
+    what the engine driven directly holds, micro-batch by micro-batch and step by step,
+    so the emulation stands for the trials the H100 file measured; only the first step's
+    peak may be higher, by at most the 16-bit gradients (2 bytes per parameter)."""
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         recorded = pool.submit(_recorded).result()
     for (stage, offload), (engine, trial) in zip(da.CONFIGS, recorded, strict=True):
@@ -54,8 +56,10 @@ def test_the_emulation_follows_the_real_engine_through_each_backward():
             mine = engine[1 + 2 * i:3 + 2 * i]
             label = f"ZeRO-{stage} {offload}: {name}"
             assert live == pytest.approx(mine[-1][1], abs=64 * 1024), label
-            if name != "s0 step":  # the first step: see record_trial
+            if name != "s0 step":
                 assert peak == pytest.approx(max(p for *_, p in mine), abs=64 * 1024), label
+            else:  # Trainer's two parameter groups: see record_trial
+                assert 0 <= peak - max(p for *_, p in mine) <= 2 * PARAMETERS + 64 * 1024, label
         marks: da.Marks = []
         events = da.emulated(da.SMALL_GPT2, 64, 2, 2, stage, offload, False, BUCKET, marks)
         assert events is not None

@@ -175,10 +175,13 @@ class RayExecutor(Executor):
                                 "server (%s); trying again (%d/%d)", _reason(exc), attempt,
                                 CLIENT_INIT_ATTEMPTS)
                     with contextlib.suppress(Exception):
-                        ray.shutdown()
+                        ray.shutdown()  # a failed client connect stays in client mode
                     time.sleep(2 * attempt)
                     continue
-                raise ClusterError(_connection_error(self.address, exc)) from None
+                if self.address is not None:
+                    with contextlib.suppress(Exception):
+                        ray.shutdown()
+                raise ClusterError(_connection_error(self.address, exc, attempt)) from None
         self._owns_ray = True
         if self.address is None:
             self._reaper = reaper.start(os.getpid())
@@ -354,7 +357,7 @@ def _reason(exc: Exception) -> str:
     return lines[0]
 
 
-def _connection_error(address: str | None, exc: Exception) -> str:
+def _connection_error(address: str | None, exc: Exception, attempts: int = 1) -> str:
     text = _reason(exc)
     if "auth" in text.lower() or "token" in text.lower():
         return (f"--address {address}: the Ray cluster refused the connection: it uses token "
@@ -364,7 +367,7 @@ def _connection_error(address: str | None, exc: Exception) -> str:
         return f"could not start an embedded Ray: {text}"
     if _client_server_failed(exc):
         return (f"--address {address}: the head answered but could not start a Ray Client "
-                f"server for this search, {CLIENT_INIT_ATTEMPTS} times ({text}); its "
+                f"server for this search ({attempts} attempts; {text}); its "
                 "ray_client_server*.err logs on the head node say why")
     hint = ""
     if not _have_token():  # a refused token shows only in Ray's log, not in the exception
