@@ -367,7 +367,8 @@ def _connection_error(address: str | None, exc: Exception, attempts: int = 1) ->
         return f"could not start an embedded Ray: {text}"
     if _client_server_failed(exc):
         return (f"--address {address}: the head answered but could not start a Ray Client "
-                f"server for this search ({attempts} attempts; {text}); its "
+                f"server for this search ({attempts} attempt{'s' * (attempts > 1)}; "
+                f"{text}); its "
                 "ray_client_server*.err logs on the head node say why")
     hint = ""
     if not _have_token():  # a refused token shows only in Ray's log, not in the exception
