@@ -173,14 +173,14 @@ def test_the_device_is_found_on_a_worker_node_and_trials_run_there_via_ray_clien
         out = executor.run(TrialConfig(4, 4))
     finally:
         executor.close()
-    assert len(attempts) == 2
+    assert attempts == [f"ray://127.0.0.1:{cluster.client_port}"] * 2
     assert out.ok, out.error
     assert out.extra["node"] in workers and out.extra["cpu_threads"] == 2
 
 
 def _fail_first_client_init(monkeypatch) -> list[str]:
     """Ray's own `ray.init`, but its first Ray Client connection fails with Ray Client's
-    words for a head that could not start the client's server. Returns the addresses
+    words for a head that could not start the client's server. Returns the address
     each call was given."""
     import ray
 
@@ -209,7 +209,7 @@ def test_a_request_no_node_can_place_fails_at_once(open_cluster, tiny_spec):
     assert time.time() - started < 60
 
 
-def test_a_head_that_fails_to_start_a_client_server_is_tried_again_then_named():
+def test_a_head_that_fails_to_start_a_client_server_is_named_with_its_reason():
     # Ray Client's own words when the head's proxy cannot start this client's server
     # (ray/util/client/worker.py): the head's traceback follows the first line.
     from autotune.trials.executor import _client_server_failed, _connection_error
