@@ -68,6 +68,14 @@ def _model(hf_config: dict[str, Any]) -> Any:
                                                                  **fields))
 
 
+def _recorded_config(stage: int, offload: str, batch: int, accumulation: int) -> Any:
+    """The trial config every recording runs: bf16 and torch AdamW, as the emulation."""
+    from autotune.config import Family, TrialConfig
+
+    return TrialConfig(batch, accumulation, Family.of(
+        precision="bf16", optim="adamw_torch", zero_stage=stage, offload=offload))
+
+
 def record(stage: int, offload: str, hf_config: dict[str, Any], seq: int, batch: int,
            accumulation: int, bucket: int = DEFAULT_BUCKET,
            steps: int = 2) -> tuple[list[Event], Marks]:
@@ -78,12 +86,10 @@ def record(stage: int, offload: str, hf_config: dict[str, Any], seq: int, batch:
     _one_rank(29650 + stage)
     import deepspeed
 
-    from autotune.config import Family, TrialConfig
     from autotune.plan.trace import _LiveBytes
     from autotune.trials.trainargs import deepspeed_config
 
-    config = TrialConfig(batch, accumulation, Family.of(
-        precision="bf16", optim="adamw_torch", zero_stage=stage, offload=offload))
+    config = _recorded_config(stage, offload, batch, accumulation)
     ds = deepspeed_config(config)
     ds["zero_optimization"]["reduce_bucket_size"] = bucket
     deepspeed.init_distributed(dist_backend="gloo")
@@ -131,13 +137,11 @@ def record_trial(stage: int, offload: str, hf_config: dict[str, Any], seq: int, 
         TrainingArguments,
     )
 
-    from autotune.config import Family, TrialConfig
     from autotune.plan.trace import _LiveBytes
     from autotune.trials.trainargs import training_arguments_kwargs
 
     _one_rank(29650 + stage)
-    config = TrialConfig(batch, accumulation, Family.of(
-        precision="bf16", optim="adamw_torch", zero_stage=stage, offload=offload))
+    config = _recorded_config(stage, offload, batch, accumulation)
     with tempfile.TemporaryDirectory() as out:
         kwargs = training_arguments_kwargs(config, seed=0, on_cpu=True, output_dir=out)
         kwargs["deepspeed"]["zero_optimization"]["reduce_bucket_size"] = bucket
