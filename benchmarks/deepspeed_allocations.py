@@ -1,25 +1,18 @@
-"""DeepSpeed ZeRO-1/2's own allocations: the real engine recorded on CPU, and an emulation.
-
-The allocator replay (autotune/plan/allocator.py) covers plain Trainer steps. DeepSpeed's
-engine allocates outside the model's code (a flat 16-bit copy of the weights, an fp32
-master partition, gradient buckets of `reduce_bucket_size` elements), so no model trace
-sees it. This module:
+"""DeepSpeed ZeRO-1/2's own allocations: the real engine recorded on CPU, beside the
+emulation the physics replays (autotune/plan/zero_replay.py).
 
 - `record`: runs the real engine (gloo, one rank, on CPU) on a GPT-2 and follows every
   storage it allocates and frees from `deepspeed.initialize` on, phase by phase;
 - `record_trial`: the same engine as a trial runs it, inside HF Trainer with the trial's
   TrainingArguments (it holds what the bare engine holds, but for the first step);
-- `zero_events`: emulates the same stream beside a traced micro-batch of the model in
-  native 16-bit (plan/step_trace.py), as DeepSpeed 0.19's stage_1_and_2.py allocates it
-  on a GPU, for the allocator replay;
-- `main`: prints both, phase by phase, and (with --gpt2-124m) the replayed peaks of the
-  H100 file's DeepSpeed rows beside their measurements.
+- `main`: prints the engine and the emulation phase by phase, and (with --gpt2-124m) the
+  H100 file's DeepSpeed rows: the emulation's allocated peak, the one-stream replay's
+  reserved peak, the physics' reserved figure and the measurement, then the
+  leave-one-out errors with the physics as shipped and with the one-stream reserved
+  peak instead (why it is not used).
 
-Not in the physics yet: on the H100 file the emulation explains ZeRO-1 > ZeRO-2 only in
-allocated bytes, and ZeRO-2 + optimizer offload measured 3.5 GiB over its reserved peak,
-where Trainer rows measure 0.9-1.6 GiB over theirs (see README).
 The GPU proof's ZeRO step prints each row's allocated, reserved, NVML and pinned-host
-figures beside this emulation, which decides where that memory is.
+figures beside the emulation, which says where ZeRO-2 + offload's unexplained memory is.
 
     .venv/bin/python benchmarks/deepspeed_allocations.py          # small GPT-2, 3 configs
     .venv/bin/python benchmarks/deepspeed_allocations.py --gpt2-124m   # H100 file, 30 s
@@ -31,19 +24,16 @@ import argparse
 import os
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.plan.allocator import Event, TracedStep, replay  # noqa: E402
+from autotune.plan.allocator import Event  # noqa: E402
+from autotune.plan.zero_replay import DEFAULT_BUCKET, Marks, emulated  # noqa: E402
 
-# DeepSpeed's default `reduce_bucket_size` (elements); Trainer's JSON leaves it unset.
-DEFAULT_BUCKET = 500_000_000
 SMALL_GPT2 = {"model_type": "gpt2", "n_layer": 4, "n_embd": 128, "n_head": 4,
               "vocab_size": 2048, "n_positions": 64}
-Marks = list[tuple[str, int]]
 
 
 def _one_rank(port: int) -> None:
@@ -179,117 +169,6 @@ def record_trial(stage: int, offload: str, hf_config: dict[str, Any], seq: int, 
     return [(kind, key, n) for kind, key, n, _ in events], marks
 
 
-def zero_events(step: TracedStep, batch: int, accumulation: int, stage: int, offload: str,
-                states_of: Callable[[int, bool], tuple[float, ...]],
-                step_temporary_bytes: float, bucket: int = DEFAULT_BUCKET, steps: int = 2,
-                marks: Marks | None = None) -> list[Event]:
-    """A ZeRO-1/2 trial's device allocations on one rank, as stage_1_and_2.py makes them:
-
-    - at initialize, the 16-bit weights flattened into one buffer (the parameters become
-      views of it), and without offload the fp32 master partition (and a zeroed fp32
-      gradient, at once freed); offload clones the 16-bit weights on the way to the host
-      and keeps a 16-bit staging buffer of the largest parameter on the device;
-    - at a micro-batch's first gradient, the reduction bucket (`bucket` 16-bit elements;
-      two under overlap_comm, ZeRO-2 here): ZeRO-2 every micro-batch, freed at its end;
-      ZeRO-1 once per step, live until the boundary. Autograd's gradients are copied into
-      it and freed (ZeRO-2), or kept and added to until the boundary's backward (ZeRO-1);
-    - at the end of a backward without offload, the 16-bit gradient partition (ZeRO-2:
-      created at the first, added to through a temporary after; ZeRO-1: at the boundary);
-      with offload, the boundary's per-parameter fp64 norm and fp32 copy;
-    - at the step without offload: the fp64 norm of the largest gradient, the flattened
-      gradients and their fp32 copy, the optimizer's states (first step) and temporaries.
-
-    Two things of a GPU it leaves out, both candidates for what the H100 file's ZeRO-2 rows
-    hold beyond it: the caching allocator keeps a pool per CUDA stream, and under
-    overlap_comm the partition and offload's copies are allocated on DeepSpeed's reduction
-    stream, which the single-pool replay lets share blocks with the model's; and with more
-    parameters than one bucket holds, the bucket is reduced within the backward, so
-    ZeRO-2's partition is made there (while activations live), not after it. `marks` gets
-    phase ends as `record`'s.
-    """
-    p, largest = sum(step.trainable), max(step.trainable)
-    offloaded = offload != "none"
-    events = _initialize(step, p, largest, offloaded)
-    _mark(marks, "init", events)
-    for s in range(steps):
-        kept: list[Any] = []  # ZeRO-1's gradients, until the boundary
-        for m in range(accumulation):
-            boundary = m == accumulation - 1
-            fresh = stage >= 2 or m == 0  # autograd creates the gradients afresh
-            buckets = [("bucket", s, m, j) for j in range(2 if stage >= 2 else 1)]
-            for kind, key, s1, s2 in step.first if fresh else step.later:
-                size = step.bytes_at(s1, s2, batch) if kind == "alloc" else 0
-                events.append((kind, (s, m, key), size))
-                if kind == "alloc" and fresh and key in step.persistent:
-                    events += [("alloc", b, 2 * bucket) for b in buckets]
-                    buckets = []
-                    if stage >= 2:  # copied into the bucket
-                        events.append(("free", (s, m, key), 0))
-                    else:
-                        kept.append((s, m, key))
-            if boundary:  # ZeRO-1's gradients go into the bucket as the backward ends
-                events += [("free", g, 0) for g in kept]
-            events += _epilogue(s, m, boundary, stage, offloaded, p, largest)
-            if stage >= 2 or boundary:
-                events += [("free", ("bucket", s, m if stage >= 2 else 0, j), 0)
-                           for j in reversed(range(2 if stage >= 2 else 1))]
-            _mark(marks, f"s{s}m{m} fwd+bwd", events)
-            if not boundary:
-                _mark(marks, f"s{s}m{m} step", events)
-        if not offloaded:
-            events += _optimizer_step(s, p, largest, states_of, step_temporary_bytes)
-        _mark(marks, f"s{s}m{accumulation - 1} step", events)
-    return events
-
-
-def _initialize(step: TracedStep, p: int, largest: int, offloaded: bool) -> list[Event]:
-    events: list[Event] = [("alloc", ("param", i), n) for i, n in enumerate(step.params)]
-    events.append(("alloc", "flat16", 2 * p))
-    events += [("free", ("param", i), 0) for i in range(len(step.params))]
-    events.append(("alloc", "buffers", max(0, sum(step.params) - 2 * p)))  # not flattened
-    if offloaded:
-        return events + [("alloc", "host copy", 2 * p), ("free", "host copy", 0),
-                         ("alloc", "offload staging", 2 * largest)]
-    return events + [("alloc", "master", 4 * p), ("alloc", "zero grad", 4 * p),
-                     ("free", "zero grad", 0)]
-
-
-def _epilogue(s: int, m: int, boundary: bool, stage: int, offloaded: bool, p: int,
-              largest: int) -> list[Event]:
-    """What a backward's end allocates: the gradient partition, or offload's copies."""
-    if offloaded:
-        return [("alloc", ("norm", s), 8 * largest), ("free", ("norm", s), 0),
-                ("alloc", ("fp32 copy", s), 4 * largest),
-                ("free", ("fp32 copy", s), 0)] if boundary else []
-    if stage >= 2 and m > 0:
-        return [("alloc", ("partition add", s, m), 2 * p),
-                ("free", ("partition add", s, m), 0)]
-    if (stage >= 2 and m == 0) or (stage < 2 and boundary):
-        return [("alloc", ("partition", s), 2 * p)]
-    return []
-
-
-def _optimizer_step(s: int, p: int, largest: int,
-                    states_of: Callable[[int, bool], tuple[float, ...]],
-                    step_temporary_bytes: float) -> list[Event]:
-    events: list[Event] = [
-        ("alloc", ("norm", s), 8 * largest), ("free", ("norm", s), 0),
-        ("alloc", ("flat", s), 2 * p), ("alloc", ("fp32 grad", s), 4 * p),
-        ("free", ("flat", s), 0), ("free", ("partition", s), 0)]
-    if s == 0:
-        events += [("alloc", ("state", j), int(p * nbytes))
-                   for j, nbytes in enumerate(states_of(p, False))]
-    if step_temporary_bytes:
-        events += [("alloc", ("temp", s), int(p * step_temporary_bytes)),
-                   ("free", ("temp", s), 0)]
-    return events + [("free", ("fp32 grad", s), 0)]
-
-
-def _mark(marks: Marks | None, name: str, events: list[Event]) -> None:
-    if marks is not None:
-        marks.append((name, len(events)))
-
-
 def phases(events: list[Event], marks: Marks) -> list[tuple[str, int, int]]:
     """(phase, live bytes at its end, peak live bytes within it) for each mark."""
     sizes: dict[Any, int] = {}
@@ -308,47 +187,6 @@ def phases(events: list[Event], marks: Marks) -> list[tuple[str, int, int]]:
     return out
 
 
-def emulated(hf_config: dict[str, Any], seq: int, batch: int, accumulation: int, stage: int,
-             offload: str, cuda: bool, bucket: int = DEFAULT_BUCKET,
-             marks: Marks | None = None) -> list[Event] | None:
-    """`zero_events` for a model config with torch AdamW (Trainer's default): None where
-    the model's step cannot be traced."""
-    from autotune.optimizers import optimizer
-    from autotune.plan.step_trace import trace_step
-
-    step = trace_step(hf_config, "causal-lm", seq, "native16", False, "sdpa", cuda)
-    if step is None:
-        return None
-    opt = optimizer("adamw_torch")
-    return zero_events(step, batch, min(accumulation, 2), stage, offload, opt.states_of,
-                       opt.step_temporary_bytes if cuda else 0.0, bucket, marks=marks)
-
-
-def replayed_peaks(hf_config: dict[str, Any], seq: int, batch: int, accumulation: int,
-                   stage: int, offload: str) -> tuple[float, float] | None:
-    """(allocated, reserved) peak bytes of a ZeRO-1/2 GPU trial, replayed."""
-    events = emulated(hf_config, seq, batch, accumulation, stage, offload, True)
-    if events is None:
-        return None
-    allocator = replay(events)
-    return float(allocator.peak_allocated), float(allocator.peak_reserved)
-
-
-def trial_peaks(shape: Any, cfg: Any) -> tuple[float, float] | None:
-    """The replay of a trial's config where the emulation's assumptions hold: a causal LM
-    trained whole (no LoRA, no Liger kernels), ZeRO-1/2 in bf16/fp16 with torch AdamW,
-    no checkpointing and SDPA (what the engine was recorded with); None elsewhere.
-    `shape` is a ModelShape, `cfg` a TrialConfig."""
-    causal = shape.task == "causal-lm" or (not shape.task and shape.causal_lm)
-    if (cfg.zero_stage not in (1, 2) or cfg.precision not in ("bf16", "fp16")
-            or cfg.optim != "adamw_torch" or cfg.gradient_checkpointing
-            or cfg.attn_implementation != "auto" or cfg.use_liger_kernel
-            or shape.hf_config is None or shape.lora is not None or not causal):
-        return None
-    return replayed_peaks(shape.hf_config, shape.seq_len, cfg.per_device_train_batch_size,
-                          cfg.gradient_accumulation_steps, cfg.zero_stage, cfg.offload)
-
-
 CONFIGS = ((1, "none"), (2, "none"), (2, "optimizer"))
 
 
@@ -359,7 +197,8 @@ def compare_small() -> None:
     for stage, offload in CONFIGS:
         real = phases(*record(stage, offload, SMALL_GPT2, 64, 2, 2, bucket=2_000_000))
         marks: Marks = []
-        events = emulated(SMALL_GPT2, 64, 2, 2, stage, offload, False, 2_000_000, marks)
+        events = emulated(SMALL_GPT2, 64, 2, 2, stage, offload, False,
+                          bucket=2_000_000, marks=marks)
         assert events is not None
         emu = phases(events, marks)
         print(f"ZeRO-{stage}, offload {offload}")
@@ -369,37 +208,47 @@ def compare_small() -> None:
 
 
 def compare_h100() -> None:
-    """The H100 file's rows: each replay (the Trainer's, or this emulation for ZeRO-1/2)
-    against the measurement, then the leave-one-out errors with the emulation in the
-    physics, which is why it is not there yet."""
+    """The H100 file's DeepSpeed rows: the emulation's allocated peak, the one-stream
+    replay's reserved peak, the reserved figure the physics uses (allocated plus the
+    fragmentation allowance), and the measurement with its margin over that figure; then
+    the leave-one-out errors as shipped and with the one-stream reserved peak."""
     import statistics
 
     from memory_accuracy import GPU_SHAPES, recorded, spec_for
 
+    from autotune.plan import zero_replay
     from autotune.plan.calibration import MemoryModel, leave_one_out_errors
     from autotune.plan.shape import model_shape
     from autotune.spec import load_spec
 
-    class WithZeroReplay(MemoryModel):
-        def replayed_peaks(self, c):  # noqa: ANN001, ANN202 - Physics' own signature
-            zero = trial_peaks(self.shape, c) if self.device.is_cuda else None
-            return zero if zero is not None else super().replayed_peaks(c)
+    def one_stream(model: MemoryModel, c: Any) -> tuple[float, float] | None:
+        return zero_replay.replayed_peaks(
+            model.shape.hf_config, model.shape.seq_len, c.per_device_train_batch_size,
+            c.gradient_accumulation_steps, c.zero_stage, c.offload, c.optim)
+
+    class OneStreamReserved(MemoryModel):
+        def _zero_peaks(self, c):  # noqa: ANN001, ANN202 - Physics' own signature
+            return one_stream(self, c)
 
     device, by_shape = recorded(str(Path(__file__).resolve().parent
                                     / "memory_accuracy_h100.txt"))
     name = "gpt2-124m-s1024"
     measured = by_shape[name]
     shape = model_shape(load_spec(spec_for(*GPU_SHAPES[name])))
-    model = WithZeroReplay(shape, device)
-    print(f"{name} on the H100 file: replayed allocated / reserved MiB, measured, and the "
-          "measurement's margin over the replayed reserved peak")
+    model = MemoryModel(shape, device)
+    print(f"{name} on the H100 file, MiB: the emulation's allocated peak, the one-stream "
+          "replay's reserved peak, the physics' reserved figure, the measurement and its "
+          "margin over that figure")
     for c, bytes_ in measured:
-        peaks = model.replayed_peaks(c)
-        if peaks is None:
+        if not (c.zero_stage and zero_replay.applies(shape, c)):
             continue
-        print(f"  {c.label():40s} {peaks[0] / 2**20:7.0f} / {peaks[1] / 2**20:7.0f}   "
-              f"measured {bytes_ / 2**20:7.0f}   margin {(bytes_ - peaks[1]) / 2**20:+6.0f}")
-    for label, kind in (("as shipped", MemoryModel), ("with the ZeRO replay", WithZeroReplay)):
+        allocated, reserved = one_stream(model, c)
+        used = model.reserved_peak(c)
+        print(f"  {c.label():40s} {allocated / 2**20:7.0f} {reserved / 2**20:7.0f} "
+              f"{used / 2**20:7.0f}   measured {bytes_ / 2**20:7.0f}   margin "
+              f"{(bytes_ - used) / 2**20:+6.0f}")
+    for label, kind in (("as shipped", MemoryModel),
+                        ("with the one-stream reserved peak", OneStreamReserved)):
         errors = leave_one_out_errors(shape, device, 1, measured, kind)
         worst = max(zip(errors, measured, strict=True), key=lambda e: e[0])
         print(f"leave-one-out, {label}: median {statistics.median(errors):.1%}, max "
@@ -409,8 +258,8 @@ def compare_h100() -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpt2-124m", action="store_true",
-                    help="the H100 file's rows replayed, and the leave-one-out errors "
-                    "with the emulation in the physics (no engine run)")
+                    help="the H100 file's DeepSpeed rows replayed, and the leave-one-out "
+                    "errors (no engine run)")
     if ap.parse_args().gpt2_124m:
         compare_h100()
     else:

@@ -23,12 +23,12 @@ import argparse
 import os
 import re
 import statistics
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from autotune.config import TrialConfig
+from autotune.plan import zero_replay
 from autotune.plan.calibration import MemoryModel, leave_one_out_errors
 from autotune.plan.device import DeviceSpec, local_device, named_device, node_cpus
 from autotune.plan.memory import CPU_RUNTIME_BYTES
@@ -140,12 +140,13 @@ def _allocator_note(extra: dict, cfg: TrialConfig, shape, device: DeviceSpec) ->
     the uncalibrated median from 7.9% to 4.2% but leaves the calibrated one as it is, and
     the gpt2-medium simulated landscape disagrees; this column decides it.) Beside them,
     the allocator replay's own allocated and reserved peaks (autotune/plan/allocator.py;
-    for 16-bit ZeRO-1/2 rows, the engine's emulation in deepspeed_allocations.py): whether
-    its rules and the traced step match the GPU's allocator, peak by peak. Then what NVML
-    sees beyond the allocator and the pinned host allocator's peak: on the H100 file
-    ZeRO-2 + offload measured 3.5 GiB over the emulation's reserved peak (Trainer rows:
-    0.9-1.6), and these say whether the excess is in the allocator or outside it, and
-    how much pinned host memory the offload held beside it."""
+    for 16-bit ZeRO-1/2 rows, the engine's emulation in plan/zero_replay.py, whose
+    one-stream reserved peak the physics does not use): whether its rules and the traced
+    step match the GPU's allocator, peak by peak. Then what NVML sees beyond the
+    allocator and the pinned host allocator's peak: on the H100 file ZeRO-2 + offload
+    measured 3.4 GiB over the emulation's reserved peak (Trainer rows: 0.9-1.6), and
+    these say whether the excess is in the allocator or outside it (NCCL's communicator,
+    about 0.5 GiB, is outside it), and how much pinned host memory the offload held."""
     steps, allocated = extra.get("peaks_by_step"), extra.get("allocator_peak_allocated")
     if not steps or not allocated:
         return ""
@@ -153,13 +154,11 @@ def _allocator_note(extra: dict, cfg: TrialConfig, shape, device: DeviceSpec) ->
     at = next(i for i, (_, reserved) in enumerate(steps, 1) if reserved == final)
     logits16 = (2 * cfg.per_device_train_batch_size * shape.seq_len * shape.vocab_size
                 if cfg.precision in ("bf16", "fp16") and shape.has_lm_logits else 0)
-    replayed = MemoryModel(shape, device).replayed_peaks(cfg)
-    if replayed is None:
-        if str(HERE) not in sys.path:
-            sys.path.insert(0, str(HERE))
-        from deepspeed_allocations import trial_peaks
-
-        replayed = trial_peaks(shape, cfg)
+    replayed = (zero_replay.replayed_peaks(
+        shape.hf_config, shape.seq_len, cfg.per_device_train_batch_size,
+        cfg.gradient_accumulation_steps, cfg.zero_stage, cfg.offload, cfg.optim)
+        if cfg.zero_stage and zero_replay.applies(shape, cfg)
+        else MemoryModel(shape, device).replayed_peaks(cfg))  # the replay's own peaks
     against = ("" if replayed is None else f"; allocator replay: allocated "
                f"{replayed[0] / 2**20:.0f}, reserved {replayed[1] / 2**20:.0f} MiB")
     outside = "".join(f", {label} {_mib(extra.get(key))}" for label, key in (

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from autotune.config import TrialConfig
 from autotune.optimizers import ADAM, optimizer
+from autotune.plan import zero_replay
 from autotune.plan.allocator import (
     CachingAllocator,
     TracedStep,
@@ -12,8 +13,8 @@ from autotune.plan.allocator import (
     replay,
     training_events,
 )
-from autotune.plan.device import named_device
-from autotune.plan.memory import CUDA_RUNTIME_BYTES, Physics
+from autotune.plan.device import DeviceSpec, named_device
+from autotune.plan.memory import CUDA_RUNTIME_BYTES, FRAGMENTATION, NCCL_COMM_BYTES, Physics
 from autotune.plan.shape import load_hf_config, shape_from_hf_config
 from autotune.plan.step_trace import _deepened, _record, trace_step
 
@@ -88,8 +89,19 @@ def test_physics_replays_plain_trainer_steps_on_a_gpu_only():
     assert h100.reserved_peak(plain) is not None
     total = h100.physics(plain).total_bytes
     assert abs(total - h100.reserved_peak(plain) - CUDA_RUNTIME_BYTES) < 16  # the replay's
-    # DeepSpeed's engine allocates outside the model's code: no replay.
-    assert h100.reserved_peak(TrialConfig.of(4, 4, precision="bf16", zero_stage=2)) is None
+    # ZeRO-1/2 in 16-bit: the engine's emulation beside the native 16-bit step, its
+    # allocated peak with the fragmentation allowance, and NCCL's communicator beside it.
+    zero2 = TrialConfig.of(4, 4, precision="bf16", zero_stage=2)
+    allocated, _ = zero_replay.replayed_peaks(shape.hf_config, 64, 4, 4, 2, "none")
+    assert h100.reserved_peak(zero2) == allocated * (1 + FRAGMENTATION)
+    assert abs(h100.physics(zero2).total_bytes - h100.reserved_peak(zero2)
+               - CUDA_RUNTIME_BYTES - NCCL_COMM_BYTES) < 16
+    # ZeRO-3 and fp32 ZeRO are not emulated, and a CPU trial's peak is RSS: no replay.
+    for other in (TrialConfig.of(4, 4, precision="bf16", zero_stage=3),
+                  TrialConfig.of(4, 4, zero_stage=2)):
+        assert h100.reserved_peak(other) is None, other.label()
+    cpu = Physics(shape, DeviceSpec("cpu", "cpu", 64 * 2**30))
+    assert cpu.reserved_peak(plain) is None and cpu.reserved_peak(zero2) is None
 
 
 def _replayed(parts) -> tuple[int, int, int]:

@@ -14,6 +14,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import deepspeed_allocations as da  # noqa: E402
 
+from autotune.plan import zero_replay  # noqa: E402
+
 BUCKET = 2_000_000  # above the small model's 1.05M parameters: one fill per backward
 PARAMETERS = 1_063_680  # of da.SMALL_GPT2 (GPT-2, 4 layers of 128, vocabulary 2048)
 
@@ -60,8 +62,9 @@ def test_the_emulation_follows_the_real_engine_through_each_backward():
                 assert peak == pytest.approx(max(p for *_, p in mine), abs=64 * 1024), label
             else:  # Trainer's two parameter groups: see record_trial
                 assert 0 <= peak - max(p for *_, p in mine) <= 2 * PARAMETERS + 64 * 1024, label
-        marks: da.Marks = []
-        events = da.emulated(da.SMALL_GPT2, 64, 2, 2, stage, offload, False, BUCKET, marks)
+        marks: zero_replay.Marks = []
+        events = zero_replay.emulated(da.SMALL_GPT2, 64, 2, 2, stage, offload, False,
+                                      bucket=BUCKET, marks=marks)
         assert events is not None
         emulated = da.phases(events, marks)
         assert [name for name, *_ in engine] == [name for name, *_ in emulated]
@@ -99,8 +102,8 @@ def test_the_gpu_note_prints_the_zero_replay_and_what_lies_outside_the_allocator
     assert "allocator replay: allocated" in note
     assert "outside the allocator (NVML) 600 MiB" in note
     assert "pinned host peak 48 MiB" in note
-    peaks = da.replayed_peaks(shape.hf_config, 256, 8, 2, 2, "optimizer")
+    peaks = zero_replay.replayed_peaks(shape.hf_config, 256, 8, 2, 2, "optimizer")
     assert peaks is not None and f"reserved {peaks[1] / 2**20:.0f} MiB" in note
     # Without offload the fp32 master partition and the 16-bit gradients stay on the device.
-    kept = da.replayed_peaks(shape.hf_config, 256, 8, 2, 2, "none")
+    kept = zero_replay.replayed_peaks(shape.hf_config, 256, 8, 2, 2, "none")
     assert kept is not None and kept[0] > peaks[0] + 6 * shape.num_parameters

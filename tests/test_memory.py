@@ -9,7 +9,7 @@ import pytest
 from autotune.config import TrialConfig
 from autotune.plan.calibration import MemoryModel
 from autotune.plan.device import DeviceSpec, named_device
-from autotune.plan.memory import GiB
+from autotune.plan.memory import FEATURES, NCCL_COMM_BYTES, GiB
 from autotune.plan.shape import ModelShape, shape_from_hf_config
 
 LANDSCAPES = Path(__file__).resolve().parents[2] / "shared" / "landscapes"
@@ -118,6 +118,23 @@ def test_offload_moves_states_to_host():
                                     + on_gpu.components["gradients"])
     full = m.physics(cfg(zero=3, offload="optimizer+param"))
     assert full.components["weights"] == 4 * m.largest_layer_params()
+
+
+def test_a_process_group_holds_nccls_communicator_on_a_gpu():
+    """NCCL's communicator lives outside the allocator: DeepSpeed makes one at any world
+    size, FSDP and several ranks too; a plain one-GPU trial and a CPU trial have none."""
+    one, two = MemoryModel(BERT_LARGE, A100), MemoryModel(BERT_LARGE, A100, world_size=2)
+    runtime = lambda m, c: m.features(c)[FEATURES.index("runtime")]  # noqa: E731
+    plain = runtime(one, cfg())
+    assert runtime(one, cfg(zero=2)) - plain == NCCL_COMM_BYTES
+    fsdp = TrialConfig.of(1, 64, fsdp="full_shard")
+    assert runtime(one, fsdp) - plain == NCCL_COMM_BYTES
+    assert runtime(two, cfg()) - plain == NCCL_COMM_BYTES
+    # The physics' runtime component holds it (beside the allocator's slack).
+    assert (one.physics(cfg(zero=2)).components["runtime"]
+            >= one.physics(cfg()).components["runtime"] + NCCL_COMM_BYTES)
+    cpu = MemoryModel(BERT_LARGE, DeviceSpec("cpu", "cpu", 64 * GiB))
+    assert runtime(cpu, cfg(zero=2)) == runtime(cpu, cfg())
 
 
 def test_fsdp_shards_states_by_mode_and_offloads_them_to_host():

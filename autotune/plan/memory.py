@@ -17,6 +17,7 @@ import numpy as np
 
 from autotune.config import TrialConfig
 from autotune.optimizers import optimizer
+from autotune.plan import zero_replay
 from autotune.plan.allocator import replay, training_events
 from autotune.plan.shape import ModelShape
 from autotune.plan.step_trace import trace_step
@@ -31,6 +32,11 @@ MiB = 1024**2
 GiB = 1024**3
 
 CUDA_RUNTIME_BYTES = 768 * MiB  # CUDA context + cuBLAS/cuDNN workspaces (seed 003: ~0.5-1 GiB)
+# A rank's NCCL communicator, outside the allocator: 484 MiB for a one-rank communicator
+# (NCCL 2.28, measured in NVIDIA/nccl PR 2366), more with peers (544-688 MB per rank for
+# 2-4 A100s, NVIDIA/nccl issue 964). DeepSpeed makes one even at one rank; calibration
+# scales it with the rest of the runtime.
+NCCL_COMM_BYTES = 484 * MiB
 CPU_RUNTIME_BYTES = 64 * MiB  # allocator slack of a CPU trial beyond its tensors
 # The caching allocator rounds and fragments: the reserved peak runs a few percent over
 # the tensors live at the peak.
@@ -286,9 +292,17 @@ class Physics:
         if slack < 0:  # the replay's peak is below the components at once: scale them
             comps = {k: v * (1 + slack) for k, v in comps.items()}
             slack = 0.0
-        runtime = CUDA_RUNTIME_BYTES if self.device.is_cuda else CPU_RUNTIME_BYTES
-        comps["runtime"] = runtime + slack * tensors
+        comps["runtime"] = self.runtime_bytes(c) + slack * tensors
         return MemoryEstimate({k: int(comps[k]) for k in COMPONENTS}, int(host))
+
+    def runtime_bytes(self, c: TrialConfig) -> float:
+        """What a trial's process holds outside its tensors: on a GPU the CUDA context and
+        workspaces, and NCCL's communicator where the trial has a process group (DeepSpeed
+        at any world size, FSDP, or several ranks)."""
+        if not self.device.is_cuda:
+            return CPU_RUNTIME_BYTES
+        distributed = c.zero_stage > 0 or c.fsdp != "none" or self.world_size > 1
+        return CUDA_RUNTIME_BYTES + (NCCL_COMM_BYTES if distributed else 0)
 
     def _slack_factor(self, c: TrialConfig, tensors: float) -> float:
         """What the allocator holds beyond the tensors, as a fraction of them: on a GPU
@@ -305,16 +319,19 @@ class Physics:
         """The caching allocator's reserved peak over a trial's steps (plan/allocator.py),
         replayed from the model's traced allocations; None where there is no such trace:
         a CPU, a model without config or one whose code the trace cannot run or repeat,
-        LoRA, DeepSpeed or FSDP (their engines allocate outside the model's code),
-        Liger's kernels, or Adafactor (factored states)."""
+        LoRA, FSDP, ZeRO-3 and the ZeRO-1/2 configs its emulation does not cover (their
+        engines allocate outside the model's code), Liger's kernels, or Adafactor."""
         replayed = self.replayed_peaks(c)
         return None if replayed is None else replayed[1]
 
     def replayed_peaks(self, c: TrialConfig) -> tuple[float, float] | None:
         """(allocated, reserved) peak bytes of the allocator replay, or None. Memoised on
         what the replay depends on, so configs differing in other knobs share it."""
-        if not (self.device.is_cuda and self.shape.hf_config is not None
-                and self.shape.lora is None and c.zero_stage == 0 and c.fsdp == "none"
+        if not (self.device.is_cuda and self.shape.hf_config is not None):
+            return None
+        if c.zero_stage and zero_replay.applies(self.shape, c):
+            return self._zero_peaks(c)
+        if not (self.shape.lora is None and c.zero_stage == 0 and c.fsdp == "none"
                 and not c.use_liger_kernel and c.optim != "adafactor"):
             return None
         opt = optimizer(c.optim)
@@ -339,6 +356,31 @@ class Physics:
             self._reserved[key] = value
         return self._reserved[key]
 
+    def _zero_peaks(self, c: TrialConfig) -> tuple[float, float] | None:
+        """ZeRO-1/2's engine emulated beside the traced native 16-bit step
+        (plan/zero_replay.py): its allocated peak, held to the real engine on CPU, with
+        the fragmentation allowance as the reserved peak. The one-stream replay's reserved
+        peak is not used: DeepSpeed allocates on a reduction stream too (a pool of its
+        own on a GPU), and on the H100 file it put ZeRO-2 level with ZeRO-1, which
+        measured 1096 MiB apart (their allocated peaks: 962)."""
+        attention = "eager" if self.materialises_attention(c) else "sdpa"
+        key = ("zero", c.per_device_train_batch_size, min(c.gradient_accumulation_steps, 2),
+               c.zero_stage, c.offload, c.optim, attention)
+        if key not in self._reserved:
+            value = None
+            try:
+                peaks = zero_replay.replayed_peaks(
+                    self.shape.hf_config, self.shape.seq_len, c.per_device_train_batch_size,
+                    c.gradient_accumulation_steps, c.zero_stage, c.offload, c.optim,
+                    attention)
+                if peaks is not None:
+                    value = (peaks[0], peaks[0] * (1 + FRAGMENTATION))
+            except AssertionError as exc:
+                log.warning("ZeRO replay failed (%s); the fragmentation allowance stands "
+                            "for %s", exc, c.label())
+            self._reserved[key] = value
+        return self._reserved[key]
+
     def features(self, c: TrialConfig) -> np.ndarray:
         """The physics' terms, each with its share of allocator slack, in FEATURES order:
         the COMPONENTS sum to the physics' total; the DEVIATIONS repeat a per-sample term
@@ -350,7 +392,7 @@ class Physics:
             tensors = sum(comps[k] for k in COMPONENTS if k != "runtime")
             slack = 1 + self._slack_factor(c, tensors)
             terms = {k: comps[k] * slack for k in COMPONENTS}
-            terms["runtime"] = CUDA_RUNTIME_BYTES if self.device.is_cuda else CPU_RUNTIME_BYTES
+            terms["runtime"] = self.runtime_bytes(c)
             wide = _compute_bytes(c.precision) == 4
             terms["activations|checkpointing"] = terms["activations"] * c.gradient_checkpointing
             terms["activations|4-byte"] = terms["activations"] * wide

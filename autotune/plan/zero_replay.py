@@ -1,0 +1,182 @@
+"""DeepSpeed ZeRO-1/2's own device allocations beside a traced step, for the allocator.
+
+DeepSpeed's engine allocates outside the model's code (a flat 16-bit copy of the weights,
+an fp32 master partition, gradient buckets of `reduce_bucket_size` elements), so no model
+trace sees it. `zero_events` emulates that stream as DeepSpeed 0.19's stage_1_and_2.py
+makes it on a GPU, around a micro-batch of the model traced in native 16-bit (the engine
+casts the model; accelerate runs no autocast under DeepSpeed). A test holds it to the real
+engine on CPU, micro-batch by micro-batch, and the engine as a trial runs it (HF Trainer
+with the trial's TrainingArguments) to the engine driven directly
+(benchmarks/deepspeed_allocations.py records both).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from autotune.plan.allocator import Event, TracedStep, replay
+
+if TYPE_CHECKING:
+    from autotune.config import TrialConfig
+    from autotune.plan.shape import ModelShape
+
+# DeepSpeed's default `reduce_bucket_size` (elements); the trial's JSON leaves it unset.
+DEFAULT_BUCKET = 500_000_000
+Marks = list[tuple[str, int]]  # (phase, events before its end)
+# The optimizers whose states the emulation's flat partition takes (torch AdamW, as Trainer
+# hands it to the engine without offload; offload names DeepSpeed's CPU Adam).
+EMULATED_OPTIMIZERS = ("adamw_torch", "adamw_torch_fused")
+
+
+def applies(shape: ModelShape, c: TrialConfig) -> bool:
+    """Where the emulation's assumptions hold: a causal LM trained whole (no LoRA, no
+    Liger kernels), ZeRO-1/2 in bf16/fp16 with torch AdamW, no checkpointing (what the
+    engine was recorded with), and no more parameters than one bucket holds (above that
+    the engine reduces a bucket within the backward, which the emulation does not)."""
+    causal = shape.task == "causal-lm" or (not shape.task and shape.causal_lm)
+    return (c.zero_stage in (1, 2) and c.precision in ("bf16", "fp16")
+            and c.optim in EMULATED_OPTIMIZERS and not c.gradient_checkpointing
+            and not c.use_liger_kernel and c.fsdp == "none" and shape.hf_config is not None
+            and shape.lora is None and causal and shape.num_parameters <= DEFAULT_BUCKET)
+
+
+def zero_events(step: TracedStep, batch: int, accumulation: int, stage: int, offload: str,
+                states_of: Callable[[int, bool], tuple[float, ...]],
+                step_temporary_bytes: float, bucket: int = DEFAULT_BUCKET, steps: int = 2,
+                marks: Marks | None = None) -> list[Event]:
+    """A ZeRO-1/2 trial's device allocations on one rank, as stage_1_and_2.py makes them:
+
+    - at initialize, the 16-bit weights flattened into one buffer (the parameters become
+      views of it), and without offload the fp32 master partition (and a zeroed fp32
+      gradient, at once freed); offload clones the 16-bit weights on the way to the host
+      and keeps a 16-bit staging buffer of the largest parameter on the device;
+    - at a micro-batch's first gradient, the reduction bucket (`bucket` 16-bit elements;
+      two under overlap_comm, ZeRO-2 here): ZeRO-2 every micro-batch, freed at its end;
+      ZeRO-1 once per step, live until the boundary. Autograd's gradients are copied into
+      it and freed (ZeRO-2), or kept and added to until the boundary's backward (ZeRO-1);
+    - at the end of a backward without offload, the 16-bit gradient partition (ZeRO-2:
+      created at the first, added to through a temporary after; ZeRO-1: at the boundary);
+      with offload, the boundary's per-parameter fp64 norm and fp32 copy;
+    - at the step without offload: the fp64 norm of the largest gradient, the flattened
+      gradients and their fp32 copy, the optimizer's states (first step) and temporaries.
+
+    Two things of a GPU it leaves out: the caching allocator keeps a pool per CUDA stream,
+    and under overlap_comm the partition and offload's copies are allocated on DeepSpeed's
+    reduction stream, which the single-pool replay lets share blocks with the model's; and
+    the first step under Trainer, whose two parameter groups keep the 16-bit flat
+    gradients alive while the optimizer's states are made (up to 2 bytes per parameter
+    more, below the backward's peak wherever the activations are not tiny). `marks` gets
+    phase ends as the recordings'.
+    """
+    p, largest = sum(step.trainable), max(step.trainable)
+    offloaded = offload != "none"
+    events = _initialize(step, p, largest, offloaded)
+    _mark(marks, "init", events)
+    for s in range(steps):
+        kept: list[Any] = []  # ZeRO-1's gradients, until the boundary
+        for m in range(accumulation):
+            boundary = m == accumulation - 1
+            fresh = stage >= 2 or m == 0  # autograd creates the gradients afresh
+            buckets = [("bucket", s, m, j) for j in range(2 if stage >= 2 else 1)]
+            for kind, key, s1, s2 in step.first if fresh else step.later:
+                size = step.bytes_at(s1, s2, batch) if kind == "alloc" else 0
+                events.append((kind, (s, m, key), size))
+                if kind == "alloc" and fresh and key in step.persistent:
+                    events += [("alloc", b, 2 * bucket) for b in buckets]
+                    buckets = []
+                    if stage >= 2:  # copied into the bucket
+                        events.append(("free", (s, m, key), 0))
+                    else:
+                        kept.append((s, m, key))
+            if boundary:  # ZeRO-1's gradients go into the bucket as the backward ends
+                events += [("free", g, 0) for g in kept]
+            events += _epilogue(s, m, boundary, stage, offloaded, p, largest)
+            if stage >= 2 or boundary:
+                events += [("free", ("bucket", s, m if stage >= 2 else 0, j), 0)
+                           for j in reversed(range(2 if stage >= 2 else 1))]
+            _mark(marks, f"s{s}m{m} fwd+bwd", events)
+            if not boundary:
+                _mark(marks, f"s{s}m{m} step", events)
+        if not offloaded:
+            events += _optimizer_step(s, p, largest, states_of, step_temporary_bytes)
+        _mark(marks, f"s{s}m{accumulation - 1} step", events)
+    return events
+
+
+def _initialize(step: TracedStep, p: int, largest: int, offloaded: bool) -> list[Event]:
+    events: list[Event] = [("alloc", ("param", i), n) for i, n in enumerate(step.params)]
+    events.append(("alloc", "flat16", 2 * p))
+    events += [("free", ("param", i), 0) for i in range(len(step.params))]
+    events.append(("alloc", "buffers", max(0, sum(step.params) - 2 * p)))  # not flattened
+    if offloaded:
+        return events + [("alloc", "host copy", 2 * p), ("free", "host copy", 0),
+                         ("alloc", "offload staging", 2 * largest)]
+    return events + [("alloc", "master", 4 * p), ("alloc", "zero grad", 4 * p),
+                     ("free", "zero grad", 0)]
+
+
+def _epilogue(s: int, m: int, boundary: bool, stage: int, offloaded: bool, p: int,
+              largest: int) -> list[Event]:
+    """What a backward's end allocates: the gradient partition, or offload's copies."""
+    if offloaded:
+        return [("alloc", ("norm", s), 8 * largest), ("free", ("norm", s), 0),
+                ("alloc", ("fp32 copy", s), 4 * largest),
+                ("free", ("fp32 copy", s), 0)] if boundary else []
+    if stage >= 2 and m > 0:
+        return [("alloc", ("partition add", s, m), 2 * p),
+                ("free", ("partition add", s, m), 0)]
+    if (stage >= 2 and m == 0) or (stage < 2 and boundary):
+        return [("alloc", ("partition", s), 2 * p)]
+    return []
+
+
+def _optimizer_step(s: int, p: int, largest: int,
+                    states_of: Callable[[int, bool], tuple[float, ...]],
+                    step_temporary_bytes: float) -> list[Event]:
+    events: list[Event] = [
+        ("alloc", ("norm", s), 8 * largest), ("free", ("norm", s), 0),
+        ("alloc", ("flat", s), 2 * p), ("alloc", ("fp32 grad", s), 4 * p),
+        ("free", ("flat", s), 0), ("free", ("partition", s), 0)]
+    if s == 0:
+        events += [("alloc", ("state", j), int(p * nbytes))
+                   for j, nbytes in enumerate(states_of(p, False))]
+    if step_temporary_bytes:
+        events += [("alloc", ("temp", s), int(p * step_temporary_bytes)),
+                   ("free", ("temp", s), 0)]
+    return events + [("free", ("fp32 grad", s), 0)]
+
+
+def _mark(marks: Marks | None, name: str, events: list[Event]) -> None:
+    if marks is not None:
+        marks.append((name, len(events)))
+
+
+def emulated(hf_config: dict[str, Any], seq: int, batch: int, accumulation: int, stage: int,
+             offload: str, cuda: bool, optim: str = "adamw_torch", attention: str = "sdpa",
+             bucket: int = DEFAULT_BUCKET, marks: Marks | None = None) -> list[Event] | None:
+    """`zero_events` for a causal LM's config: None where the model's step cannot be
+    traced. (On a CPU the optimizer's step temporaries are left out, as CPU AdamW's
+    differ.)"""
+    from autotune.optimizers import optimizer
+    from autotune.plan.step_trace import trace_step
+
+    step = trace_step(hf_config, "causal-lm", seq, "native16", False, attention, cuda)
+    if step is None:
+        return None
+    opt = optimizer(optim)
+    return zero_events(step, batch, min(accumulation, 2), stage, offload, opt.states_of,
+                       opt.step_temporary_bytes if cuda else 0.0, bucket, marks=marks)
+
+
+def replayed_peaks(hf_config: dict[str, Any], seq: int, batch: int, accumulation: int,
+                   stage: int, offload: str, optim: str = "adamw_torch",
+                   attention: str = "sdpa") -> tuple[float, float] | None:
+    """(allocated, reserved) peak bytes of a ZeRO-1/2 GPU trial, replayed through the
+    caching allocator's rules (one stream)."""
+    events = emulated(hf_config, seq, batch, accumulation, stage, offload, True, optim,
+                      attention)
+    if events is None:
+        return None
+    allocator = replay(events)
+    return float(allocator.peak_allocated), float(allocator.peak_reserved)
