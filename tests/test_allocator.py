@@ -100,6 +100,8 @@ def test_physics_replays_plain_trainer_steps_on_a_gpu_only():
     for other in (TrialConfig.of(4, 4, precision="bf16", zero_stage=3),
                   TrialConfig.of(4, 4, zero_stage=2)):
         assert h100.reserved_peak(other) is None, other.label()
+    # Nor over several ranks, whose partitions the emulation does not divide.
+    assert Physics(shape, named_device("H100"), world_size=2).reserved_peak(zero2) is None
     cpu = Physics(shape, DeviceSpec("cpu", "cpu", 64 * 2**30))
     assert cpu.reserved_peak(plain) is None and cpu.reserved_peak(zero2) is None
 

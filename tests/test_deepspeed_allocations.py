@@ -34,8 +34,8 @@ def _recorded() -> list[tuple[Phases, Phases]]:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_emulation_follows_the_real_engine_through_each_backward():
-    """ZeRO-1, ZeRO-2 and ZeRO-2 + optimizer offload: each micro-batch's forward and
-    backward as the real engine allocates it (gloo, one rank, in a process of its own so
+    """ZeRO-1 and ZeRO-2, each with and without optimizer offload: each micro-batch's
+    forward and backward as the real engine allocates it (gloo, one rank, in a process of its own so
     torch.distributed stays out of this one): the peak above the phase's start, and
     (without offload, whose host buffers share the CPU) what the phase leaves behind.
     Catches a bucket at the wrong time or size, gradients kept or freed wrongly (ZeRO-1

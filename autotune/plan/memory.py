@@ -329,7 +329,7 @@ class Physics:
         what the replay depends on, so configs differing in other knobs share it."""
         if not (self.device.is_cuda and self.shape.hf_config is not None):
             return None
-        if c.zero_stage and zero_replay.applies(self.shape, c):
+        if c.zero_stage and zero_replay.applies(self.shape, c, self.world_size):
             return self._zero_peaks(c)
         if not (self.shape.lora is None and c.zero_stage == 0 and c.fsdp == "none"
                 and not c.use_liger_kernel and c.optim != "adafactor"):

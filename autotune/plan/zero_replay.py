@@ -29,13 +29,14 @@ Marks = list[tuple[str, int]]  # (phase, events before its end)
 EMULATED_OPTIMIZERS = ("adamw_torch", "adamw_torch_fused")
 
 
-def applies(shape: ModelShape, c: TrialConfig) -> bool:
-    """Where the emulation's assumptions hold: a causal LM trained whole (no LoRA, no
-    Liger kernels), ZeRO-1/2 in bf16/fp16 with torch AdamW, no checkpointing (what the
-    engine was recorded with), and no more parameters than one bucket holds (above that
-    the engine reduces a bucket within the backward, which the emulation does not)."""
+def applies(shape: ModelShape, c: TrialConfig, world_size: int = 1) -> bool:
+    """Where the emulation's assumptions hold: one rank (it does not divide the
+    partitions), a causal LM trained whole (no LoRA, no Liger kernels), ZeRO-1/2 in
+    bf16/fp16 with torch AdamW, no checkpointing (what the engine was recorded with), and
+    no more parameters than one bucket holds (above that the engine reduces a bucket
+    within the backward, which the emulation does not)."""
     causal = shape.task == "causal-lm" or (not shape.task and shape.causal_lm)
-    return (c.zero_stage in (1, 2) and c.precision in ("bf16", "fp16")
+    return (world_size == 1 and c.zero_stage in (1, 2) and c.precision in ("bf16", "fp16")
             and c.optim in EMULATED_OPTIMIZERS and not c.gradient_checkpointing
             and not c.use_liger_kernel and c.fsdp == "none" and shape.hf_config is not None
             and shape.lora is None and causal and shape.num_parameters <= DEFAULT_BUCKET)
