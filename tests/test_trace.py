@@ -77,8 +77,9 @@ def test_prediction_of_the_recorded_h100_trials():
     """Issue 14's figures on the 14 recorded H100 trials of GPT-2 124M at s1024: before
     any trial the median error is at most 10% (30% with the formulas alone, 7.9% with the
     traced activations, 3.0% with the allocator replay); calibrated on the other trials,
-    at most 2% (0.7%; 3.4% before the replay). The max, 5% in the issue, is not met: the
-    DeepSpeed rows."""
+    at most 2% (0.6%; 3.4% before the replay). The max, 5% in the issue, is met by every
+    row but ZeRO-2 + optimizer offload (7.2%, whose device holds about 1.1 GiB that no
+    emulated allocation accounts for)."""
     from autotune.plan.calibration import leave_one_out_errors
     from autotune.plan.shape import model_shape
     from autotune.spec import load_spec
@@ -91,7 +92,11 @@ def test_prediction_of_the_recorded_h100_trials():
     assert statistics.median(errors) <= 0.05, errors
     (name, measured), = by_shape.items()
     shape = model_shape(load_spec(bench.spec_for(*bench.GPU_SHAPES[name])))
-    assert statistics.median(leave_one_out_errors(shape, device, 1, measured)) <= 0.02
+    calibrated = leave_one_out_errors(shape, device, 1, measured)
+    assert statistics.median(calibrated) <= 0.02
+    for (c, _), error in zip(measured, calibrated, strict=True):
+        offloaded = c.offload != "none"
+        assert error <= (0.075 if offloaded else 0.025), (c.label(), error)
     # The measured bf16 family is concave (1480 then 1273 MiB per sample from batch 4 to
     # 8 to 16), and so is the replay.
     physics = Physics(shape, device)
@@ -99,6 +104,11 @@ def test_prediction_of_the_recorded_h100_trials():
             if c.label() in ("b4x8 bf16 adamw_torch", "b8x4 bf16 adamw_torch",
                              "b16x2 bf16 adamw_torch")}
     assert (peak[8] - peak[4]) / 4 > 1.1 * (peak[16] - peak[8]) / 8, peak
+    # ZeRO-1 over ZeRO-2 by about what they measured apart (1096 MiB), from the engine's
+    # emulation: ZeRO-1 keeps its bucket and the gradients through the accumulation.
+    zero = {c.zero_stage: physics.physics(c).total_bytes for c, _ in measured
+            if c.zero_stage in (1, 2) and c.offload == "none"}
+    assert 0.7 * 1096 * 2**20 < zero[1] - zero[2] < 1.3 * 1096 * 2**20, zero
 
 
 def test_the_gpu_benchmark_sets_the_replay_beside_the_allocators_peaks():
