@@ -255,3 +255,43 @@ def test_two_users_share_the_machines_leases(tmp_path, monkeypatch):
         assert got >= _wait_for(log, "done") and waited > 0.5
     finally:
         shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_a_lock_file_the_user_may_not_write_is_locked_read_only(monkeypatch):
+    """Where another user's lock files cannot be opened for writing (a umask that kept
+    them 0644, or fs.protected_regular refusing O_CREAT on another user's file in a
+    sticky folder), a lease still takes them: flock needs only a read-only descriptor,
+    and the exclusion holds both ways."""
+    shared = Path(tempfile.mkdtemp(prefix="autotune-read-only-", dir="/tmp"))
+    try:
+        shared.chmod(0o1777)
+        folder = shared / "autotune-leases"
+        monkeypatch.setenv("AUTOTUNE_LEASE_DIR", str(folder))
+        env = dict(os.environ) | {"PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+                                  "AUTOTUNE_LEASE_DIR": str(folder)}
+        python = _python_for_nobody(env)
+        if python is None:
+            pytest.skip("no interpreter user nobody may run imports this checkout")
+        with lease(ALL_CORES, timeout_s=30, label="root's trial"):
+            pass
+        locks = sorted(folder.glob("cpu-*"))
+        assert locks
+        for path in locks:
+            path.chmod(0o644)  # root's, and not writable by anyone else
+        log = shared / "nobody.log"
+        proc = subprocess.Popen([python, "-c", HOLDER, "", str(node_cpus()), "2.0", str(log)],
+                                env=env, preexec_fn=_as_nobody, cwd="/",
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            _wait_for(log, "got")
+        except AssertionError:
+            proc.kill()
+            raise AssertionError("the other user's lease failed: "
+                                 f"{proc.communicate()[1]}") from None
+        assert all(p.stat().st_mode & 0o777 == 0o644 for p in locks)  # still unwritable
+        with lease(ALL_CORES, timeout_s=30, label="root's trial") as waited:
+            got = time.time()
+        assert proc.wait(timeout=30) == 0
+        assert got >= _wait_for(log, "done") and waited > 0.5
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
