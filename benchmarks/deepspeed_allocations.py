@@ -222,9 +222,7 @@ def compare_h100() -> None:
     from autotune.spec import load_spec
 
     def one_stream(model: MemoryModel, c: Any) -> tuple[float, float] | None:
-        return zero_replay.replayed_peaks(
-            model.shape.hf_config, model.shape.seq_len, c.per_device_train_batch_size,
-            c.gradient_accumulation_steps, c.zero_stage, c.offload, c.optim)
+        return zero_replay.trial_peaks(model.shape, c, model.attention_kernel(c))
 
     class OneStreamReserved(MemoryModel):
         def _zero_peaks(self, c):  # noqa: ANN001, ANN202 - Physics' own signature
@@ -240,7 +238,7 @@ def compare_h100() -> None:
           "replay's reserved peak, the physics' reserved figure, the measurement and its "
           "margin over that figure")
     for c, bytes_ in measured:
-        if not (c.zero_stage and zero_replay.applies(shape, c)):
+        if not model.zero_replayed(c):
             continue
         allocated, reserved = one_stream(model, c)
         used = model.reserved_peak(c)

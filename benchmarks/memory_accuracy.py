@@ -154,11 +154,9 @@ def _allocator_note(extra: dict, cfg: TrialConfig, shape, device: DeviceSpec) ->
     at = next(i for i, (_, reserved) in enumerate(steps, 1) if reserved == final)
     logits16 = (2 * cfg.per_device_train_batch_size * shape.seq_len * shape.vocab_size
                 if cfg.precision in ("bf16", "fp16") and shape.has_lm_logits else 0)
-    replayed = (zero_replay.replayed_peaks(
-        shape.hf_config, shape.seq_len, cfg.per_device_train_batch_size,
-        cfg.gradient_accumulation_steps, cfg.zero_stage, cfg.offload, cfg.optim)
-        if cfg.zero_stage and zero_replay.applies(shape, cfg)
-        else MemoryModel(shape, device).replayed_peaks(cfg))  # the replay's own peaks
+    physics = MemoryModel(shape, device)
+    replayed = (zero_replay.trial_peaks(shape, cfg, physics.attention_kernel(cfg))
+                if physics.zero_replayed(cfg) else physics.replayed_peaks(cfg))  # its own
     against = ("" if replayed is None else f"; allocator replay: allocated "
                f"{replayed[0] / 2**20:.0f}, reserved {replayed[1] / 2**20:.0f} MiB")
     outside = "".join(f", {label} {_mib(extra.get(key))}" for label, key in (

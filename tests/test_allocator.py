@@ -14,7 +14,13 @@ from autotune.plan.allocator import (
     training_events,
 )
 from autotune.plan.device import DeviceSpec, named_device
-from autotune.plan.memory import CUDA_RUNTIME_BYTES, FRAGMENTATION, NCCL_COMM_BYTES, Physics
+from autotune.plan.memory import (
+    COMPONENTS,
+    CUDA_RUNTIME_BYTES,
+    FRAGMENTATION,
+    NCCL_COMM_BYTES,
+    Physics,
+)
 from autotune.plan.shape import load_hf_config, shape_from_hf_config
 from autotune.plan.step_trace import _deepened, _record, trace_step
 
@@ -96,6 +102,12 @@ def test_physics_replays_plain_trainer_steps_on_a_gpu_only():
     assert h100.reserved_peak(zero2) == allocated * (1 + FRAGMENTATION)
     assert abs(h100.physics(zero2).total_bytes - h100.reserved_peak(zero2)
                - CUDA_RUNTIME_BYTES - NCCL_COMM_BYTES) < 16
+    # Its two reduction buffers (overlap_comm) are booked under gradients, and the terms
+    # calibration scales still sum to the total.
+    assert h100.zero_bucket_bytes(zero2) == 2 * 2 * zero_replay.DEFAULT_BUCKET
+    assert h100.physics(zero2).components["gradients"] > h100.zero_bucket_bytes(zero2) / 2
+    features = h100.features(zero2)
+    assert abs(features[: len(COMPONENTS)].sum() - h100.physics(zero2).total_bytes) < 64
     # ZeRO-3 and fp32 ZeRO are not emulated, and a CPU trial's peak is RSS: no replay.
     for other in (TrialConfig.of(4, 4, precision="bf16", zero_stage=3),
                   TrialConfig.of(4, 4, zero_stage=2)):

@@ -26,8 +26,12 @@ def cfg(batch=1, precision="fp32", optim="adamw_torch", ckpt=False, zero=0, offl
 
 
 def states(model: MemoryModel, c: TrialConfig) -> float:
+    """Model states as DeepSpeed's estimators count them: the components less ZeRO's
+    reduction buffers, which the gradients component holds beside them where the engine
+    is emulated."""
     comps = model.physics(c).components
-    return comps["weights"] + comps["gradients"] + comps["optimizer"]
+    return (comps["weights"] + comps["gradients"] + comps["optimizer"]
+            - model.zero_bucket_bytes(c))
 
 
 def test_bert_large_fp32_weights_match_the_seed_measurement():
@@ -210,6 +214,28 @@ def test_calibration_learns_term_scales_that_carry_to_unmeasured_families():
     calibrated_error = abs(m.predict_total(unmeasured) - truth(unmeasured))
     assert calibrated_error < 0.25 * physics_error
     assert calibrated_error / truth(unmeasured) < 0.03
+
+
+def test_a_zero_family_measured_twice_follows_its_own_slope():
+    """A ZeRO-2 family whose peak the engine's emulation gives (a GPU, a known config),
+    measured at two batches with three times the physics' slope: the next batch follows
+    the measured slope, weighed with the pooled one, rather than the emulation's own
+    (the branch for the Trainer replay, whose reserved peak moves unevenly)."""
+    from autotune.plan.shape import load_hf_config
+
+    gpt2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 256, "n_head": 4,
+            "vocab_size": 8192, "n_positions": 512}
+    m = MemoryModel(shape_from_hf_config(load_hf_config({"config": gpt2}), 512),
+                    named_device("H100"))
+    c = lambda b: TrialConfig.of(b, 32 // b, precision="bf16", zero_stage=2)  # noqa: E731
+    assert m.zero_replayed(c(4))
+    four, eight = m.predict_total(c(4)), m.predict_total(c(8))
+    slope = 3 * (eight - four) / 4
+    m.observe(c(4), int(four))
+    m.observe(c(8), int(four + 4 * slope))
+    replay_offset = m._regressed(c(16)) + four + 4 * slope - m._regressed(c(8))
+    own_line = four + 12 * slope
+    assert m.predict_total(c(16)) > replay_offset + 0.5 * (own_line - replay_offset)
 
 
 def test_calibration_follows_measurements():

@@ -77,8 +77,8 @@ def test_prediction_of_the_recorded_h100_trials():
     """Issue 14's figures on the 14 recorded H100 trials of GPT-2 124M at s1024: before
     any trial the median error is at most 10% (30% with the formulas alone, 7.9% with the
     traced activations, 3.0% with the allocator replay); calibrated on the other trials,
-    at most 2% (0.6%; 3.4% before the replay). The max, 5% in the issue, is met by every
-    row but ZeRO-2 + optimizer offload (7.2%, whose device holds about 1.1 GiB that no
+    at most 2% (0.3%; 3.4% before the replay). The max, 5% in the issue, is met by every
+    row but ZeRO-2 + optimizer offload (7.1%, whose device holds about 1.1 GiB that no
     emulated allocation accounts for)."""
     from autotune.plan.calibration import leave_one_out_errors
     from autotune.plan.shape import model_shape
@@ -96,7 +96,7 @@ def test_prediction_of_the_recorded_h100_trials():
     assert statistics.median(calibrated) <= 0.02
     for (c, _), error in zip(measured, calibrated, strict=True):
         offloaded = c.offload != "none"
-        assert error <= (0.075 if offloaded else 0.025), (c.label(), error)
+        assert error <= (0.075 if offloaded else 0.05), (c.label(), error)
     # The measured bf16 family is concave (1480 then 1273 MiB per sample from batch 4 to
     # 8 to 16), and so is the replay.
     physics = Physics(shape, device)

@@ -27,6 +27,8 @@ LARGE_BUFFER = 20 << 20
 ROUND_LARGE = 2 << 20
 DDP_FIRST_BUCKET = 1 << 20  # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
 DDP_BUCKET = 25 << 20  # DDP's bucket_cap_mb default, which Trainer keeps
+# Micro-batches and steps replayed: past the second of each the allocator repeats itself.
+REPLAYED = 2
 
 # A traced step as the allocator sees it: ("alloc", key, bytes) or ("free", key, 0).
 Event = tuple[str, object, int]
@@ -154,7 +156,7 @@ class TracedStep:
 
 def training_events(step: TracedStep, batch: int, accumulation: int,
                     states_of: Callable[[int, bool], tuple[float, ...]],
-                    step_temporary_bytes: float, steps: int = 2,
+                    step_temporary_bytes: float, steps: int = REPLAYED,
                     ddp: bool = False) -> list[Event]:
     """The allocations of a trial: the model loaded, then `steps` optimizer steps of
     `accumulation` micro-batches each. The optimizer's states come at the first step
@@ -166,7 +168,7 @@ def training_events(step: TracedStep, batch: int, accumulation: int,
     1-32 in three modes: the same peak with 2 as with up to 32 micro-batches and 3 steps),
     so no more are replayed.
     """
-    accumulation = min(accumulation, 2)
+    accumulation = min(accumulation, REPLAYED)
     events: list[Event] = [("alloc", ("param", i), n) for i, n in enumerate(step.params)]
     if ddp:
         events += [("alloc", ("bucket", i), n)

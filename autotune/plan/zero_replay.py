@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from autotune.plan.allocator import Event, TracedStep, replay
+from autotune.plan.allocator import REPLAYED, Event, TracedStep, replay
 
 if TYPE_CHECKING:
     from autotune.config import TrialConfig
@@ -29,14 +29,20 @@ Marks = list[tuple[str, int]]  # (phase, events before its end)
 EMULATED_OPTIMIZERS = ("adamw_torch", "adamw_torch_fused")
 
 
+def bucket_buffers(stage: int) -> int:
+    """DeepSpeed's reduction buffers of `reduce_bucket_size` elements: two under
+    overlap_comm (which the trial's JSON sets from ZeRO-2 on), else one."""
+    return 2 if stage >= 2 else 1
+
+
 def applies(shape: ModelShape, c: TrialConfig, world_size: int = 1) -> bool:
     """Where the emulation's assumptions hold: one rank (it does not divide the
-    partitions), a causal LM trained whole (no LoRA, no Liger kernels), ZeRO-1/2 in
-    bf16/fp16 with torch AdamW, no checkpointing (what the engine was recorded with), and
-    no more parameters than one bucket holds (above that the engine reduces a bucket
-    within the backward, which the emulation does not)."""
+    partitions), a causal LM trained whole (no LoRA, no Liger kernels), ZeRO-1/2 in bf16
+    with torch AdamW and no checkpointing (what the engine was recorded with; fp16 adds a
+    loss scaler's checks), and no more parameters than one bucket holds (above that the
+    engine reduces a bucket within the backward, which the emulation does not)."""
     causal = shape.task == "causal-lm" or (not shape.task and shape.causal_lm)
-    return (world_size == 1 and c.zero_stage in (1, 2) and c.precision in ("bf16", "fp16")
+    return (world_size == 1 and c.zero_stage in (1, 2) and c.precision == "bf16"
             and c.optim in EMULATED_OPTIMIZERS and not c.gradient_checkpointing
             and not c.use_liger_kernel and c.fsdp == "none" and shape.hf_config is not None
             and shape.lora is None and causal and shape.num_parameters <= DEFAULT_BUCKET)
@@ -44,8 +50,8 @@ def applies(shape: ModelShape, c: TrialConfig, world_size: int = 1) -> bool:
 
 def zero_events(step: TracedStep, batch: int, accumulation: int, stage: int, offload: str,
                 states_of: Callable[[int, bool], tuple[float, ...]],
-                step_temporary_bytes: float, bucket: int = DEFAULT_BUCKET, steps: int = 2,
-                marks: Marks | None = None) -> list[Event]:
+                step_temporary_bytes: float, bucket: int = DEFAULT_BUCKET,
+                steps: int = REPLAYED, marks: Marks | None = None) -> list[Event]:
     """A ZeRO-1/2 trial's device allocations on one rank, as stage_1_and_2.py makes them:
 
     - at initialize, the 16-bit weights flattened into one buffer (the parameters become
@@ -79,7 +85,7 @@ def zero_events(step: TracedStep, batch: int, accumulation: int, stage: int, off
         for m in range(accumulation):
             boundary = m == accumulation - 1
             fresh = stage >= 2 or m == 0  # autograd creates the gradients afresh
-            buckets = [("bucket", s, m, j) for j in range(2 if stage >= 2 else 1)]
+            buckets = [("bucket", s, m, j) for j in range(bucket_buffers(stage))]
             for kind, key, s1, s2 in step.first if fresh else step.later:
                 size = step.bytes_at(s1, s2, batch) if kind == "alloc" else 0
                 events.append((kind, (s, m, key), size))
@@ -95,7 +101,7 @@ def zero_events(step: TracedStep, batch: int, accumulation: int, stage: int, off
             events += _epilogue(s, m, boundary, stage, offloaded, p, largest)
             if stage >= 2 or boundary:
                 events += [("free", ("bucket", s, m if stage >= 2 else 0, j), 0)
-                           for j in reversed(range(2 if stage >= 2 else 1))]
+                           for j in reversed(range(bucket_buffers(stage)))]
             _mark(marks, f"s{s}m{m} fwd+bwd", events)
             if not boundary:
                 _mark(marks, f"s{s}m{m} step", events)
@@ -166,7 +172,7 @@ def emulated(hf_config: dict[str, Any], seq: int, batch: int, accumulation: int,
     if step is None:
         return None
     opt = optimizer(optim)
-    return zero_events(step, batch, min(accumulation, 2), stage, offload, opt.states_of,
+    return zero_events(step, batch, min(accumulation, REPLAYED), stage, offload, opt.states_of,
                        opt.step_temporary_bytes if cuda else 0.0, bucket, marks=marks)
 
 
@@ -181,3 +187,11 @@ def replayed_peaks(hf_config: dict[str, Any], seq: int, batch: int, accumulation
         return None
     allocator = replay(events)
     return float(allocator.peak_allocated), float(allocator.peak_reserved)
+
+
+def trial_peaks(shape: ModelShape, c: TrialConfig, attention: str) -> tuple[float, float] | None:
+    """`replayed_peaks` for a trial's config (one where `applies`), with the attention
+    kernel the physics resolved for it."""
+    return replayed_peaks(shape.hf_config, shape.seq_len, c.per_device_train_batch_size,
+                          c.gradient_accumulation_steps, c.zero_stage, c.offload, c.optim,
+                          attention)
