@@ -216,84 +216,81 @@ def _python_for_nobody(env: dict[str, str]) -> str | None:
     return None
 
 
-@pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0,
-                    reason="running a second user's search needs root")
-def test_two_users_share_the_machines_leases(tmp_path, monkeypatch):
-    """The lease folder is the machine's: the first user to lease creates it, and the
-    next user's searches must queue behind the first's trials, and theirs behind it, on
-    files another user created (not fail on a permission, nor skip the wait)."""
+ROOT_ONLY = pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0,
+                               reason="acting as a second user needs root")
+
+
+@pytest.fixture
+def nobody(monkeypatch):
+    """A lease folder in a sticky world-writable folder (as /tmp), and `hold(name, hold)`,
+    which starts a holder as user nobody: (process, its log)."""
     shared = Path(tempfile.mkdtemp(prefix="autotune-two-users-", dir="/tmp"))
+    shared.chmod(0o1777)  # as /tmp itself
+    folder = shared / "autotune-leases"
+    monkeypatch.setenv("AUTOTUNE_LEASE_DIR", str(folder))
+    env = dict(os.environ) | {"PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+                              "AUTOTUNE_LEASE_DIR": str(folder)}
+    python = _python_for_nobody(env)
+    if python is None:
+        shutil.rmtree(shared, ignore_errors=True)
+        pytest.skip("no interpreter user nobody may run imports this checkout")
+
+    def hold(name: str, hold: float):
+        log = shared / f"{name}.log"
+        proc = subprocess.Popen([python, "-c", HOLDER, "", str(node_cpus()), str(hold),
+                                 str(log)], env=env, preexec_fn=_as_nobody, cwd="/",
+                                stderr=subprocess.PIPE, text=True)
+        return proc, log
+
+    hold.folder = folder
     try:
-        shared.chmod(0o1777)  # as /tmp itself
-        folder = shared / "autotune-leases"
-        monkeypatch.setenv("AUTOTUNE_LEASE_DIR", str(folder))
-        env = dict(os.environ) | {"PYTHONPATH": str(Path(__file__).resolve().parents[1]),
-                                  "AUTOTUNE_LEASE_DIR": str(folder)}
-        python = _python_for_nobody(env)
-        if python is None:
-            pytest.skip("no interpreter user nobody may run imports this checkout")
-
-        def nobody_holds(name: str, hold: float):
-            log = shared / f"{name}.log"
-            proc = subprocess.Popen([python, "-c", HOLDER, "", str(node_cpus()), str(hold),
-                                     str(log)], env=env, preexec_fn=_as_nobody, cwd="/")
-            return proc, log
-
-        # Root leases first: the folder and the core files are root's, and the other
-        # user's trial queues behind root's.
-        with lease(ALL_CORES, timeout_s=30, label="root's trial"):
-            proc, log = nobody_holds("first", hold=2.0)
-            time.sleep(2.0)
-            assert not log.exists(), "the other user's trial ran beside root's"
-            released = time.time()
-        assert folder.stat().st_uid == 0
-        assert _wait_for(log, "got") >= released
-        # Now the other user holds the cores, and root's trial queues behind theirs.
-        with lease(ALL_CORES, timeout_s=30, label="root's trial") as waited:
-            got = time.time()
-        assert proc.wait(timeout=30) == 0, "the other user's lease failed"
-        assert got >= _wait_for(log, "done") and waited > 0.5
+        yield hold
     finally:
         shutil.rmtree(shared, ignore_errors=True)
 
 
-@pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0,
-                    reason="making another user's lock files needs root")
-def test_a_lock_file_the_user_may_not_write_is_locked_read_only(monkeypatch):
+@ROOT_ONLY
+def test_two_users_share_the_machines_leases(nobody):
+    """The lease folder is the machine's: the first user to lease creates it, and the
+    next user's searches must queue behind the first's trials, and theirs behind it, on
+    files another user created (not fail on a permission, nor skip the wait)."""
+    # Root leases first: the folder and the core files are root's, and the other
+    # user's trial queues behind root's.
+    with lease(ALL_CORES, timeout_s=30, label="root's trial"):
+        proc, log = nobody("first", hold=2.0)
+        time.sleep(2.0)
+        assert not log.exists(), "the other user's trial ran beside root's"
+        released = time.time()
+    assert nobody.folder.stat().st_uid == 0
+    assert _wait_for(log, "got") >= released
+    # Now the other user holds the cores, and root's trial queues behind theirs.
+    with lease(ALL_CORES, timeout_s=30, label="root's trial") as waited:
+        got = time.time()
+    assert proc.wait(timeout=30) == 0, "the other user's lease failed"
+    assert got >= _wait_for(log, "done") and waited > 0.5
+
+
+@ROOT_ONLY
+def test_a_lock_file_the_user_may_not_write_is_locked_read_only(nobody):
     """Where another user's lock files cannot be opened for writing (a umask that kept
     them 0644, or fs.protected_regular refusing O_CREAT on another user's file in a
     sticky folder), a lease still takes them: flock needs only a read-only descriptor,
     and the exclusion holds both ways."""
-    shared = Path(tempfile.mkdtemp(prefix="autotune-read-only-", dir="/tmp"))
+    with lease(ALL_CORES, timeout_s=30, label="root's trial"):
+        pass
+    locks = sorted(nobody.folder.glob("cpu-*"))
+    assert locks
+    for path in locks:
+        path.chmod(0o644)  # root's, and not writable by anyone else
+    proc, log = nobody("read-only", hold=2.0)
     try:
-        shared.chmod(0o1777)
-        folder = shared / "autotune-leases"
-        monkeypatch.setenv("AUTOTUNE_LEASE_DIR", str(folder))
-        env = dict(os.environ) | {"PYTHONPATH": str(Path(__file__).resolve().parents[1]),
-                                  "AUTOTUNE_LEASE_DIR": str(folder)}
-        python = _python_for_nobody(env)
-        if python is None:
-            pytest.skip("no interpreter user nobody may run imports this checkout")
-        with lease(ALL_CORES, timeout_s=30, label="root's trial"):
-            pass
-        locks = sorted(folder.glob("cpu-*"))
-        assert locks
-        for path in locks:
-            path.chmod(0o644)  # root's, and not writable by anyone else
-        log = shared / "nobody.log"
-        proc = subprocess.Popen([python, "-c", HOLDER, "", str(node_cpus()), "2.0", str(log)],
-                                env=env, preexec_fn=_as_nobody, cwd="/",
-                                stderr=subprocess.PIPE, text=True)
-        try:
-            _wait_for(log, "got")
-        except AssertionError:
-            proc.kill()
-            raise AssertionError("the other user's lease failed: "
-                                 f"{proc.communicate()[1]}") from None
-        assert all(p.stat().st_mode & 0o777 == 0o644 for p in locks)  # still unwritable
-        with lease(ALL_CORES, timeout_s=30, label="root's trial") as waited:
-            got = time.time()
-        assert proc.wait(timeout=30) == 0
-        assert got >= _wait_for(log, "done") and waited > 0.5
-    finally:
-        shutil.rmtree(shared, ignore_errors=True)
+        _wait_for(log, "got")
+    except AssertionError:
+        proc.kill()
+        raise AssertionError("the other user's lease failed: "
+                             f"{proc.communicate()[1]}") from None
+    assert all(p.stat().st_mode & 0o777 == 0o644 for p in locks)  # still unwritable
+    with lease(ALL_CORES, timeout_s=30, label="root's trial") as waited:
+        got = time.time()
+    assert proc.wait(timeout=30) == 0
+    assert got >= _wait_for(log, "done") and waited > 0.5
