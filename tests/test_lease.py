@@ -223,30 +223,42 @@ ROOT_ONLY = pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0,
 @pytest.fixture
 def nobody(monkeypatch):
     """A lease folder in a sticky world-writable folder (as /tmp), and `hold(name, hold)`,
-    which starts a holder as user nobody: (process, its log)."""
+    which starts a holder as user nobody: (process, its log). Holders still running at
+    the end are killed, and the folder goes."""
     shared = Path(tempfile.mkdtemp(prefix="autotune-two-users-", dir="/tmp"))
-    shared.chmod(0o1777)  # as /tmp itself
-    folder = shared / "autotune-leases"
-    monkeypatch.setenv("AUTOTUNE_LEASE_DIR", str(folder))
-    env = dict(os.environ) | {"PYTHONPATH": str(Path(__file__).resolve().parents[1]),
-                              "AUTOTUNE_LEASE_DIR": str(folder)}
-    python = _python_for_nobody(env)
-    if python is None:
-        shutil.rmtree(shared, ignore_errors=True)
-        pytest.skip("no interpreter user nobody may run imports this checkout")
-
-    def hold(name: str, hold: float):
-        log = shared / f"{name}.log"
-        proc = subprocess.Popen([python, "-c", HOLDER, "", str(node_cpus()), str(hold),
-                                 str(log)], env=env, preexec_fn=_as_nobody, cwd="/",
-                                stderr=subprocess.PIPE, text=True)
-        return proc, log
-
-    hold.folder = folder
+    procs: list[subprocess.Popen] = []
     try:
+        shared.chmod(0o1777)  # as /tmp itself
+        folder = shared / "autotune-leases"
+        monkeypatch.setenv("AUTOTUNE_LEASE_DIR", str(folder))
+        env = dict(os.environ) | {"PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+                                  "AUTOTUNE_LEASE_DIR": str(folder)}
+        python = _python_for_nobody(env)
+        if python is None:
+            pytest.skip("no interpreter user nobody may run imports this checkout")
+
+        def hold(name: str, hold: float):
+            log = shared / f"{name}.log"
+            procs.append(subprocess.Popen(
+                [python, "-c", HOLDER, "", str(node_cpus()), str(hold), str(log)], env=env,
+                preexec_fn=_as_nobody, cwd="/", stderr=subprocess.PIPE, text=True))
+            return procs[-1], log
+
+        hold.folder = folder
         yield hold
     finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate(timeout=30)
         shutil.rmtree(shared, ignore_errors=True)
+
+
+def _failed(proc: subprocess.Popen) -> str:
+    """What a holder printed, once it is stopped."""
+    if proc.poll() is None:
+        proc.kill()
+    return f"the other user's lease failed: {proc.communicate(timeout=30)[1]}"
 
 
 @ROOT_ONLY
@@ -266,7 +278,7 @@ def test_two_users_share_the_machines_leases(nobody):
     # Now the other user holds the cores, and root's trial queues behind theirs.
     with lease(ALL_CORES, timeout_s=30, label="root's trial") as waited:
         got = time.time()
-    assert proc.wait(timeout=30) == 0, "the other user's lease failed"
+    assert proc.wait(timeout=30) == 0, _failed(proc)
     assert got >= _wait_for(log, "done") and waited > 0.5
 
 
@@ -286,11 +298,9 @@ def test_a_lock_file_the_user_may_not_write_is_locked_read_only(nobody):
     try:
         _wait_for(log, "got")
     except AssertionError:
-        proc.kill()
-        raise AssertionError("the other user's lease failed: "
-                             f"{proc.communicate()[1]}") from None
+        raise AssertionError(_failed(proc)) from None
     assert all(p.stat().st_mode & 0o777 == 0o644 for p in locks)  # still unwritable
     with lease(ALL_CORES, timeout_s=30, label="root's trial") as waited:
         got = time.time()
-    assert proc.wait(timeout=30) == 0
+    assert proc.wait(timeout=30) == 0, _failed(proc)
     assert got >= _wait_for(log, "done") and waited > 0.5

@@ -53,8 +53,8 @@ COMPONENTS = ("weights", "gradients", "optimizer", "activations", "logits", "run
 # shows it in its measurements and OOMs, and calibration then prices it everywhere.
 # "states|replicated" is the other accounting of ZeRO in circulation (the seeds': fp32 and
 # 16-bit weights and fp32 gradients replicated, only states partitioned) less DeepSpeed's
-# own: a system that holds more than DeepSpeed's estimate shows it, and calibration
-# moves toward it.
+# estimator's (its reduction buffers aside): a system that holds more than DeepSpeed's
+# estimate shows it, and calibration moves toward it.
 DEVIATIONS = ("activations|checkpointing", "activations|4-byte", "logits|4-byte",
               "activations|attention", "states|replicated")
 FEATURES = COMPONENTS + DEVIATIONS
@@ -283,13 +283,13 @@ class Physics:
                 and zero_replay.applies(self.shape, c, self.world_size))
 
     def zero_bucket_bytes(self, c: TrialConfig) -> float:
-        """ZeRO-1/2's gradient reduction buffers, where the engine is emulated:
-        `reduce_bucket_size` 16-bit elements each, allocated whole whatever the model's
-        size, within each backward (ZeRO-2) or from a step's first backward to its
-        boundary (ZeRO-1). Booked under gradients, the emulated peak then scales the
-        components as a whole. The formulas leave them out: when they live decides the
-        peak (on the H100 file ZeRO-2, with two, measured 1.1 GiB under ZeRO-1 with one)."""
-        if not self.zero_replayed(c):
+        """ZeRO-1/2's gradient reduction buffers, where the engine's emulation gives the
+        peak: `reduce_bucket_size` 16-bit elements each, allocated whole whatever the
+        model's size, within each backward (ZeRO-2) or from a step's first backward to its
+        boundary (ZeRO-1). Booked under gradients; the emulated peak then sets the total.
+        The formulas leave them out: when they live decides the peak (on the H100 file
+        ZeRO-2, with two, measured 1.1 GiB under ZeRO-1 with one)."""
+        if not self.zero_replayed(c) or self.replayed_peaks(c) is None:
             return 0.0
         return (_compute_bytes(c.precision) * zero_replay.DEFAULT_BUCKET
                 * zero_replay.bucket_buffers(c.zero_stage))

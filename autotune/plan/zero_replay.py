@@ -37,12 +37,13 @@ def bucket_buffers(stage: int) -> int:
 
 def applies(shape: ModelShape, c: TrialConfig, world_size: int = 1) -> bool:
     """Where the emulation's assumptions hold: one rank (it does not divide the
-    partitions), a causal LM trained whole (no LoRA, no Liger kernels), ZeRO-1/2 in bf16
-    with torch AdamW and no checkpointing (what the engine was recorded with; fp16 adds a
-    loss scaler's checks), and no more parameters than one bucket holds (above that the
-    engine reduces a bucket within the backward, which the emulation does not)."""
+    partitions), a causal LM trained whole (no LoRA, no Liger kernels), ZeRO-1/2 in 16-bit
+    with torch AdamW and no checkpointing (what the engine was recorded with, in bf16;
+    fp16 takes the same code path, with a loss scaler's few scalars beside it), and no
+    more parameters than one bucket holds (above that the engine reduces a bucket within
+    the backward, which the emulation does not)."""
     causal = shape.task == "causal-lm" or (not shape.task and shape.causal_lm)
-    return (world_size == 1 and c.zero_stage in (1, 2) and c.precision == "bf16"
+    return (world_size == 1 and c.zero_stage in (1, 2) and c.precision in ("bf16", "fp16")
             and c.optim in EMULATED_OPTIMIZERS and not c.gradient_checkpointing
             and not c.use_liger_kernel and c.fsdp == "none" and shape.hf_config is not None
             and shape.lora is None and causal and shape.num_parameters <= DEFAULT_BUCKET)
