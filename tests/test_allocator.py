@@ -189,6 +189,7 @@ def test_a_failing_replay_leaves_the_allowance_not_an_error(monkeypatch):
     shape = shape_from_hf_config(load_hf_config({"config": GPT2}), 64)
     broken = lambda *a, **k: [("alloc", "x", 1024), ("alloc", "x", 1024)]  # noqa: E731
     monkeypatch.setattr(memory, "training_events", broken)
+    monkeypatch.setattr(memory, "_REPLAYS", {})  # replays of earlier tests are shared
     h100 = Physics(shape, named_device("H100"))
     c = TrialConfig.of(4, 4, precision="bf16")
     assert h100.reserved_peak(c) is None and h100.physics(c).total_bytes > 0

@@ -9,6 +9,7 @@ refine these figures in calibration.py.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -58,6 +59,9 @@ COMPONENTS = ("weights", "gradients", "optimizer", "activations", "logits", "run
 DEVIATIONS = ("activations|checkpointing", "activations|4-byte", "logits|4-byte",
               "activations|attention", "states|replicated")
 FEATURES = COMPONENTS + DEVIATIONS
+# Replayed (allocated, reserved) peaks by model and what the replay depends on, for the
+# process: a few bytes each, and one search or benchmark meets a few hundred at most.
+_REPLAYS: dict[tuple, tuple[float, float] | None] = {}
 
 
 @dataclass
@@ -94,7 +98,7 @@ class Physics:
     def __init__(self, shape: ModelShape, device: DeviceSpec, world_size: int = 1) -> None:
         self.shape, self.device, self.world_size = shape, device, world_size
         self._cache: dict[TrialConfig, np.ndarray] = {}
-        self._reserved: dict[tuple, tuple[float, float] | None] = {}
+        self._shape_key: tuple | None = None
 
     def _model_states(self, c: TrialConfig) -> tuple[dict[str, float], float]:
         """(device bytes by component, host bytes) of weights, gradients and optimizer."""
@@ -361,9 +365,11 @@ class Physics:
         opt = optimizer(c.optim)
         mode = "fp32" if _compute_bytes(c.precision) == 4 else "autocast16"
         attention = self.attention_kernel(c)
-        key = (c.per_device_train_batch_size, min(c.gradient_accumulation_steps, REPLAYED), mode,
-               c.gradient_checkpointing, attention, opt, self.ddp_bucket_bytes(c) > 0)
-        if key not in self._reserved:
+        ddp = self.ddp_bucket_bytes(c) > 0
+        key = self._replay_key((c.per_device_train_batch_size,
+                                min(c.gradient_accumulation_steps, REPLAYED), mode,
+                                c.gradient_checkpointing, attention, opt, ddp))
+        if key not in _REPLAYS:
             step = trace_step(self.shape.hf_config, self.shape.task or "causal-lm",
                               self.shape.seq_len, mode, c.gradient_checkpointing,
                               attention, True)
@@ -372,13 +378,22 @@ class Physics:
                 try:
                     allocator = replay(training_events(
                         step, c.per_device_train_batch_size, c.gradient_accumulation_steps,
-                        opt.states_of, opt.step_temporary_bytes, ddp=key[-1]))
+                        opt.states_of, opt.step_temporary_bytes, ddp=ddp))
                     value = (float(allocator.peak_allocated), float(allocator.peak_reserved))
                 except AssertionError as exc:  # a replay bug must not stop a search
                     log.warning("allocator replay failed (%s); the fragmentation allowance "
                                 "stands for %s", exc, c.label())
-            self._reserved[key] = value
-        return self._reserved[key]
+            _REPLAYS[key] = value
+        return _REPLAYS[key]
+
+    def _replay_key(self, key: tuple) -> tuple:
+        """`key` with the model's identity: replays are shared by every Physics of one
+        process (a leave-one-out or a search's refits rebuild the model, not the model's
+        allocations)."""
+        if self._shape_key is None:
+            self._shape_key = (json.dumps(self.shape.hf_config, sort_keys=True, default=str),
+                               self.shape.task, self.shape.seq_len)
+        return (*self._shape_key, *key)
 
     def _zero_peaks(self, c: TrialConfig) -> tuple[float, float] | None:
         """ZeRO-1/2's engine emulated beside the traced native 16-bit step
@@ -388,10 +403,10 @@ class Physics:
         own on a GPU), and on the H100 file it put ZeRO-2 level with ZeRO-1, which
         measured 1096 MiB apart (their allocated peaks: 962)."""
         attention = self.attention_kernel(c)
-        key = ("zero", c.per_device_train_batch_size,
-               min(c.gradient_accumulation_steps, REPLAYED), c.zero_stage, c.offload, c.optim,
-               attention)
-        if key not in self._reserved:
+        key = self._replay_key(("zero", c.per_device_train_batch_size,
+                                min(c.gradient_accumulation_steps, REPLAYED), c.zero_stage,
+                                c.offload, c.optim, attention))
+        if key not in _REPLAYS:
             value = None
             try:
                 peaks = zero_replay.trial_peaks(self.shape, c, attention)
@@ -400,8 +415,8 @@ class Physics:
             except Exception as exc:  # a replay bug must not stop a search
                 log.warning("ZeRO replay failed (%s: %s); the fragmentation allowance "
                             "stands for %s", type(exc).__name__, exc, c.label())
-            self._reserved[key] = value
-        return self._reserved[key]
+            _REPLAYS[key] = value
+        return _REPLAYS[key]
 
     def features(self, c: TrialConfig) -> np.ndarray:
         """The physics' terms, each with its share of allocator slack, in FEATURES order:
