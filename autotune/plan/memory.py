@@ -283,8 +283,7 @@ class Physics:
     def zero_replayed(self, c: TrialConfig) -> bool:
         """Whether `c`'s peak comes from the ZeRO-1/2 emulation (plan/zero_replay.py): on a
         GPU, for a model whose config is known, where the emulation applies."""
-        return (bool(c.zero_stage) and self.device.is_cuda and self.shape.hf_config is not None
-                and zero_replay.applies(self.shape, c, self.world_size))
+        return self.device.is_cuda and zero_replay.applies(self.shape, c, self.world_size)
 
     def zero_bucket_bytes(self, c: TrialConfig) -> float:
         """ZeRO-1/2's gradient reduction buffers, where the engine's emulation gives the
