@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -31,6 +32,32 @@ def _make_console(stderr: bool = False) -> Console:
 
 console = _make_console()
 err_console = _make_console(stderr=True)
+
+
+@contextlib.contextmanager
+def _noting_interrupts():
+    """Ctrl-C raises KeyboardInterrupt as usual, and is noted: one that lands inside a
+    library's own error handling (an Optuna storage commit turns it into a
+    StorageInternalError) surfaces as that library's error, and is an interruption all
+    the same."""
+    seen: list[int] = []
+    previous = signal.getsignal(signal.SIGINT)
+
+    def handler(signum: int, frame: object) -> None:
+        seen.append(signum)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interrupted() -> None:
+    err_console.print("interrupted: finished trials are in the study; run the same "
+                      "command again to resume")
+    raise typer.Exit(130)
 
 
 def _fail(exc: Exception) -> None:
@@ -139,23 +166,27 @@ def search(
     from autotune.spec import load_spec
 
     _show_warnings()
-    try:
-        parsed = load_spec(spec, **{"search.n_trials": trials, "search.timeout": timeout,
-                                    "search.storage": storage, "search.study_name": study_name,
-                                    "output": str(output) if output else None})
-        view = SearchView(parsed.search.n_trials, console)
-        live = Live(view.renderable(), console=console, refresh_per_second=4,
-                    transient=False) if view.live else contextlib.nullcontext()
-        with live:
-            result = run_search(parsed, address=address, on_start=view.on_start,
-                                on_record=view.on_record)
-        view.finish()
-    except AutotuneError as exc:
-        _fail(exc)
-    except KeyboardInterrupt:
-        err_console.print("interrupted: finished trials are in the study; run the same "
-                          "command again to resume")
-        raise typer.Exit(130) from None
+    with _noting_interrupts() as interrupts:
+        try:
+            parsed = load_spec(spec, **{"search.n_trials": trials, "search.timeout": timeout,
+                                        "search.storage": storage,
+                                        "search.study_name": study_name,
+                                        "output": str(output) if output else None})
+            view = SearchView(parsed.search.n_trials, console)
+            live = Live(view.renderable(), console=console, refresh_per_second=4,
+                        transient=False) if view.live else contextlib.nullcontext()
+            with live:
+                result = run_search(parsed, address=address, on_start=view.on_start,
+                                    on_record=view.on_record)
+            view.finish()
+        except KeyboardInterrupt:
+            _interrupted()
+        except Exception as exc:
+            if interrupts:
+                _interrupted()
+            if isinstance(exc, AutotuneError):
+                _fail(exc)
+            raise
     render_summary(result.summary, console)
     files = [f for f in result.summary.exports.values() if f]
     console.print(f"files in [bold]{result.output}[/]: "

@@ -71,6 +71,40 @@ def _trials(out: Path) -> list[dict]:
     return json.loads((out / "summary.json").read_text())["trials"]
 
 
+def test_a_ctrl_c_inside_a_storage_commit_still_says_how_to_resume(tmp_path, monkeypatch):
+    """Ctrl-C that lands while Optuna commits to its storage surfaces as Optuna's
+    StorageInternalError, not KeyboardInterrupt (one CI run met it): the search still
+    ends as interrupted, with exit 130 and the resume hint, not a traceback. (The search
+    itself is replaced here by one that is interrupted inside such a commit; the real
+    interruption is the resume test's.)"""
+    import os
+
+    from typer.testing import CliRunner
+
+    import autotune.cli as cli
+    import autotune.search.run as run
+
+    def interrupted_in_a_commit(*args, **kwargs):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        except KeyboardInterrupt as exc:
+            raise optuna.exceptions.StorageInternalError(
+                "An exception is raised during the commit.") from exc
+        raise AssertionError("no SIGINT arrived")
+
+    monkeypatch.setattr(run, "run_search", interrupted_in_a_commit)
+    result = CliRunner().invoke(cli.app, ["search", str(_spec(tmp_path, n_trials=1))])
+    assert result.exit_code == 130, result.output
+    assert "run the same command again to resume" in result.output
+    # Without an interruption, such an error is not taken for one.
+    monkeypatch.setattr(run, "run_search", lambda *a, **k: (_ for _ in ()).throw(
+        optuna.exceptions.StorageInternalError("disk full")))
+    result = CliRunner().invoke(cli.app, ["search", str(_spec(tmp_path, n_trials=1))])
+    assert result.exit_code == 1 and isinstance(result.exception,
+                                                optuna.exceptions.StorageInternalError)
+
+
 def test_search_end_to_end_then_resume(tmp_path):
     spec = _spec(tmp_path, n_trials=10)
     out = tmp_path / "out"
