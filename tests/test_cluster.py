@@ -23,7 +23,7 @@ import yaml
 from autotune.config import TrialConfig
 from autotune.errors import ClusterError
 from autotune.spec import load_spec
-from autotune.trials.executor import RayExecutor
+from autotune.trials.executor import CLIENT_INIT_ATTEMPTS, RayExecutor
 from tests.conftest import study_names
 
 pytestmark = pytest.mark.slow
@@ -173,7 +173,11 @@ def test_the_device_is_found_on_a_worker_node_and_trials_run_there_via_ray_clien
         out = executor.run(TrialConfig(4, 4))
     finally:
         executor.close()
-    assert attempts == [f"ray://127.0.0.1:{cluster.client_port}"] * 2
+    # The injected failure and the connection that worked; a busy head's real failure in
+    # between (one CI run met it: its 41 s of waits, then the next attempt worked) is what
+    # the retry is for, so it may add one more.
+    assert set(attempts) == {f"ray://127.0.0.1:{cluster.client_port}"}
+    assert 2 <= len(attempts) <= CLIENT_INIT_ATTEMPTS
     assert out.ok, out.error
     assert out.extra["node"] in workers and out.extra["cpu_threads"] == 2
 
