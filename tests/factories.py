@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
@@ -28,11 +29,14 @@ def gpt2_64(config=None):
 class _Misbehaving(GPT2LMHeadModel):
     action: str = "crash"
     bad_batch: int = 8
+    hang_marker: str | None = None  # touched as it starts to hang
 
     def forward(self, input_ids=None, **kwargs):
         if input_ids is not None and input_ids.shape[0] == self.bad_batch:
             if self.action == "crash":
                 os.kill(os.getpid(), signal.SIGSEGV)
+            if self.hang_marker:
+                Path(self.hang_marker).touch()
             time.sleep(3600)  # hang
         return super().forward(input_ids=input_ids, **kwargs)
 
@@ -78,8 +82,6 @@ def rendezvous_gpt2(config):
     """A tiny GPT-2 that is built only once a second trial is building one too (each
     leaves a marker in `config.rendezvous_dir` and waits for two): trials that build it
     ran at the same time, however long each took to start."""
-    from pathlib import Path
-
     folder = Path(config.rendezvous_dir)
     (folder / str(os.getpid())).touch()
     deadline = time.time() + 120
@@ -89,16 +91,14 @@ def rendezvous_gpt2(config):
 
 
 def stalls_the_first_time(config):
-    """A tiny GPT-2 whose first build (no marker at `config.stall_marker` yet) leaves the
-    marker and never finishes a step: a trial surely mid-run when its worker is killed.
-    Its retry finds the marker and trains."""
-    from pathlib import Path
-
-    marker = Path(config.stall_marker)
+    """A tiny GPT-2 whose first build (no marker at `config.stall_marker` yet) hangs in its
+    first forward of 4 samples, and leaves the marker as it starts to: once the marker is
+    there, the trial is surely mid-run (its Trainer built, its host watch's figure
+    written), however slowly a busy machine got it there. Its retry finds the marker and
+    trains."""
     model = _Misbehaving(config)
-    if marker.exists():
+    if Path(config.stall_marker).exists():
         model.bad_batch = -1  # never matches: a normal model
     else:
-        marker.touch()
-        model.action, model.bad_batch = "hang", 4
+        model.action, model.bad_batch, model.hang_marker = "hang", 4, config.stall_marker
     return model
