@@ -146,7 +146,9 @@ def _allocator_note(extra: dict, cfg: TrialConfig, shape, device: DeviceSpec) ->
     allocator and the pinned host allocator's peak: on the H100 file ZeRO-2 + offload
     measured 3.4 GiB over the emulation's reserved peak (Trainer rows: 0.9-1.6), and
     these say whether the excess is in the allocator or outside it (NCCL's communicator,
-    about 0.5 GiB, is outside it), and how much pinned host memory the offload held."""
+    about 0.5 GiB, is outside it), and how much pinned host memory the offload held. And
+    the reserved bytes per stream's pool at the end, which the one-pool replay merges:
+    whether the excess is the pool of DeepSpeed's reduction stream."""
     steps, allocated = extra.get("peaks_by_step"), extra.get("allocator_peak_allocated")
     if not steps or not allocated:
         return ""
@@ -164,7 +166,17 @@ def _allocator_note(extra: dict, cfg: TrialConfig, shape, device: DeviceSpec) ->
         ("pinned host peak", "pinned_host_peak")))
     return (f"  allocated {allocated / 2**20:.0f} MiB, reserved {final / 2**20:.0f} MiB, "
             f"peak set at step {at}, reserved - allocated {(final - allocated) / 2**20:.0f} "
-            f"MiB (16-bit logits {logits16 / 2**20:.0f} MiB){outside}{against}")
+            f"MiB (16-bit logits {logits16 / 2**20:.0f} MiB)"
+            f"{_by_stream(extra.get('reserved_by_stream'))}{outside}{against}")
+
+
+def _by_stream(held: object) -> str:
+    """Reserved at the trial's end per stream's pool: the model's (default) first."""
+    if not isinstance(held, dict):
+        return "" if held is None else f", reserved by stream {held}"
+    pools = sorted(held.items(), key=lambda kv: (kv[0] != "default", -kv[1]))
+    return ", reserved by stream " + " + ".join(f"{k} {v / 2**20:.0f}" for k, v in pools) + \
+        " MiB"
 
 
 def _mib(value: object) -> str:

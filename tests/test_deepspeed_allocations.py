@@ -97,11 +97,13 @@ def test_the_gpu_note_prints_the_zero_replay_and_what_lies_outside_the_allocator
     config = TrialConfig.of(8, 2, precision="bf16", zero_stage=2, offload="optimizer")
     extra = {"peaks_by_step": [[900 << 20, 1000 << 20], [950 << 20, 1100 << 20]],
              "allocator_peak_allocated": 950 << 20, "nvml_overhead": 600 << 20,
-             "pinned_host_peak": 48 << 20}
+             "pinned_host_peak": 48 << 20,
+             "reserved_by_stream": {"0x5a1f00": 80 << 20, "default": 1020 << 20}}
     note = bench._allocator_note(extra, config, shape, named_device("H100-80GB"))
     assert "allocator replay: allocated" in note
     assert "outside the allocator (NVML) 600 MiB" in note
     assert "pinned host peak 48 MiB" in note
+    assert "reserved by stream default 1020 + 0x5a1f00 80 MiB" in note  # the model's first
     peaks = zero_replay.replayed_peaks(shape.hf_config, 256, 8, 2, 2, "optimizer")
     assert peaks is not None and f"reserved {peaks[1] / 2**20:.0f} MiB" in note
     # Without offload the fp32 master partition and the 16-bit gradients stay on the device.

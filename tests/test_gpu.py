@@ -50,6 +50,10 @@ def test_mixed_precision_and_fused_trials_run(tmp_path, precision, optim):
     assert all(a <= r for a, r in steps)
     # nvidia-ml-py is a dependency: on a GPU the process's NVML figure must be there.
     assert isinstance(out.extra["nvml_overhead"], int), out.extra["nvml_overhead"]
+    # The cache's segments at the end, per stream's pool: the model's own stream holds them.
+    held = out.extra["reserved_by_stream"]
+    assert held.get("default"), held
+    assert 0 < sum(held.values()) <= out.extra["allocator_peak_reserved"]
     if dev.peak_flops.get(precision):
         assert 0 < out.extra["mfu"] < 1
 

@@ -163,3 +163,19 @@ def test_a_baseline_that_runs_out_of_memory_in_a_longer_run_moves_down_its_chain
     summary = Summary(model={}, device={}, memory_limit_bytes=2**30, target_batch_size=16,
                       world_size=1, seq_len=32, trials=history, confirmation=c)
     assert summary.baseline.config == TrialConfig.of(14, 1)
+
+
+def test_reserved_bytes_are_summed_per_streams_pool():
+    """`torch.cuda.memory_snapshot()`'s segments (the fields it documents) summed per
+    stream: the default stream is 0 there, another stream its handle."""
+    from autotune.trials.worker import reserved_by_stream
+
+    segments = [{"device": 0, "address": 1 << 30, "total_size": 20 << 20, "stream": 0,
+                 "segment_type": "large", "allocated_size": 2 << 20, "blocks": []},
+                {"device": 0, "address": 2 << 30, "total_size": 2 << 20, "stream": 0,
+                 "segment_type": "small", "allocated_size": 0, "blocks": []},
+                {"device": 0, "address": 3 << 30, "total_size": 64 << 20,
+                 "stream": 0x55D0C0DE, "segment_type": "large", "allocated_size": 0,
+                 "blocks": []}]
+    assert reserved_by_stream(segments) == {"default": 22 << 20, "0x55d0c0de": 64 << 20}
+    assert reserved_by_stream([]) == {}

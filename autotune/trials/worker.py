@@ -364,6 +364,21 @@ def _allocator_peaks() -> tuple[int, int]:
     return torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
 
 
+def reserved_by_stream(segments: list[dict[str, Any]]) -> dict[str, int]:
+    """The allocator's reserved bytes per CUDA stream, from its segments
+    (`torch.cuda.memory_snapshot()`). A block freed on one stream is reused only by
+    allocations on that stream, so a stream of DeepSpeed's (reductions, offload's copies)
+    keeps a pool of its own beside the model's: whether that pool is where a ZeRO trial's
+    memory beyond the one-pool replay lies is what this tells. Read at the trial's end,
+    when the cache still holds every segment it grew to (nothing here empties it)."""
+    held: dict[str, int] = {}
+    for segment in segments:
+        stream = int(segment.get("stream") or 0)
+        key = "default" if stream == 0 else f"{stream:#x}"
+        held[key] = held.get(key, 0) + int(segment.get("total_size", 0))
+    return held
+
+
 def _gpu_memory(index: int) -> tuple[int, dict[str, Any]]:
     """Allocator peak plus what the allocator does not see (CUDA context, cuBLAS
     workspaces, NCCL buffers), which NVML reports for the process. The GPU is found in
@@ -381,6 +396,10 @@ def _gpu_memory(index: int) -> tuple[int, dict[str, Any]]:
         extra["pinned_host_peak"] = int(torch.cuda.host_memory_stats()["allocated_bytes.peak"])
     except Exception as exc:  # noqa: BLE001 - older torch: the device figures stand
         extra["pinned_host_peak"] = f"unavailable: {type(exc).__name__}"[:100]
+    try:  # which stream's pool holds it: DeepSpeed reduces and offloads on a stream of its own
+        extra["reserved_by_stream"] = reserved_by_stream(torch.cuda.memory_snapshot())
+    except Exception as exc:  # noqa: BLE001 - a figure beside the peak, never the trial's
+        extra["reserved_by_stream"] = f"unavailable: {type(exc).__name__}"[:100]
     try:
         import pynvml
 
