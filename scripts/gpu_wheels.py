@@ -24,6 +24,7 @@ import argparse
 import base64
 import hashlib
 import importlib.metadata as md
+import json
 import os
 import shutil
 import subprocess
@@ -65,6 +66,12 @@ torchvision tqdm transformers treescope triton typer typing-extensions typing-in
 urllib3 uvloop wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp
 """
 IMAGE = {canonicalize_name(name) for name in IMAGE_LISTED.split()}
+# The versions the image holds of the stack autotune drives, as KINDS.md's pip list read
+# them (2026-11): what a proof on the GPU runs with, never carried. Not mirrored by
+# --image-overlay: torch 2.11 (no CPU build of it is to be had here) and numpy 2.5 (it
+# needs Python 3.12), so a rehearsal keeps this environment's.
+IMAGE_VERSIONS = {"transformers": "5.17.0", "accelerate": "1.15.0",
+                  "huggingface-hub": "1.33.0", "tokenizers": "0.23.2", "safetensors": "0.8.0"}
 TARGET = {"sys_platform": "linux",
           "platform_machine": "x86_64", "platform_system": "Linux", "os_name": "posix",
           "implementation_name": "cpython", "platform_python_implementation": "CPython"}
@@ -155,14 +162,54 @@ def slim(wheel: Path, drop: tuple[str, ...]) -> Path:
     return wheel
 
 
+def image_overlay(target: Path, pins: dict[str, str] = IMAGE_VERSIONS) -> list[str]:
+    """Install into `target` the image's versions of autotune's stack and what they need
+    that this environment lacks (pip resolves them against it), so that this environment
+    with PYTHONPATH=target runs as the image would, the way gpu_proof.sh lays the carried
+    wheels over the image: a rehearsal on them fails here, not in a device call."""
+    wanted = [f"{name}=={version}" for name, version in pins.items()]
+    with tempfile.TemporaryDirectory() as scratch:
+        report = Path(scratch) / "report.json"
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--dry-run", "--report",
+                        str(report), *wanted], check=True)
+        resolved = [f"{d['metadata']['name']}=={d['metadata']['version']}"
+                    for d in json.loads(report.read_text())["install"]]
+    if resolved:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--upgrade",
+                        "--target", str(target), *resolved], check=True)
+    return resolved
+
+
+def overlay_mismatches(target: Path, pins: dict[str, str] = IMAGE_VERSIONS) -> list[str]:
+    """Where this environment under `target` does not import the image's versions."""
+    probe = ("import importlib.metadata as md, json, sys; "
+             "print(json.dumps({n: md.version(n) for n in json.loads(sys.argv[1])}))")
+    env = os.environ | {"PYTHONPATH": f"{target}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    seen = json.loads(subprocess.run([sys.executable, "-c", probe, json.dumps(list(pins))],
+                                     env=env, check=True, capture_output=True,
+                                     text=True).stdout)
+    return [f"{n} {seen[n]} (image: {v})" for n, v in pins.items() if seen[n] != v]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / ".whl"))
+    ap.add_argument("--image-overlay", metavar="DIR", default=None,
+                    help="instead: install the image's versions of transformers and its "
+                         "kin into DIR, to rehearse with PYTHONPATH=DIR")
     ap.add_argument("--python", default="3.12", help="the target CPython (a rehearsal "
                     "in a bare environment of this machine's Python: 3.11)")
     ap.add_argument("--budget-mib", type=float, default=None,
                     help="default: 64 MiB less the working tree and a margin")
     args = ap.parse_args()
+    if args.image_overlay:
+        target = Path(args.image_overlay)
+        installed = image_overlay(target)
+        wrong = overlay_mismatches(target)
+        print(f"{target}: {', '.join(installed) or 'nothing to add'}; as on the image: "
+              f"{', '.join(f'{n} {v}' for n, v in IMAGE_VERSIONS.items())}"
+              + (f"; NOT: {', '.join(wrong)}" if wrong else ""))
+        return 1 if wrong else 0
     if args.budget_mib is None:
         args.budget_mib = CARRY_MIB - tree_mib() - MARGIN_MIB
     out = Path(args.out)

@@ -56,3 +56,20 @@ def test_a_slimmed_wheel_installs_without_the_dropped_files(tmp_path):
                     "--target", str(target), str(wheel)], check=True)
     assert (target / "demo" / "__init__.py").is_file()
     assert not (target / "demo" / "jars").exists()
+
+
+def test_the_image_overlay_makes_this_environment_import_the_images_versions(tmp_path,
+                                                                            monkeypatch):
+    """Pins this environment lacks are resolved by pip against it and installed into the
+    overlay; under PYTHONPATH=overlay their versions are what imports; a pin the overlay
+    does not give is named. (A local wheel stands in for the registry.)"""
+    links = tmp_path / "links"
+    links.mkdir()
+    _wheel(links / "demo-1.0-py3-none-any.whl", {"demo/__init__.py": b"VALUE = 1\n"})
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+    overlay = tmp_path / "overlay"
+    assert gpu_wheels.image_overlay(overlay, {"demo": "1.0"}) == ["demo==1.0"]
+    assert (overlay / "demo" / "__init__.py").is_file()
+    assert gpu_wheels.overlay_mismatches(overlay, {"demo": "1.0"}) == []
+    assert gpu_wheels.overlay_mismatches(overlay, {"demo": "2.0"}) == ["demo 1.0 (image: 2.0)"]
