@@ -167,7 +167,20 @@ def _allocator_note(extra: dict, cfg: TrialConfig, shape, device: DeviceSpec) ->
     return (f"  allocated {allocated / 2**20:.0f} MiB, reserved {final / 2**20:.0f} MiB, "
             f"peak set at step {at}, reserved - allocated {(final - allocated) / 2**20:.0f} "
             f"MiB (16-bit logits {logits16 / 2**20:.0f} MiB)"
-            f"{_by_stream(extra.get('reserved_by_stream'))}{outside}{against}")
+            f"{_by_stream(extra.get('reserved_by_stream'))}{outside}{against}"
+            f"{_growth(extra.get('segment_growth'), extra.get('history_events'))}")
+
+
+def _growth(rows: object, events: object) -> str:
+    """Where the allocator's segments were asked for (a DeepSpeed trial of the proof's
+    memory step): one line each, largest first."""
+    if rows is None:
+        return ""
+    if not isinstance(rows, list):
+        return f"\n      segments grown: {rows}"
+    head = f"\n      segments grown ({events} allocator events kept):"
+    return head + "".join(f"\n        {r['bytes'] / 2**20:8.0f} MiB in {r['segments']:3d} on "
+                          f"{r['stream']:>14s}  {r['where']}" for r in rows)
 
 
 def _by_stream(held: object) -> str:
@@ -275,6 +288,8 @@ def main() -> None:
     device = local_device()
     if device.is_cuda:
         print(f"device: {device.name}")
+        if args.proof:  # its DeepSpeed trials say where their segments were allocated from
+            os.environ["AUTOTUNE_MEMORY_HISTORY"] = "1"
     shapes, _ = shape_table(device)
     names = list(shapes)[:2] if args.quick or args.proof else list(shapes)
     all_errors = []

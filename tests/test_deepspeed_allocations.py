@@ -98,12 +98,18 @@ def test_the_gpu_note_prints_the_zero_replay_and_what_lies_outside_the_allocator
     extra = {"peaks_by_step": [[900 << 20, 1000 << 20], [950 << 20, 1100 << 20]],
              "allocator_peak_allocated": 950 << 20, "nvml_overhead": 600 << 20,
              "pinned_host_peak": 48 << 20,
-             "reserved_by_stream": {"0x5a1f00": 80 << 20, "default": 1020 << 20}}
+             "reserved_by_stream": {"0x5a1f00": 80 << 20, "default": 1020 << 20},
+             "history_events": 5210,
+             "segment_growth": [{"stream": "default", "bytes": 954 << 20, "segments": 1,
+                                 "where": "deepspeed/runtime/zero/stage_1_and_2.py:3266 "
+                                          "setup_buckets"}]}
     note = bench._allocator_note(extra, config, shape, named_device("H100-80GB"))
     assert "allocator replay: allocated" in note
     assert "outside the allocator (NVML) 600 MiB" in note
     assert "pinned host peak 48 MiB" in note
     assert "reserved by stream default 1020 + 0x5a1f00 80 MiB" in note  # the model's first
+    assert "segments grown (5210 allocator events kept):" in note
+    assert "954 MiB in   1 on        default  deepspeed/runtime/zero/stage_1_and_2.py:3266" in note
     peaks = zero_replay.replayed_peaks(shape.hf_config, 256, 8, 2, 2, "optimizer")
     assert peaks is not None and f"reserved {peaks[1] / 2**20:.0f} MiB" in note
     # Without offload the fp32 master partition and the 16-bit gradients stay on the device.

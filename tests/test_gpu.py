@@ -58,7 +58,12 @@ def test_mixed_precision_and_fused_trials_run(tmp_path, precision, optim):
         assert 0 < out.extra["mfu"] < 1
 
 
-def test_deepspeed_zero2_trial_on_gpu(tmp_path):
+def test_deepspeed_zero2_trial_on_gpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_MEMORY_HISTORY", "1")  # as the proof's memory step sets it
     out = run_trial(trial_request(_spec(tmp_path), TrialConfig.of(4, 4, zero_stage=2),
                                   timeout_s=600))
     assert out.ok, out.error
+    # Where the allocator's segments came from: DeepSpeed's gradient buckets among them.
+    grown = out.extra["segment_growth"]
+    assert isinstance(grown, list) and grown, grown
+    assert any(r["where"].startswith("deepspeed/") for r in grown), grown

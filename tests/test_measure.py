@@ -168,7 +168,7 @@ def test_a_baseline_that_runs_out_of_memory_in_a_longer_run_moves_down_its_chain
 def test_reserved_bytes_are_summed_per_streams_pool():
     """`torch.cuda.memory_snapshot()`'s segments (the fields it documents) summed per
     stream: the default stream is 0 there, another stream its handle."""
-    from autotune.trials.worker import reserved_by_stream
+    from autotune.trials.gpu_memory import reserved_by_stream
 
     segments = [{"device": 0, "address": 1 << 30, "total_size": 20 << 20, "stream": 0,
                  "segment_type": "large", "allocated_size": 2 << 20, "blocks": []},
@@ -179,3 +179,34 @@ def test_reserved_bytes_are_summed_per_streams_pool():
                  "blocks": []}]
     assert reserved_by_stream(segments) == {"default": 22 << 20, "0x55d0c0de": 64 << 20}
     assert reserved_by_stream([]) == {}
+
+
+def test_segments_grown_are_summed_by_the_caller_outside_torch_and_stream():
+    """The allocator history's events (`torch.cuda.memory._snapshot()["device_traces"]`,
+    frames innermost first): only new segments count, each under the innermost frame
+    outside torch, largest first, the tail in one row."""
+    from autotune.trials.gpu_memory import segment_growth
+
+    site = "/venv/lib/python3.12/site-packages"
+    torch_frame = {"filename": f"{site}/torch/nn/functional.py", "line": 10, "name": "gelu"}
+    bucket = {"filename": f"{site}/deepspeed/runtime/zero/stage_1_and_2.py", "line": 3266,
+              "name": "setup_buckets"}
+    model = {"filename": f"{site}/transformers/models/gpt2/modeling_gpt2.py", "line": 99,
+             "name": "forward"}
+    events = [{"action": "segment_alloc", "size": 954 << 20, "stream": 0,
+               "frames": [torch_frame, bucket]},
+              {"action": "alloc", "size": 954 << 20, "stream": 0, "frames": [bucket]},
+              {"action": "segment_alloc", "size": 954 << 20, "stream": 0, "frames": [bucket]},
+              {"action": "segment_alloc", "size": 20 << 20, "stream": 0,
+               "frames": [torch_frame, model]},
+              {"action": "segment_alloc", "size": 300 << 20, "stream": 0x7F00,
+               "frames": [bucket]},
+              {"action": "segment_free", "size": 20 << 20, "stream": 0, "frames": [model]}]
+    rows = segment_growth(events)
+    assert rows[0] == {"stream": "default", "bytes": 1908 << 20, "segments": 2,
+                       "where": "deepspeed/runtime/zero/stage_1_and_2.py:3266 setup_buckets"}
+    assert rows[1]["stream"] == "0x7f00" and rows[1]["bytes"] == 300 << 20
+    assert rows[2]["where"].startswith("transformers/models/gpt2/modeling_gpt2.py:99")
+    tail = segment_growth(events, top=1)
+    assert tail[-1] == {"stream": "*", "where": "2 more places", "bytes": 320 << 20,
+                        "segments": 2}

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from autotune.records import ERROR, NAN, OK, OOM, Outcome
+from autotune.trials.gpu_memory import allocator_peaks, gpu_memory, record_history
 from autotune.trials.protocol import TrialRequest, rank_result_path, rss_path, write_result
 
 if TYPE_CHECKING:
@@ -226,6 +227,7 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
     watch = HostWatch(base_rss, None if cuda else budget, result_path, started, shape)
     watch.start()
     sync = torch.cuda.synchronize if cuda else (lambda: None)
+    history = cuda and record_history(cfg.zero_stage)
     try:
         model = build_model(spec.model.model_dump(), cfg.attn_implementation)
         if spec.model.lora is not None:
@@ -243,7 +245,7 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
         kwargs = request.training_args | TRIAL_ONLY | {
             "output_dir": str(Path.cwd() / "out"), "max_steps": n_steps}
         timer = _step_timer(sync, spec.measure.warmup_steps,
-                            _allocator_peaks if cuda else None)
+                            allocator_peaks if cuda else None)
         extra_args = {"data_collator": _packing_collator()} if cfg.padding_free else {}
         trainer = Trainer(model=model, args=TrainingArguments(**kwargs), train_dataset=dataset,
                           callbacks=[timer], **extra_args)
@@ -269,7 +271,7 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
     outcome.wall_seconds = time.time() - started
     outcome.extra |= {"started_at": started, "ended_at": time.time()}
     if cuda:
-        peak, extra = _gpu_memory(torch.cuda.current_device())
+        peak, extra = gpu_memory(torch.cuda.current_device(), history)
         outcome.peak_memory_bytes = peak
         outcome.extra |= extra
     else:
@@ -356,68 +358,6 @@ def _parameters(model) -> int:
     """Every parameter, counted whole: ZeRO-3 leaves each rank a 0-element placeholder
     and keeps the real size in `ds_numel`."""
     return sum(getattr(p, "ds_numel", 0) or p.numel() for p in model.parameters())
-
-
-def _allocator_peaks() -> tuple[int, int]:
-    import torch
-
-    return torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
-
-
-def reserved_by_stream(segments: list[dict[str, Any]]) -> dict[str, int]:
-    """The allocator's reserved bytes per CUDA stream, from its segments
-    (`torch.cuda.memory_snapshot()`). A block freed on one stream is reused only by
-    allocations on that stream, so a stream of DeepSpeed's (reductions, offload's copies)
-    keeps a pool of its own beside the model's: whether that pool is where a ZeRO trial's
-    memory beyond the one-pool replay lies is what this tells. Read at the trial's end,
-    when the cache still holds every segment it grew to (nothing here empties it)."""
-    held: dict[str, int] = {}
-    for segment in segments:
-        stream = int(segment.get("stream") or 0)
-        key = "default" if stream == 0 else f"{stream:#x}"
-        held[key] = held.get(key, 0) + int(segment.get("total_size", 0))
-    return held
-
-
-def _gpu_memory(index: int) -> tuple[int, dict[str, Any]]:
-    """Allocator peak plus what the allocator does not see (CUDA context, cuBLAS
-    workspaces, NCCL buffers), which NVML reports for the process. The GPU is found in
-    NVML by its UUID: torch's index differs from NVML's when CUDA_VISIBLE_DEVICES remaps
-    them. Where NVML cannot tell, the figure says "unavailable", never 0."""
-    import torch
-
-    reserved_peak = torch.cuda.max_memory_reserved()
-    extra: dict[str, Any] = {"allocator_peak_reserved": reserved_peak,
-                             "allocator_peak_allocated": torch.cuda.max_memory_allocated()}
-    # Pinned host memory (offloaded optimizer states and their staging buffers, in the
-    # pinned allocator's power-of-two blocks): host RAM, never in the peak, recorded so a
-    # GPU run can set it beside what NVML reports.
-    try:
-        extra["pinned_host_peak"] = int(torch.cuda.host_memory_stats()["allocated_bytes.peak"])
-    except Exception as exc:  # noqa: BLE001 - older torch: the device figures stand
-        extra["pinned_host_peak"] = f"unavailable: {type(exc).__name__}"[:100]
-    try:  # which stream's pool holds it: DeepSpeed reduces and offloads on a stream of its own
-        extra["reserved_by_stream"] = reserved_by_stream(torch.cuda.memory_snapshot())
-    except Exception as exc:  # noqa: BLE001 - a figure beside the peak, never the trial's
-        extra["reserved_by_stream"] = f"unavailable: {type(exc).__name__}"[:100]
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        uuid = str(torch.cuda.get_device_properties(index).uuid)
-        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-")
-                                                   else f"GPU-{uuid}")
-        mine = [p for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-                if p.pid == os.getpid()]
-        if not mine or not mine[0].usedGpuMemory:
-            raise LookupError("NVML lists no memory for this process (a container's PID "
-                              "namespace hides it)")
-        overhead = max(0, mine[0].usedGpuMemory - torch.cuda.memory_reserved())
-    except Exception as exc:  # noqa: BLE001 - the allocator's figure still stands, said so
-        extra["nvml_overhead"] = f"unavailable: {type(exc).__name__}: {exc}"[:300]
-        return reserved_peak, extra
-    extra["nvml_overhead"] = overhead
-    return reserved_peak + overhead, extra
 
 
 def main(argv: list[str]) -> int:

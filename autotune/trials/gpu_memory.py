@@ -1,0 +1,143 @@
+"""What a GPU trial's memory was: the caching allocator's peaks, its pools per stream,
+where its segments were allocated from, and what NVML sees beyond it. Read in the trial's
+own process (worker.py), on CUDA only; the summaries are plain functions of what torch
+returns, so they are tested without a GPU."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+# Allocation events the allocator's history keeps (a ring: the oldest go first). A ZeRO
+# step of GPT-2 124M makes a few thousand; its segments grow in the first steps.
+HISTORY_ENTRIES = 400_000
+
+
+def record_history(zero_stage: int) -> bool:
+    """Start the allocator's history (Python stacks of every allocation) in a DeepSpeed
+    trial when AUTOTUNE_MEMORY_HISTORY=1 (the GPU proof's memory step sets it): where each
+    segment was allocated from says where ZeRO's memory beyond the emulation is. Not in
+    other trials, nor by default: the stacks cost host time in every allocation."""
+    if os.environ.get("AUTOTUNE_MEMORY_HISTORY") != "1" or zero_stage == 0:
+        return False
+    import torch
+
+    torch.cuda.memory._record_memory_history(max_entries=HISTORY_ENTRIES, stacks="python")
+    return True
+
+
+def allocator_peaks() -> tuple[int, int]:
+    import torch
+
+    return torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+
+
+def reserved_by_stream(segments: list[dict[str, Any]]) -> dict[str, int]:
+    """The allocator's reserved bytes per CUDA stream, from its segments
+    (`torch.cuda.memory_snapshot()`). A block freed on one stream is reused only by
+    allocations on that stream, so a stream of DeepSpeed's (reductions, offload's copies)
+    keeps a pool of its own beside the model's: whether that pool is where a ZeRO trial's
+    memory beyond the one-pool replay lies is what this tells. Read at the trial's end,
+    when the cache still holds every segment it grew to (nothing here empties it)."""
+    held: dict[str, int] = {}
+    for segment in segments:
+        key = _stream_key(segment.get("stream"))
+        held[key] = held.get(key, 0) + int(segment.get("total_size", 0))
+    return held
+
+
+def gpu_memory(index: int, history: bool = False) -> tuple[int, dict[str, Any]]:
+    """Allocator peak plus what the allocator does not see (CUDA context, cuBLAS
+    workspaces, NCCL buffers), which NVML reports for the process. The GPU is found in
+    NVML by its UUID: torch's index differs from NVML's when CUDA_VISIBLE_DEVICES remaps
+    them. Where NVML cannot tell, the figure says "unavailable", never 0. With `history`
+    (record_history started it), where the allocator's segments were asked for too."""
+    import torch
+
+    reserved_peak = torch.cuda.max_memory_reserved()
+    extra: dict[str, Any] = {"allocator_peak_reserved": reserved_peak,
+                             "allocator_peak_allocated": torch.cuda.max_memory_allocated()}
+    # Pinned host memory (offloaded optimizer states and their staging buffers, in the
+    # pinned allocator's power-of-two blocks): host RAM, never in the peak, recorded so a
+    # GPU run can set it beside what NVML reports.
+    try:
+        extra["pinned_host_peak"] = int(torch.cuda.host_memory_stats()["allocated_bytes.peak"])
+    except Exception as exc:  # noqa: BLE001 - older torch: the device figures stand
+        extra["pinned_host_peak"] = f"unavailable: {type(exc).__name__}"[:100]
+    try:  # which stream's pool holds it: DeepSpeed reduces and offloads on a stream of its own
+        extra["reserved_by_stream"] = reserved_by_stream(torch.cuda.memory_snapshot())
+    except Exception as exc:  # noqa: BLE001 - a figure beside the peak, never the trial's
+        extra["reserved_by_stream"] = f"unavailable: {type(exc).__name__}"[:100]
+    if history:
+        extra |= _history(index)
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        uuid = str(torch.cuda.get_device_properties(index).uuid)
+        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-")
+                                                   else f"GPU-{uuid}")
+        mine = [p for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                if p.pid == os.getpid()]
+        if not mine or not mine[0].usedGpuMemory:
+            raise LookupError("NVML lists no memory for this process (a container's PID "
+                              "namespace hides it)")
+        overhead = max(0, mine[0].usedGpuMemory - torch.cuda.memory_reserved())
+    except Exception as exc:  # noqa: BLE001 - the allocator's figure still stands, said so
+        extra["nvml_overhead"] = f"unavailable: {type(exc).__name__}: {exc}"[:300]
+        return reserved_peak, extra
+    extra["nvml_overhead"] = overhead
+    return reserved_peak + overhead, extra
+
+
+def _history(index: int) -> dict[str, Any]:
+    import torch
+
+    try:
+        traces = torch.cuda.memory._snapshot()["device_traces"][index]
+        # As many events as the ring holds: the oldest, the first segments among them, went.
+        return {"segment_growth": segment_growth(traces), "history_events": len(traces)}
+    except Exception as exc:  # noqa: BLE001 - a diagnosis beside the figures, never theirs
+        return {"segment_growth": f"unavailable: {type(exc).__name__}: {exc}"[:200]}
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+
+def _stream_key(stream: object) -> str:
+    stream = int(stream or 0)  # type: ignore[call-overload]
+    return "default" if stream == 0 else f"{stream:#x}"
+
+
+def segment_growth(traces: list[dict[str, Any]], top: int = 12) -> list[dict[str, Any]]:
+    """The allocator's history summed by where each new segment (a cudaMalloc) was asked
+    for: the stream, and the innermost frame outside torch (DeepSpeed's, transformers',
+    the model's). Largest first, `top` of them; the rest in one row."""
+    grown: dict[tuple[str, str], list[int]] = {}
+    for event in traces:
+        if event.get("action") != "segment_alloc":
+            continue
+        frames = event.get("frames") or []
+        caller = next((f for f in frames if "/torch/" not in str(f.get("filename", ""))),
+                      frames[0] if frames else None)
+        where = ("unknown" if caller is None else
+                 f"{_short(caller.get('filename', '?'))}:{caller.get('line', '?')} "
+                 f"{caller.get('name', '?')}")
+        row = grown.setdefault((_stream_key(event.get("stream")), where), [0, 0])
+        row[0] += int(event.get("size", 0))
+        row[1] += 1
+    rows = sorted(({"stream": s, "where": w, "bytes": b, "segments": n}
+                   for (s, w), (b, n) in grown.items()), key=lambda r: -r["bytes"])
+    if len(rows) > top:
+        rest = rows[top:]
+        rows = rows[:top] + [{"stream": "*", "where": f"{len(rest)} more places",
+                              "bytes": sum(r["bytes"] for r in rest),
+                              "segments": sum(r["segments"] for r in rest)}]
+    return rows
+
+
+def _short(path: str) -> str:
+    """A frame's file from its package on: site-packages/deepspeed/... -> deepspeed/..."""
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in path:
+            return path.split(marker, 1)[1]
+    return "/".join(path.split("/")[-3:])
