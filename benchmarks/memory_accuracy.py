@@ -168,19 +168,23 @@ def _allocator_note(extra: dict, cfg: TrialConfig, shape, device: DeviceSpec) ->
             f"peak set at step {at}, reserved - allocated {(final - allocated) / 2**20:.0f} "
             f"MiB (16-bit logits {logits16 / 2**20:.0f} MiB)"
             f"{_by_stream(extra.get('reserved_by_stream'))}{outside}{against}"
-            f"{_growth(extra.get('segment_growth'), extra.get('history_events'))}")
+            f"{_growth(extra)}")
 
 
-def _growth(rows: object, events: object) -> str:
+def _growth(extra: dict) -> str:
     """Where the allocator's segments were asked for (a DeepSpeed trial of the proof's
     memory step): one line each, largest first."""
+    rows = extra.get("segment_growth")
     if rows is None:
         return ""
     if not isinstance(rows, list):
         return f"\n      segments grown: {rows}"
-    head = f"\n      segments grown ({events} allocator events kept):"
+    lost = "; the ring was full: the oldest were lost" if extra.get("history_full") else ""
+    head = f"\n      segments grown ({extra.get('history_events')} allocator events kept{lost}):"
     return head + "".join(f"\n        {r['bytes'] / 2**20:8.0f} MiB in {r['segments']:3d} on "
-                          f"{r['stream']:>14s}  {r['where']}" for r in rows)
+                          f"{r['stream']:>14s}  {r['where']}"
+                          + (f" ({r['freed'] / 2**20:.0f} MiB freed later)"
+                             if r.get("freed") else "") for r in rows)
 
 
 def _by_stream(held: object) -> str:

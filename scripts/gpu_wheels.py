@@ -69,7 +69,8 @@ IMAGE = {canonicalize_name(name) for name in IMAGE_LISTED.split()}
 # The versions the image holds of the stack autotune drives, as KINDS.md's pip list read
 # them (2026-11): what a proof on the GPU runs with, never carried. Not mirrored by
 # --image-overlay: torch 2.11 (no CPU build of it is to be had here) and numpy 2.5 (it
-# needs Python 3.12), so a rehearsal keeps this environment's.
+# needs Python 3.12), so a rehearsal keeps this environment's; nor peft, whose version
+# there no reading gave.
 IMAGE_VERSIONS = {"transformers": "5.17.0", "accelerate": "1.15.0",
                   "huggingface-hub": "1.33.0", "tokenizers": "0.23.2", "safetensors": "0.8.0"}
 TARGET = {"sys_platform": "linux",
@@ -184,7 +185,8 @@ def overlay_mismatches(target: Path, pins: dict[str, str] = IMAGE_VERSIONS) -> l
     """Where this environment under `target` does not import the image's versions."""
     probe = ("import importlib.metadata as md, json, sys; "
              "print(json.dumps({n: md.version(n) for n in json.loads(sys.argv[1])}))")
-    env = os.environ | {"PYTHONPATH": f"{target}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    path = [str(target), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(path)}
     seen = json.loads(subprocess.run([sys.executable, "-c", probe, json.dumps(list(pins))],
                                      env=env, check=True, capture_output=True,
                                      text=True).stdout)

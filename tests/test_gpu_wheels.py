@@ -26,9 +26,12 @@ def test_what_the_gpu_image_lacks_is_walked_from_autotunes_requirements():
     assert gpu_wheels.missing(gpu_wheels.IMAGE | {"pydantic"}).get("pydantic-core") is None
 
 
-def _wheel(path: Path, files: dict[str, bytes]) -> Path:
-    info = "demo-1.0.dist-info"
-    files = files | {f"{info}/METADATA": b"Metadata-Version: 2.1\nName: demo\nVersion: 1.0\n",
+def _wheel(path: Path, files: dict[str, bytes], name: str = "demo",
+           requires: str = "") -> Path:
+    info = f"{name}-1.0.dist-info"
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n"
+    meta += "".join(f"Requires-Dist: {r}\n" for r in requires.split())
+    files = files | {f"{info}/METADATA": meta.encode(),
                      f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\n"
                                       b"Root-Is-Purelib: true\nTag: py3-none-any\n"}
     with zipfile.ZipFile(path, "w") as z:
@@ -61,15 +64,22 @@ def test_a_slimmed_wheel_installs_without_the_dropped_files(tmp_path):
 def test_the_image_overlay_makes_this_environment_import_the_images_versions(tmp_path,
                                                                             monkeypatch):
     """Pins this environment lacks are resolved by pip against it and installed into the
-    overlay; under PYTHONPATH=overlay their versions are what imports; a pin the overlay
-    does not give is named. (A local wheel stands in for the registry.)"""
+    overlay with what they need that it lacks, and nothing it has; under
+    PYTHONPATH=overlay their versions are what imports; a pin the overlay does not give is
+    named. (Local wheels stand in for the registry.)"""
+    import importlib.metadata as md
+
     links = tmp_path / "links"
     links.mkdir()
     _wheel(links / "demo-1.0-py3-none-any.whl", {"demo/__init__.py": b"VALUE = 1\n"})
+    _wheel(links / "demo_plugin-1.0-py3-none-any.whl", {"demo_plugin/__init__.py": b""},
+           name="demo_plugin", requires="demo")
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(links))
     overlay = tmp_path / "overlay"
-    assert gpu_wheels.image_overlay(overlay, {"demo": "1.0"}) == ["demo==1.0"]
+    held = {"demo_plugin": "1.0", "pyyaml": md.version("pyyaml")}  # pyyaml: here already
+    assert sorted(gpu_wheels.image_overlay(overlay, held)) == ["demo==1.0", "demo_plugin==1.0"]
     assert (overlay / "demo" / "__init__.py").is_file()
-    assert gpu_wheels.overlay_mismatches(overlay, {"demo": "1.0"}) == []
+    assert not list(overlay.glob("*yaml*"))
+    assert gpu_wheels.overlay_mismatches(overlay, held) == []
     assert gpu_wheels.overlay_mismatches(overlay, {"demo": "2.0"}) == ["demo 1.0 (image: 2.0)"]

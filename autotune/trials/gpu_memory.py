@@ -22,7 +22,10 @@ def record_history(zero_stage: int) -> bool:
         return False
     import torch
 
-    torch.cuda.memory._record_memory_history(max_entries=HISTORY_ENTRIES, stacks="python")
+    try:
+        torch.cuda.memory._record_memory_history(max_entries=HISTORY_ENTRIES, stacks="python")
+    except Exception:  # noqa: BLE001 - a diagnosis, never the trial's failure
+        return False
     return True
 
 
@@ -32,7 +35,7 @@ def allocator_peaks() -> tuple[int, int]:
     return torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
 
 
-def reserved_by_stream(segments: list[dict[str, Any]]) -> dict[str, int]:
+def reserved_by_stream(segments: list[dict[str, Any]], device: int) -> dict[str, int]:
     """The allocator's reserved bytes per CUDA stream, from its segments
     (`torch.cuda.memory_snapshot()`). A block freed on one stream is reused only by
     allocations on that stream, so a stream of DeepSpeed's (reductions, offload's copies)
@@ -41,6 +44,8 @@ def reserved_by_stream(segments: list[dict[str, Any]]) -> dict[str, int]:
     when the cache still holds every segment it grew to (nothing here empties it)."""
     held: dict[str, int] = {}
     for segment in segments:
+        if segment.get("device", device) != device:
+            continue
         key = _stream_key(segment.get("stream"))
         held[key] = held.get(key, 0) + int(segment.get("total_size", 0))
     return held
@@ -64,12 +69,7 @@ def gpu_memory(index: int, history: bool = False) -> tuple[int, dict[str, Any]]:
         extra["pinned_host_peak"] = int(torch.cuda.host_memory_stats()["allocated_bytes.peak"])
     except Exception as exc:  # noqa: BLE001 - older torch: the device figures stand
         extra["pinned_host_peak"] = f"unavailable: {type(exc).__name__}"[:100]
-    try:  # which stream's pool holds it: DeepSpeed reduces and offloads on a stream of its own
-        extra["reserved_by_stream"] = reserved_by_stream(torch.cuda.memory_snapshot())
-    except Exception as exc:  # noqa: BLE001 - a figure beside the peak, never the trial's
-        extra["reserved_by_stream"] = f"unavailable: {type(exc).__name__}"[:100]
-    if history:
-        extra |= _history(index)
+    extra |= _segments(index, history)
     try:
         import pynvml
 
@@ -90,17 +90,28 @@ def gpu_memory(index: int, history: bool = False) -> tuple[int, dict[str, Any]]:
     return reserved_peak + overhead, extra
 
 
-def _history(index: int) -> dict[str, Any]:
+def _segments(index: int, history: bool) -> dict[str, Any]:
+    """The cache's segments per stream's pool and, with `history`, where they were grown
+    from (the history then stops). Figures beside the peak, never the trial's failure."""
     import torch
 
-    try:
-        traces = torch.cuda.memory._snapshot()["device_traces"][index]
-        # As many events as the ring holds: the oldest, the first segments among them, went.
-        return {"segment_growth": segment_growth(traces), "history_events": len(traces)}
-    except Exception as exc:  # noqa: BLE001 - a diagnosis beside the figures, never theirs
-        return {"segment_growth": f"unavailable: {type(exc).__name__}: {exc}"[:200]}
+    extra: dict[str, Any] = {}
+    try:  # DeepSpeed reduces and offloads on a stream of its own
+        snapshot = (torch.cuda.memory._snapshot() if history
+                    else {"segments": torch.cuda.memory_snapshot()})
+        extra["reserved_by_stream"] = reserved_by_stream(snapshot["segments"], index)
+        if history:
+            traces = snapshot["device_traces"][index]
+            extra |= {"segment_growth": segment_growth(traces), "history_events": len(traces),
+                      # a full ring has dropped its oldest events: the first segments' among them
+                      "history_full": len(traces) >= HISTORY_ENTRIES}
+    except Exception as exc:  # noqa: BLE001
+        said = f"unavailable: {type(exc).__name__}: {exc}"[:200]
+        extra = {"reserved_by_stream": said} | ({"segment_growth": said} if history else {})
     finally:
-        torch.cuda.memory._record_memory_history(enabled=None)
+        if history:
+            torch.cuda.memory._record_memory_history(enabled=None)
+    return extra
 
 
 def _stream_key(stream: object) -> str:
@@ -111,10 +122,15 @@ def _stream_key(stream: object) -> str:
 def segment_growth(traces: list[dict[str, Any]], top: int = 12) -> list[dict[str, Any]]:
     """The allocator's history summed by where each new segment (a cudaMalloc) was asked
     for: the stream, and the innermost frame outside torch (DeepSpeed's, transformers',
-    the model's). Largest first, `top` of them; the rest in one row."""
+    the model's); `freed` is what of it went back to the device later (an emptied cache, a
+    retry after an OOM). Largest first, `top` of them; the rest in one row."""
     grown: dict[tuple[str, str], list[int]] = {}
+    owner: dict[int, tuple[str, str]] = {}  # a live segment's address: its row
     for event in traces:
-        if event.get("action") != "segment_alloc":
+        action = event.get("action")
+        if action == "segment_free" and event.get("addr") in owner:
+            grown[owner.pop(event["addr"])][2] += int(event.get("size", 0))
+        if action != "segment_alloc":
             continue
         frames = event.get("frames") or []
         caller = next((f for f in frames if "/torch/" not in str(f.get("filename", ""))),
@@ -122,22 +138,32 @@ def segment_growth(traces: list[dict[str, Any]], top: int = 12) -> list[dict[str
         where = ("unknown" if caller is None else
                  f"{_short(caller.get('filename', '?'))}:{caller.get('line', '?')} "
                  f"{caller.get('name', '?')}")
-        row = grown.setdefault((_stream_key(event.get("stream")), where), [0, 0])
+        key = (_stream_key(event.get("stream")), where)
+        row = grown.setdefault(key, [0, 0, 0])
         row[0] += int(event.get("size", 0))
         row[1] += 1
-    rows = sorted(({"stream": s, "where": w, "bytes": b, "segments": n}
-                   for (s, w), (b, n) in grown.items()), key=lambda r: -r["bytes"])
+        owner[event.get("addr")] = key
+    rows = sorted(({"stream": s, "where": w, "bytes": b, "segments": n, "freed": f}
+                   for (s, w), (b, n, f) in grown.items()), key=lambda r: -r["bytes"])
     if len(rows) > top:
         rest = rows[top:]
         rows = rows[:top] + [{"stream": "*", "where": f"{len(rest)} more places",
-                              "bytes": sum(r["bytes"] for r in rest),
-                              "segments": sum(r["segments"] for r in rest)}]
+                              **{k: sum(r[k] for r in rest) for k in
+                                 ("bytes", "segments", "freed")}}]
     return rows
 
 
-def _short(path: str) -> str:
-    """A frame's file from its package on: site-packages/deepspeed/... -> deepspeed/..."""
-    for marker in ("site-packages/", "dist-packages/"):
+def _short(path: str, roots: list[str] | None = None) -> str:
+    """A frame's file from its package on (.../site-packages/deepspeed/x.py, or DeepSpeed
+    carried to the GPU in /tmp/site: deepspeed/x.py), by the longest import root it is
+    under."""
+    import sys
+
+    for root in sorted((r.rstrip("/") for r in (sys.path if roots is None else roots) if r),
+                       key=len, reverse=True):
+        if path.startswith(root + "/"):
+            return path[len(root) + 1:]
+    for marker in ("site-packages/", "dist-packages/"):  # another environment's
         if marker in path:
             return path.split(marker, 1)[1]
     return "/".join(path.split("/")[-3:])

@@ -1,0 +1,70 @@
+"""A GPU trial's memory readings (autotune/trials/gpu_memory.py), from the structures
+torch returns on a GPU: its allocator's segments and its history's events."""
+
+from __future__ import annotations
+
+import sys
+
+from autotune.trials.gpu_memory import reserved_by_stream, segment_growth
+
+SITE = "/venv/lib/python3.12/site-packages"
+TORCH = {"filename": f"{SITE}/torch/nn/functional.py", "line": 10, "name": "gelu"}
+BUCKET = {"filename": f"{SITE}/deepspeed/runtime/zero/stage_1_and_2.py", "line": 3266,
+          "name": "setup_buckets"}
+MODEL = {"filename": f"{SITE}/transformers/models/gpt2/modeling_gpt2.py", "line": 99,
+         "name": "forward"}
+
+
+def test_reserved_bytes_are_summed_per_streams_pool():
+    """`torch.cuda.memory_snapshot()`'s segments (the fields it documents) summed per
+    stream, this device's only: the default stream is 0 there, another stream its handle."""
+    segments = [{"device": 0, "address": 1 << 30, "total_size": 20 << 20, "stream": 0,
+                 "segment_type": "large", "allocated_size": 2 << 20, "blocks": []},
+                {"device": 0, "address": 2 << 30, "total_size": 2 << 20, "stream": 0,
+                 "segment_type": "small", "allocated_size": 0, "blocks": []},
+                {"device": 0, "address": 3 << 30, "total_size": 64 << 20,
+                 "stream": 0x55D0C0DE, "segment_type": "large", "allocated_size": 0,
+                 "blocks": []},
+                {"device": 1, "address": 4 << 30, "total_size": 8 << 20, "stream": 0,
+                 "segment_type": "large", "allocated_size": 0, "blocks": []}]
+    assert reserved_by_stream(segments, 0) == {"default": 22 << 20, "0x55d0c0de": 64 << 20}
+    assert reserved_by_stream(segments, 1) == {"default": 8 << 20}
+    assert reserved_by_stream([], 0) == {}
+
+
+def test_segments_grown_are_summed_by_the_caller_outside_torch_and_stream():
+    """The allocator history's events (`torch.cuda.memory._snapshot()["device_traces"]`,
+    frames innermost first): only new segments count, each under the innermost frame
+    outside torch, largest first, the tail in one row; what an emptied cache gave back
+    is counted beside it."""
+    events = [{"action": "segment_alloc", "addr": 1, "size": 954 << 20, "stream": 0,
+               "frames": [TORCH, BUCKET]},
+              {"action": "alloc", "addr": 1, "size": 954 << 20, "stream": 0,
+               "frames": [BUCKET]},
+              {"action": "segment_alloc", "addr": 2, "size": 954 << 20, "stream": 0,
+               "frames": [BUCKET]},
+              {"action": "segment_alloc", "addr": 3, "size": 20 << 20, "stream": 0,
+               "frames": [TORCH, MODEL]},
+              {"action": "segment_alloc", "addr": 4, "size": 300 << 20, "stream": 0x7F00,
+               "frames": [BUCKET]},
+              {"action": "segment_free", "addr": 3, "size": 20 << 20, "stream": 0,
+               "frames": [MODEL]}]
+    rows = segment_growth(events)
+    assert rows[0] == {"stream": "default", "bytes": 1908 << 20, "segments": 2, "freed": 0,
+                       "where": "deepspeed/runtime/zero/stage_1_and_2.py:3266 setup_buckets"}
+    assert rows[1]["stream"] == "0x7f00" and rows[1]["bytes"] == 300 << 20
+    assert rows[2]["where"].startswith("transformers/models/gpt2/modeling_gpt2.py:99")
+    assert rows[2]["freed"] == 20 << 20  # emptied from the cache later
+    tail = segment_growth(events, top=1)
+    assert tail[-1] == {"stream": "*", "where": "2 more places", "bytes": 320 << 20,
+                        "segments": 2, "freed": 20 << 20}
+
+
+def test_a_frame_is_named_from_the_import_root_it_was_loaded_from(monkeypatch):
+    """On the GPU machine DeepSpeed is carried and imported from /tmp/site, not from a
+    site-packages folder: its frames still read deepspeed/..., from the longest root."""
+    monkeypatch.setattr(sys, "path", ["", "/tmp", "/tmp/site", *sys.path])
+    carried = {**BUCKET, "filename": "/tmp/site/deepspeed/runtime/zero/stage_1_and_2.py"}
+    rows = segment_growth([{"action": "segment_alloc", "addr": 1, "size": 1 << 20,
+                            "stream": 0, "frames": [TORCH, carried]}])
+    assert rows[0]["where"] == "deepspeed/runtime/zero/stage_1_and_2.py:3266 setup_buckets"
