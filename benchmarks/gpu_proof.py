@@ -19,6 +19,7 @@ import csv
 import importlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -202,6 +203,7 @@ class _Report:
                 lines.append(f"| {key} | {row['config']} | {f'{sps:.1f}' if sps else '—'} | "
                              f"{f'{peak / 1e9:.2f}' if peak else '—'} | "
                              f"{f'{mfu:.1%}' if mfu else '—'} |")
+        lines += memory_lines(out / "memory.log")
         lines += ["", "skipped: " + ("; ".join(self.skipped) if self.skipped else "nothing")]
         (out / "summary.md").write_text("\n".join(lines) + "\n")
         partial = final / "results.tar.gz.part"
@@ -214,6 +216,18 @@ class _Report:
             for f in ("meta.json", "trials.csv"):
                 shutil.copy(land / f, final / f"landscape-{f}")
         return lines
+
+
+def memory_lines(log: Path) -> list[str]:
+    """The memory step's table and its per-trial notes (where each ZeRO row's memory is)
+    for the summary, which comes back on its own: the libraries' warnings left out."""
+    if not log.is_file():
+        return []
+    kept = [line for line in log.read_text(errors="replace").splitlines()
+            if line.startswith((" ", "overall:", "device:"))
+            or re.fullmatch(r"[\w.-]+", line)]  # a shape's name
+    return ["", "Memory step (`benchmarks/memory_accuracy.py --proof`):", "", "```", *kept,
+            "```"] if kept else []
 
 
 def landscape(out: Path, rehearse: bool) -> Path | None:
