@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-# Allocation events the allocator's history keeps (a ring: the oldest go first). A ZeRO
-# step of GPT-2 124M makes a few thousand; its segments grow in the first steps.
+# Allocation events the allocator's history keeps: a ring, whose oldest go first, and the
+# first segments with them (a trial's `history_full` says so).
 HISTORY_ENTRIES = 400_000
 
 
@@ -153,14 +153,13 @@ def segment_growth(traces: list[dict[str, Any]], top: int = 12) -> list[dict[str
     return rows
 
 
-def _short(path: str, roots: list[str] | None = None) -> str:
+def _short(path: str) -> str:
     """A frame's file from its package on (.../site-packages/deepspeed/x.py, or DeepSpeed
     carried to the GPU in /tmp/site: deepspeed/x.py), by the longest import root it is
     under."""
     import sys
 
-    for root in sorted((r.rstrip("/") for r in (sys.path if roots is None else roots) if r),
-                       key=len, reverse=True):
+    for root in sorted((r.rstrip("/") for r in sys.path if r), key=len, reverse=True):
         if path.startswith(root + "/"):
             return path[len(root) + 1:]
     for marker in ("site-packages/", "dist-packages/"):  # another environment's
