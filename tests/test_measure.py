@@ -163,4 +163,3 @@ def test_a_baseline_that_runs_out_of_memory_in_a_longer_run_moves_down_its_chain
     summary = Summary(model={}, device={}, memory_limit_bytes=2**30, target_batch_size=16,
                       world_size=1, seq_len=32, trials=history, confirmation=c)
     assert summary.baseline.config == TrialConfig.of(14, 1)
-
