@@ -140,15 +140,14 @@ def _allocator_note(extra: dict, cfg: TrialConfig, shape, device: DeviceSpec) ->
     the uncalibrated median from 7.9% to 4.2% but leaves the calibrated one as it is, and
     the gpt2-medium simulated landscape disagrees; this column decides it.) Beside them,
     the allocator replay's own allocated and reserved peaks (autotune/plan/allocator.py;
-    for 16-bit ZeRO-1/2 rows, the engine's emulation in plan/zero_replay.py, whose
-    one-stream reserved peak the physics does not use): whether its rules and the traced
-    step match the GPU's allocator, peak by peak. Then what NVML sees beyond the
-    allocator and the pinned host allocator's peak: on the H100 file ZeRO-2 + offload
-    measured 3.4 GiB over the emulation's reserved peak (Trainer rows: 0.9-1.6), and
-    these say whether the excess is in the allocator or outside it (NCCL's communicator,
-    about 0.5 GiB, is outside it), and how much pinned host memory the offload held. And
-    the reserved bytes per stream's pool at the end, which the one-pool replay merges:
-    whether the excess is the pool of DeepSpeed's reduction stream."""
+    for 16-bit ZeRO-1/2 rows, the engine's emulation in plan/zero_replay.py, with its
+    reserved bytes per stream): whether its rules and the traced step match the GPU's
+    allocator, peak by peak. Then what NVML sees beyond the allocator and the pinned host
+    allocator's peak: on the H100 file ZeRO-2 + offload measured 1.9 GiB over the
+    physics (the pools per stream explain ZeRO-1 and ZeRO-2 to 2%), and these say
+    whether the excess is in the allocator or outside it (NCCL's communicator, about
+    0.5 GiB, is outside it), and how much pinned host memory the offload held. And the
+    reserved bytes per stream's pool at the end, beside the replay's."""
     steps, allocated = extra.get("peaks_by_step"), extra.get("allocator_peak_allocated")
     if not steps or not allocated:
         return ""
@@ -157,10 +156,17 @@ def _allocator_note(extra: dict, cfg: TrialConfig, shape, device: DeviceSpec) ->
     logits16 = (2 * cfg.per_device_train_batch_size * shape.seq_len * shape.vocab_size
                 if cfg.precision in ("bf16", "fp16") and shape.has_lm_logits else 0)
     physics = MemoryModel(shape, device)
-    replayed = (zero_replay.trial_peaks(shape, cfg, physics.attention_kernel(cfg))
-                if physics.zero_replayed(cfg) else physics.replayed_peaks(cfg))  # its own
+    replayed, pools = physics.replayed_peaks(cfg), ""  # not the calibrated model's
+    if physics.zero_replayed(cfg):
+        zero = zero_replay.trial_replay(shape, cfg, physics.attention_kernel(cfg))
+        if zero is not None:
+            replayed = (zero.peak_allocated, zero.peak_reserved)
+            named = {zero_replay.REDUCTION_STREAM: "reduction stream"}
+            pools = " (by stream at the end: " + " + ".join(
+                f"{named.get(k, 'default')} {v / 2**20:.0f}"
+                for k, v in sorted(zero.reserved_by_stream.items())) + ")"
     against = ("" if replayed is None else f"; allocator replay: allocated "
-               f"{replayed[0] / 2**20:.0f}, reserved {replayed[1] / 2**20:.0f} MiB")
+               f"{replayed[0] / 2**20:.0f}, reserved {replayed[1] / 2**20:.0f} MiB{pools}")
     outside = "".join(f", {label} {_mib(extra.get(key))}" for label, key in (
         ("outside the allocator (NVML)", "nvml_overhead"),
         ("pinned host peak", "pinned_host_peak")))

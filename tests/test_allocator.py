@@ -17,7 +17,6 @@ from autotune.plan.device import DeviceSpec, named_device
 from autotune.plan.memory import (
     COMPONENTS,
     CUDA_RUNTIME_BYTES,
-    FRAGMENTATION,
     NCCL_COMM_BYTES,
     Physics,
 )
@@ -65,6 +64,49 @@ def test_freed_neighbours_merge():
     assert a.reserved == 100 * MiB
 
 
+def test_a_block_is_cached_for_the_stream_that_allocated_it():
+    """torch's pools per stream: a block freed goes back to its allocating stream's pool
+    (whichever stream frees it), and another stream's request cannot take it."""
+    a = CachingAllocator()
+    a.malloc("model", 100 * MiB)
+    a.free("model")
+    a.malloc("reduction", 60 * MiB, stream=1)  # the 100 MiB cached block is stream 0's
+    assert a.reserved == 160 * MiB
+    a.free("reduction")
+    a.malloc("again", 60 * MiB, stream=1)  # its own pool's block, reused
+    a.malloc("model 2", 100 * MiB)  # and stream 0's
+    assert a.reserved == 160 * MiB
+    assert a.reserved_by_stream == {0: 100 * MiB, 1: 60 * MiB}
+    # One pool for both would have reused the first block.
+    assert replay([("alloc", "x", 100 * MiB), ("free", "x", 0),
+                   ("alloc", "y", 60 * MiB)]).reserved == 100 * MiB
+
+
+def test_the_zero_emulation_names_what_deepspeed_allocates_on_its_reduction_stream():
+    """Under overlap_comm (ZeRO-2 in the trial's JSON) the gradient partition and
+    offload's copies come from `reduce_ipg_grads`'s reduction stream; ZeRO-1 runs without
+    it, so everything is on the default stream."""
+    events = zero_replay.emulated(GPT2, 64, 2, 2, 2, "none", True)
+    offload = zero_replay.emulated(GPT2, 64, 2, 2, 2, "optimizer", True)
+    zero1 = zero_replay.emulated(GPT2, 64, 2, 2, 1, "none", True)
+    assert events and offload and zero1
+
+    def streams(events, stage):
+        of = zero_replay.on_reduction_stream(stage)
+        return {key[0] if isinstance(key, tuple) else key for kind, key, _ in events
+                if kind == "alloc" and of(key) == zero_replay.REDUCTION_STREAM}
+
+    assert streams(events, 2) == {"partition", "partition add"}
+    assert streams(offload, 2) == {"offload norm", "fp32 copy"}
+    assert streams(zero1, 1) == set()
+    # Their blocks are a pool of their own: the replay holds at least what one pool does
+    # for the same allocations, less where a pool apart leaves the model's fewer holes.
+    one = replay(events)
+    two = zero_replay.replayed(GPT2, 64, 2, 2, 2, "none")
+    assert two is not None and two.peak_allocated == one.peak_allocated
+    assert set(two.reserved_by_stream) == {0, zero_replay.REDUCTION_STREAM}
+
+
 def test_the_same_tensors_reserve_more_in_another_order():
     """What the replay is for: the peak of live tensors does not fix the reserved peak."""
     small_first = [("alloc", 1, 30 * MiB), ("free", 1, 0), ("alloc", 2, 40 * MiB)]
@@ -95,11 +137,11 @@ def test_physics_replays_plain_trainer_steps_on_a_gpu_only():
     assert h100.reserved_peak(plain) is not None
     total = h100.physics(plain).total_bytes
     assert abs(total - h100.reserved_peak(plain) - CUDA_RUNTIME_BYTES) < 16  # the replay's
-    # ZeRO-1/2 in 16-bit: the engine's emulation beside the native 16-bit step, its
-    # allocated peak with the fragmentation allowance, and NCCL's communicator beside it.
+    # ZeRO-1/2 in 16-bit: the engine's emulation beside the native 16-bit step, replayed
+    # with a pool per stream, and NCCL's communicator beside it.
     zero2 = TrialConfig.of(4, 4, precision="bf16", zero_stage=2)
-    allocated, _ = zero_replay.replayed_peaks(shape.hf_config, 64, 4, 4, 2, "none")
-    assert h100.reserved_peak(zero2) == allocated * (1 + FRAGMENTATION)
+    _, reserved = zero_replay.replayed_peaks(shape.hf_config, 64, 4, 4, 2, "none")
+    assert h100.reserved_peak(zero2) == reserved
     assert abs(h100.physics(zero2).total_bytes - h100.reserved_peak(zero2)
                - CUDA_RUNTIME_BYTES - NCCL_COMM_BYTES) < 16
     # Its two reduction buffers (overlap_comm) are booked under gradients, and the terms
@@ -109,13 +151,18 @@ def test_physics_replays_plain_trainer_steps_on_a_gpu_only():
     features = h100.features(zero2)
     assert abs(features[: len(COMPONENTS)].sum() - h100.physics(zero2).total_bytes) < 64
     # ZeRO-3 and fp32 ZeRO are not emulated, and a CPU trial's peak is RSS: no replay.
-    for other in (TrialConfig.of(4, 4, precision="bf16", zero_stage=3),
-                  TrialConfig.of(4, 4, zero_stage=2)):
+    zero3 = TrialConfig.of(4, 4, precision="bf16", zero_stage=3)
+    for other in (zero3, TrialConfig.of(4, 4, zero_stage=2)):
         assert h100.reserved_peak(other) is None, other.label()
+    # ZeRO-3's one bucket, kept from the optimizer's creation on, is in its terms all the
+    # same (on a GPU: on a CPU its untouched pages are not resident).
+    assert h100.zero_bucket_bytes(zero3) == 2 * zero_replay.DEFAULT_BUCKET
+    assert h100.physics(zero3).components["gradients"] > 2 * zero_replay.DEFAULT_BUCKET
     # Nor over several ranks, whose partitions the emulation does not divide.
     assert Physics(shape, named_device("H100"), world_size=2).reserved_peak(zero2) is None
     cpu = Physics(shape, DeviceSpec("cpu", "cpu", 64 * 2**30))
     assert cpu.reserved_peak(plain) is None and cpu.reserved_peak(zero2) is None
+    assert cpu.zero_bucket_bytes(zero3) == 0
 
 
 def _replayed(parts) -> tuple[int, int, int]:

@@ -105,6 +105,7 @@ def test_the_gpu_note_prints_the_zero_replay_and_what_lies_outside_the_allocator
                                           "setup_buckets"}]}
     note = bench._allocator_note(extra, config, shape, named_device("H100-80GB"))
     assert "allocator replay: allocated" in note
+    assert "(by stream at the end: default " in note and " + reduction stream " in note
     assert "outside the allocator (NVML) 600 MiB" in note
     assert "pinned host peak 48 MiB" in note
     assert "reserved by stream default 1020 + 0x5a1f00 80 MiB" in note  # the model's first

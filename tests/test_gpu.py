@@ -67,3 +67,36 @@ def test_deepspeed_zero2_trial_on_gpu(tmp_path, monkeypatch):
     grown = out.extra["segment_growth"]
     assert isinstance(grown, list) and grown, grown
     assert any(r["where"].startswith("deepspeed/") for r in grown), grown
+
+
+def test_the_allocator_replay_keeps_torchs_rules_and_pools_per_stream():
+    """The rules plan/allocator.py replays, held to this GPU's caching allocator: segment
+    sizes, reuse of a cached block only where the request fits, and a pool per stream (a
+    block freed is cached for the stream that allocated it, which is what puts DeepSpeed's
+    reduction stream beside the model's in the ZeRO replay)."""
+    import torch
+
+    from autotune.plan.allocator import CachingAllocator
+
+    MiB = 2**20
+    side = torch.cuda.Stream()
+    steps = [("alloc", "a", 100 * MiB, None), ("free", "a", 0, None),
+             ("alloc", "r", 60 * MiB, side), ("alloc", "b", 60 * MiB, None),
+             ("free", "r", 0, None), ("alloc", "r2", 50 * MiB, side),
+             ("alloc", "tiny", 3 * MiB, None), ("alloc", "c", 11 * MiB, None),
+             ("free", "b", 0, None), ("alloc", "d", 80 * MiB, None)]
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_reserved()
+    live: dict[str, torch.Tensor] = {}
+    replay = CachingAllocator()
+    for kind, key, nbytes, stream in steps:
+        if kind == "free":
+            del live[key]
+            replay.free(key)
+            continue
+        with torch.cuda.stream(stream or torch.cuda.current_stream()):
+            live[key] = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        replay.malloc(key, nbytes, 1 if stream is not None else 0)
+        assert torch.cuda.memory_reserved() - base == replay.reserved, (key, replay.reserved)
+    torch.cuda.synchronize()

@@ -10,7 +10,10 @@ The rules are CUDACachingAllocator's defaults: requests rounded to 512 bytes; th
 to 1 MiB from a small pool of 2 MiB segments; larger ones from 20 MiB segments when under
 10 MiB, else from segments rounded to 2 MiB; the smallest cached block that fits; a
 block split when the rest is over 1 MiB (at least 512 bytes in the small pool);
-neighbours merged on free. One stream, no expandable segments, no `max_split_size_mb`.
+neighbours merged on free; and a pool per CUDA stream: a block is cached for the stream
+that allocated it, whichever stream frees it, so a stream of DeepSpeed's (its reductions)
+keeps segments the model's stream cannot reuse. No expandable segments, no
+`max_split_size_mb`.
 """
 
 from __future__ import annotations
@@ -32,46 +35,51 @@ REPLAYED = 2
 
 # A traced step as the allocator sees it: ("alloc", key, bytes) or ("free", key, 0).
 Event = tuple[str, object, int]
+DEFAULT_STREAM = 0
 
 
 class _Block:
-    __slots__ = ("addr", "size", "free", "prev", "next", "small")
+    __slots__ = ("addr", "size", "free", "prev", "next", "small", "stream")
 
-    def __init__(self, addr: int, size: int, small: bool) -> None:
-        self.addr, self.size, self.small = addr, size, small
+    def __init__(self, addr: int, size: int, small: bool, stream: int) -> None:
+        self.addr, self.size, self.small, self.stream = addr, size, small, stream
         self.free = True
         self.prev: _Block | None = None
         self.next: _Block | None = None
 
 
 class CachingAllocator:
-    """Reserved and allocated bytes of a sequence of allocations and frees."""
+    """Reserved and allocated bytes of a sequence of allocations and frees, and the
+    reserved bytes per stream (what `torch.cuda.memory_snapshot()`'s segments sum to)."""
 
     def __init__(self) -> None:
-        self._pools: dict[bool, list] = {True: [], False: []}  # free blocks by (size, addr)
+        # free blocks by (size, addr), per (stream, small pool)
+        self._pools: dict[tuple[int, bool], list] = {}
         self._blocks: dict[object, _Block] = {}
         self._next_addr = 0
         self.reserved = self.allocated = 0
         self.peak_reserved = self.peak_allocated = 0
+        self.reserved_by_stream: dict[int, int] = {}
 
-    def malloc(self, key: object, nbytes: int) -> None:
+    def malloc(self, key: object, nbytes: int, stream: int = DEFAULT_STREAM) -> None:
         if nbytes <= 0:
             return  # torch hands out no block for an empty tensor
         assert key not in self._blocks, f"{key!r} allocated twice"
         size = max(MIN_BLOCK, -(-nbytes // MIN_BLOCK) * MIN_BLOCK)
         small = size <= SMALL_SIZE
-        pool = self._pools[small]
+        pool = self._pools.setdefault((stream, small), [])
         i = bisect.bisect_left(pool, (size, -1))
         if i < len(pool):
             block = pool.pop(i)[2]
         else:
-            block = _Block(self._next_addr, _segment_size(size), small)
+            block = _Block(self._next_addr, _segment_size(size), small, stream)
             self._next_addr += block.size
             self.reserved += block.size
+            self.reserved_by_stream[stream] = self.reserved_by_stream.get(stream, 0) + block.size
             self.peak_reserved = max(self.peak_reserved, self.reserved)
         rest = block.size - size
         if rest > (MIN_BLOCK - 1 if small else SMALL_SIZE):
-            tail = _Block(block.addr + size, rest, small)
+            tail = _Block(block.addr + size, rest, small, stream)
             tail.prev, tail.next = block, block.next
             if block.next is not None:
                 block.next.prev = tail
@@ -106,10 +114,11 @@ class CachingAllocator:
         return left
 
     def _insert(self, block: _Block) -> None:
-        bisect.insort(self._pools[block.small], (block.size, block.addr, block))
+        bisect.insort(self._pools.setdefault((block.stream, block.small), []),
+                      (block.size, block.addr, block))
 
     def _remove(self, block: _Block) -> None:
-        pool = self._pools[block.small]
+        pool = self._pools[block.stream, block.small]
         i = bisect.bisect_left(pool, (block.size, block.addr))
         assert pool[i][2] is block
         del pool[i]
@@ -123,11 +132,14 @@ def _segment_size(size: int) -> int:
     return -(-size // ROUND_LARGE) * ROUND_LARGE
 
 
-def replay(events: Iterable[Event]) -> CachingAllocator:
+def replay(events: Iterable[Event],
+           stream_of: Callable[[object], int] | None = None) -> CachingAllocator:
+    """The allocator after `events`; `stream_of(key)` names the stream an allocation is
+    made on (the default stream's where None)."""
     allocator = CachingAllocator()
     for kind, key, nbytes in events:
         if kind == "alloc":
-            allocator.malloc(key, nbytes)
+            allocator.malloc(key, nbytes, stream_of(key) if stream_of else DEFAULT_STREAM)
         else:
             allocator.free(key)
     return allocator

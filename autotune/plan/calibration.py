@@ -101,11 +101,10 @@ class MemoryModel(Physics):
     def _predict_total(self, c: TrialConfig) -> float:
         b = c.per_device_train_batch_size
         points = self._points.get(c.family, {})
-        if points and self.reserved_peak(c) is not None and not self.zero_replayed(c):
-            # The replay knows how the allocator's reserved peak moves with the batch
-            # (unevenly): the family's nearest measurement carries over as an offset from
-            # it. (The ZeRO replay's figure is its allocated peak, which moves evenly: its
-            # families take the slope path below, their own measurements weighed in.)
+        if points and self.reserved_peak(c) is not None:
+            # The replay (Trainer's step, or ZeRO's engine beside it) knows how the
+            # allocator's reserved peak moves with the batch (unevenly): the family's
+            # nearest measurement carries over as an offset from it.
             nearest = min(points, key=lambda p: abs(p - b))
             here = self._configs[c.family, nearest]
             return self._regressed(c) + points[nearest] - self._regressed(here)

@@ -286,12 +286,18 @@ class Physics:
         return self.device.is_cuda and zero_replay.applies(self.shape, c, self.world_size)
 
     def zero_bucket_bytes(self, c: TrialConfig) -> float:
-        """ZeRO-1/2's gradient reduction buffers, where the engine's emulation gives the
-        peak: `reduce_bucket_size` 16-bit elements each, allocated whole whatever the
-        model's size, within each backward (ZeRO-2) or from a step's first backward to its
-        boundary (ZeRO-1). Booked under gradients; the emulated peak then sets the total.
-        The formulas leave them out: when they live decides the peak (on the H100 file
-        ZeRO-2, with two, measured 1.1 GiB under ZeRO-1 with one)."""
+        """ZeRO's gradient reduction buffers of `reduce_bucket_size` elements of the
+        model's 16-bit (or fp32) dtype, allocated whole whatever the model's size. ZeRO-3
+        allocates one when its optimizer is built and keeps it (stage3.py); ZeRO-1/2 within
+        each backward (ZeRO-2, two under overlap_comm) or from a step's first backward to
+        its boundary (ZeRO-1), counted where the engine's emulation gives the peak: when
+        they live decides it (on the H100 file ZeRO-2, with two, measured 1.1 GiB under
+        ZeRO-1 with one). Booked under gradients; on a GPU only (on a CPU the peak is RSS,
+        and the buffer's untouched pages are not resident)."""
+        if not self.device.is_cuda:
+            return 0.0
+        if c.zero_stage >= 3:
+            return _compute_bytes(c.precision) * zero_replay.DEFAULT_BUCKET
         if not self.zero_replayed(c) or self.replayed_peaks(c) is None:
             return 0.0
         return (_compute_bytes(c.precision) * zero_replay.DEFAULT_BUCKET
@@ -396,11 +402,10 @@ class Physics:
 
     def _zero_peaks(self, c: TrialConfig) -> tuple[float, float] | None:
         """ZeRO-1/2's engine emulated beside the traced native 16-bit step
-        (plan/zero_replay.py): its allocated peak, held to the real engine on CPU, with
-        the fragmentation allowance as the reserved peak. The one-stream replay's reserved
-        peak is not used: DeepSpeed allocates on a reduction stream too (a pool of its
-        own on a GPU), and on the H100 file it put ZeRO-2 level with ZeRO-1, which
-        measured 1096 MiB apart (their allocated peaks: 962)."""
+        (plan/zero_replay.py; its allocations held to the real engine on CPU), replayed
+        with a pool per CUDA stream: DeepSpeed's reduction stream keeps its own. One pool
+        for all put ZeRO-2 level with ZeRO-1 on the H100 file, which measured 1096 MiB
+        apart; the pools per stream put them 1096 MiB apart."""
         attention = self.attention_kernel(c)
         key = self._replay_key(("zero", c.per_device_train_batch_size,
                                 min(c.gradient_accumulation_steps, REPLAYED), c.zero_stage,
@@ -408,9 +413,7 @@ class Physics:
         if key not in _REPLAYS:
             value = None
             try:
-                peaks = zero_replay.trial_peaks(self.shape, c, attention)
-                if peaks is not None:
-                    value = (peaks[0], peaks[0] * (1 + FRAGMENTATION))
+                value = zero_replay.trial_peaks(self.shape, c, attention)
             except Exception as exc:  # a replay bug must not stop a search
                 log.warning("ZeRO replay failed (%s: %s); the fragmentation allowance "
                             "stands for %s", type(exc).__name__, exc, c.label())

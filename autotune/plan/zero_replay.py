@@ -15,7 +15,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from autotune.plan.allocator import REPLAYED, Event, TracedStep, replay
+from autotune.plan.allocator import (
+    DEFAULT_STREAM,
+    REPLAYED,
+    CachingAllocator,
+    Event,
+    TracedStep,
+    replay,
+)
 
 if TYPE_CHECKING:
     from autotune.config import TrialConfig
@@ -27,6 +34,31 @@ Marks = list[tuple[str, int]]  # (phase, events before its end)
 # The optimizers whose states the emulation's flat partition takes (torch AdamW, as Trainer
 # hands it to the engine without offload; offload names DeepSpeed's CPU Adam).
 EMULATED_OPTIMIZERS = ("adamw_torch", "adamw_torch_fused")
+
+
+# What stage_1_and_2.py allocates inside `reduce_ipg_grads`'s `with stream(...)`: the 16-bit
+# gradient partition (and the next micro-batch's, added to it), and offload's per-parameter
+# fp64 norm input and fp32 copy. On the reduction stream under overlap_comm.
+REDUCTION_STREAM_ALLOCATIONS = frozenset({"partition", "partition add", "offload norm",
+                                          "fp32 copy"})
+REDUCTION_STREAM = 1
+
+
+def on_reduction_stream(stage: int) -> Callable[[object], int]:
+    """The stream each of `zero_events`'s allocations is made on: DeepSpeed's reduction
+    stream for what `reduce_ipg_grads` allocates when overlap_comm is on (ZeRO-2 in the
+    trial's JSON), else the default stream. On a GPU a block is cached for the stream
+    that allocated it, so those segments are a pool the model's tensors cannot reuse: on
+    the H100 file that put ZeRO-2 1096 MiB under ZeRO-1, as measured, where one pool for
+    all put the two level."""
+    overlap = bucket_buffers(stage) == 2
+
+    def stream(key: object) -> int:
+        head = key[0] if isinstance(key, tuple) and key else key
+        return (REDUCTION_STREAM if overlap and head in REDUCTION_STREAM_ALLOCATIONS
+                else DEFAULT_STREAM)
+
+    return stream
 
 
 def bucket_buffers(stage: int) -> int:
@@ -69,13 +101,12 @@ def zero_events(step: TracedStep, batch: int, accumulation: int, stage: int, off
     - at the step without offload: the fp64 norm of the largest gradient, the flattened
       gradients and their fp32 copy, the optimizer's states (first step) and temporaries.
 
-    Two things of a GPU it leaves out: the caching allocator keeps a pool per CUDA stream,
-    and under overlap_comm the partition and offload's copies are allocated on DeepSpeed's
-    reduction stream, which the single-pool replay lets share blocks with the model's; and
-    the first step under Trainer, whose two parameter groups keep the 16-bit flat
-    gradients alive while the optimizer's states are made (up to 2 bytes per parameter
-    more, below the backward's peak wherever the activations are not tiny). `marks` gets
-    phase ends as the recordings'.
+    Under overlap_comm the partition and offload's copies are made on DeepSpeed's
+    reduction stream (`on_reduction_stream` names them for the replay's pools). One thing
+    of Trainer it leaves out: the first step, whose two parameter groups keep the 16-bit
+    flat gradients alive while the optimizer's states are made (up to 2 bytes per
+    parameter more, below the backward's peak wherever the activations are not tiny).
+    `marks` gets phase ends as the recordings'.
     """
     p, largest = sum(step.trainable), max(step.trainable)
     offloaded = offload != "none"
@@ -128,7 +159,7 @@ def _epilogue(s: int, m: int, boundary: bool, stage: int, offloaded: bool, p: in
               largest: int) -> list[Event]:
     """What a backward's end allocates: the gradient partition, or offload's copies."""
     if offloaded:
-        return [("alloc", ("norm", s), 8 * largest), ("free", ("norm", s), 0),
+        return [("alloc", ("offload norm", s), 8 * largest), ("free", ("offload norm", s), 0),
                 ("alloc", ("fp32 copy", s), 4 * largest),
                 ("free", ("fp32 copy", s), 0)] if boundary else []
     if stage >= 2 and m > 0:
@@ -177,22 +208,41 @@ def emulated(hf_config: dict[str, Any], seq: int, batch: int, accumulation: int,
                        opt.step_temporary_bytes if cuda else 0.0, bucket, marks=marks)
 
 
-def replayed_peaks(hf_config: dict[str, Any], seq: int, batch: int, accumulation: int,
-                   stage: int, offload: str, optim: str = "adamw_torch",
-                   attention: str = "sdpa") -> tuple[float, float] | None:
-    """(allocated, reserved) peak bytes of a ZeRO-1/2 GPU trial, replayed through the
-    caching allocator's rules (one stream)."""
+def replayed(hf_config: dict[str, Any], seq: int, batch: int, accumulation: int, stage: int,
+             offload: str, optim: str = "adamw_torch", attention: str = "sdpa",
+             streams: bool = True) -> CachingAllocator | None:
+    """A ZeRO-1/2 GPU trial's allocations replayed through the caching allocator's rules,
+    with a pool per stream (or, `streams=False`, one pool for all); None where the model's
+    step cannot be traced."""
     events = emulated(hf_config, seq, batch, accumulation, stage, offload, True, optim,
                       attention)
     if events is None:
         return None
-    allocator = replay(events)
-    return float(allocator.peak_allocated), float(allocator.peak_reserved)
+    return replay(events, on_reduction_stream(stage) if streams else None)
+
+
+def replayed_peaks(hf_config: dict[str, Any], seq: int, batch: int, accumulation: int,
+                   stage: int, offload: str, optim: str = "adamw_torch",
+                   attention: str = "sdpa") -> tuple[float, float] | None:
+    """(allocated, reserved) peak bytes of a ZeRO-1/2 GPU trial (`replayed`)."""
+    return _peaks(replayed(hf_config, seq, batch, accumulation, stage, offload, optim,
+                           attention))
+
+
+def trial_replay(shape: ModelShape, c: TrialConfig, attention: str,
+                 streams: bool = True) -> CachingAllocator | None:
+    """`replayed` for a trial's config (one where `applies`), with the attention kernel
+    the physics resolved for it."""
+    return replayed(shape.hf_config, shape.seq_len, c.per_device_train_batch_size,
+                    c.gradient_accumulation_steps, c.zero_stage, c.offload, c.optim,
+                    attention, streams)
 
 
 def trial_peaks(shape: ModelShape, c: TrialConfig, attention: str) -> tuple[float, float] | None:
-    """`replayed_peaks` for a trial's config (one where `applies`), with the attention
-    kernel the physics resolved for it."""
-    return replayed_peaks(shape.hf_config, shape.seq_len, c.per_device_train_batch_size,
-                          c.gradient_accumulation_steps, c.zero_stage, c.offload, c.optim,
-                          attention)
+    """(allocated, reserved) peak bytes of `trial_replay`."""
+    return _peaks(trial_replay(shape, c, attention))
+
+
+def _peaks(allocator: CachingAllocator | None) -> tuple[float, float] | None:
+    return (None if allocator is None
+            else (float(allocator.peak_allocated), float(allocator.peak_reserved)))

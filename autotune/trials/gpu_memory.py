@@ -39,8 +39,8 @@ def reserved_by_stream(segments: list[dict[str, Any]], device: int) -> dict[str,
     """The allocator's reserved bytes per CUDA stream, from its segments
     (`torch.cuda.memory_snapshot()`). A block freed on one stream is reused only by
     allocations on that stream, so a stream of DeepSpeed's (reductions, offload's copies)
-    keeps a pool of its own beside the model's: whether that pool is where a ZeRO trial's
-    memory beyond the one-pool replay lies is what this tells. Read at the trial's end,
+    keeps a pool of its own beside the model's, which the ZeRO replay predicts
+    (plan/zero_replay.py): this is what to hold it to. Read at the trial's end,
     when the cache still holds every segment it grew to (nothing here empties it)."""
     held: dict[str, int] = {}
     for segment in segments:
