@@ -99,12 +99,25 @@ def test_the_zero_emulation_names_what_deepspeed_allocates_on_its_reduction_stre
     assert streams(events, 2) == {"partition", "partition add"}
     assert streams(offload, 2) == {"offload norm", "fp32 copy"}
     assert streams(zero1, 1) == set()
-    # Their blocks are a pool of their own: the replay holds at least what one pool does
-    # for the same allocations, less where a pool apart leaves the model's fewer holes.
+    # Their blocks are a pool of their own: the same allocations, reserved per stream.
     one = replay(events)
     two = zero_replay.replayed(GPT2, 64, 2, 2, 2, "none")
     assert two is not None and two.peak_allocated == one.peak_allocated
     assert set(two.reserved_by_stream) == {0, zero_replay.REDUCTION_STREAM}
+    assert sum(two.reserved_by_stream.values()) == two.reserved
+
+
+def test_the_emulation_reads_the_trials_deepspeed_json():
+    """The emulation's overlap_comm and bucket size are the trial JSON's: a change to one
+    without the other fails here."""
+    from autotune.trials.trainargs import deepspeed_config
+
+    for stage in (1, 2, 3):
+        zero = deepspeed_config(TrialConfig.of(4, 4, precision="bf16",
+                                               zero_stage=stage))["zero_optimization"]
+        assert zero.get("overlap_comm", False) == zero_replay.overlap_comm(stage), stage
+        assert zero.get("contiguous_gradients", True)  # DeepSpeed's default: buckets
+        assert "reduce_bucket_size" not in zero  # DEFAULT_BUCKET, DeepSpeed's own
 
 
 def test_the_same_tensors_reserve_more_in_another_order():

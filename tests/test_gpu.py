@@ -7,6 +7,7 @@ first when a GPU is lent."""
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 
@@ -69,24 +70,35 @@ def test_deepspeed_zero2_trial_on_gpu(tmp_path, monkeypatch):
     assert any(r["where"].startswith("deepspeed/") for r in grown), grown
 
 
+@pytest.mark.skipif(bool(os.environ.get("PYTORCH_CUDA_ALLOC_CONF")),
+                    reason="the replay follows the allocator's default settings")
 def test_the_allocator_replay_keeps_torchs_rules_and_pools_per_stream():
-    """The rules plan/allocator.py replays, held to this GPU's caching allocator: segment
-    sizes, reuse of a cached block only where the request fits, and a pool per stream (a
-    block freed is cached for the stream that allocated it, which is what puts DeepSpeed's
-    reduction stream beside the model's in the ZeRO replay)."""
+    """The rules plan/allocator.py replays, held to this GPU's caching allocator, step by
+    step: a 20 MiB segment for a request of 1-10 MiB, a 2 MiB one for a small request
+    and the next small one in it, a cached block split for a request that fits it, freed
+    neighbours merged into a block that takes what neither could, and a pool per stream
+    (a block is cached for the stream that allocated it: what puts DeepSpeed's reduction
+    stream beside the model's in the ZeRO replay), per stream as the snapshot sums it."""
     import torch
 
     from autotune.plan.allocator import CachingAllocator
+    from autotune.trials.gpu_memory import reserved_by_stream
 
     MiB = 2**20
     side = torch.cuda.Stream()
-    steps = [("alloc", "a", 100 * MiB, None), ("free", "a", 0, None),
-             ("alloc", "r", 60 * MiB, side), ("alloc", "b", 60 * MiB, None),
+    steps = [("alloc", "m", 3 * MiB, None),  # 20 MiB segment
+             ("alloc", "a", 100 * MiB, None), ("free", "a", 0, None),
+             ("alloc", "r", 60 * MiB, side),  # stream 0's cached 100 MiB is not its
+             ("alloc", "b", 60 * MiB, None),  # split from it: 40 left
              ("free", "r", 0, None), ("alloc", "r2", 50 * MiB, side),
-             ("alloc", "tiny", 3 * MiB, None), ("alloc", "c", 11 * MiB, None),
-             ("free", "b", 0, None), ("alloc", "d", 80 * MiB, None)]
+             ("alloc", "k", 4096, None), ("alloc", "k2", 4096, None),  # one 2 MiB segment
+             ("alloc", "c", 30 * MiB, None),  # the 40, not the 17 left of the 20
+             ("free", "b", 0, None), ("free", "c", 0, None),  # merged: 100 again
+             ("alloc", "d", 95 * MiB, None),  # only the merged block takes it
+             ("alloc", "e", 80 * MiB, None)]  # nothing cached fits: a new segment
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
+    assert torch.cuda.memory_allocated() == 0, "a tensor of another test is still alive"
     base = torch.cuda.memory_reserved()
     live: dict[str, torch.Tensor] = {}
     replay = CachingAllocator()
@@ -100,3 +112,6 @@ def test_the_allocator_replay_keeps_torchs_rules_and_pools_per_stream():
         replay.malloc(key, nbytes, 1 if stream is not None else 0)
         assert torch.cuda.memory_reserved() - base == replay.reserved, (key, replay.reserved)
     torch.cuda.synchronize()
+    assert replay.reserved == 262 * MiB
+    held = reserved_by_stream(torch.cuda.memory_snapshot(), torch.cuda.current_device())
+    assert sorted(held.values()) == sorted(replay.reserved_by_stream.values()), held

@@ -11,9 +11,12 @@ to 1 MiB from a small pool of 2 MiB segments; larger ones from 20 MiB segments w
 10 MiB, else from segments rounded to 2 MiB; the smallest cached block that fits; a
 block split when the rest is over 1 MiB (at least 512 bytes in the small pool);
 neighbours merged on free; and a pool per CUDA stream: a block is cached for the stream
-that allocated it, whichever stream frees it, so a stream of DeepSpeed's (its reductions)
-keeps segments the model's stream cannot reuse. No expandable segments, no
-`max_split_size_mb`.
+that allocated it (use on another stream, `record_stream`, only delays its return), so a
+stream of DeepSpeed's (its reductions) keeps segments the model's stream cannot reuse. No
+expandable segments, no `max_split_size_mb`, and no segment is ever released: where
+cudaMalloc fails, torch frees every stream's unused cached segments and retries, so near
+the device's limit the replayed peak overstates what a trial needs (pools per stream hold
+more idle segments, which makes that likelier).
 """
 
 from __future__ import annotations

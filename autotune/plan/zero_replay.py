@@ -51,7 +51,7 @@ def on_reduction_stream(stage: int) -> Callable[[object], int]:
     that allocated it, so those segments are a pool the model's tensors cannot reuse: on
     the H100 file that put ZeRO-2 1096 MiB under ZeRO-1, as measured, where one pool for
     all put the two level."""
-    overlap = bucket_buffers(stage) == 2
+    overlap = overlap_comm(stage)
 
     def stream(key: object) -> int:
         head = key[0] if isinstance(key, tuple) and key else key
@@ -61,10 +61,16 @@ def on_reduction_stream(stage: int) -> Callable[[object], int]:
     return stream
 
 
+def overlap_comm(stage: int) -> bool:
+    """Whether the trial's DeepSpeed JSON turns overlap_comm on (trials/trainargs.py, from
+    ZeRO-2 on; DeepSpeed's default is off at stage 1). A test holds the two together."""
+    return stage >= 2
+
+
 def bucket_buffers(stage: int) -> int:
     """DeepSpeed's reduction buffers of `reduce_bucket_size` elements: two under
-    overlap_comm (which the trial's JSON sets from ZeRO-2 on), else one."""
-    return 2 if stage >= 2 else 1
+    overlap_comm, else one."""
+    return 2 if overlap_comm(stage) else 1
 
 
 def applies(shape: ModelShape, c: TrialConfig, world_size: int = 1) -> bool:
