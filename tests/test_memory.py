@@ -26,12 +26,12 @@ def cfg(batch=1, precision="fp32", optim="adamw_torch", ckpt=False, zero=0, offl
 
 
 def states(model: MemoryModel, c: TrialConfig) -> float:
-    """Model states as DeepSpeed's estimators count them: without the reduction buffers,
-    which the estimators leave out (ZeRO-3's one is in our terms; ZeRO-1/2's are not,
-    where the engine is not replayed)."""
+    """Model states as DeepSpeed's estimators count them: without the reduction buffers
+    (reduce_bucket_size 16-bit elements each: one at ZeRO-1 and ZeRO-3, two at ZeRO-2
+    under overlap_comm), which the estimators leave out and our terms hold."""
     comps = model.physics(c).components
     buckets = model.zero_bucket_bytes(c)
-    assert buckets == (2 * 500_000_000 if c.zero_stage == 3 else 0)
+    assert buckets == 2 * 500_000_000 * {0: 0, 1: 1, 2: 2, 3: 1}[c.zero_stage]
     return comps["weights"] + comps["gradients"] + comps["optimizer"] - buckets
 
 
@@ -106,13 +106,14 @@ def test_zero_divides_optimizer_gradients_then_weights_over_the_ranks():
     eight = MemoryModel(BERT_LARGE, A100, world_size=8)
     p = BERT_LARGE.num_parameters
     s2, s3 = (eight.physics(cfg(precision="bf16", zero=z)).components for z in (2, 3))
+    # The reduction buckets, reduce_bucket_size 16-bit elements each, are not divided:
+    # two at ZeRO-2 (overlap_comm), one at ZeRO-3.
+    buckets = [eight.zero_bucket_bytes(cfg(precision="bf16", zero=z)) for z in (2, 3)]
+    assert buckets == [2 * 2 * 500_000_000, 2 * 500_000_000]
     assert s2["weights"] == 2 * p  # 16-bit weights on every rank
-    assert s2["gradients"] + s2["optimizer"] == pytest.approx(18 * p / 8)
+    assert s2["gradients"] - buckets[0] + s2["optimizer"] == pytest.approx(18 * p / 8)
     assert s3["weights"] == pytest.approx(2 * p / 8 + 4 * eight.largest_layer_params())
-    # ZeRO-3's reduction bucket, reduce_bucket_size 16-bit elements, is not divided.
-    bucket = eight.zero_bucket_bytes(cfg(precision="bf16", zero=3))
-    assert bucket == 2 * 500_000_000
-    assert s3["gradients"] - bucket + s3["optimizer"] == pytest.approx(16 * p / 8)
+    assert s3["gradients"] - buckets[1] + s3["optimizer"] == pytest.approx(16 * p / 8)
     fp32 = one.physics(cfg(zero=2)).components  # no master copy without mixed precision
     assert fp32["weights"] == 4 * p and fp32["optimizer"] == pytest.approx(8 * p)
 
@@ -120,10 +121,14 @@ def test_zero_divides_optimizer_gradients_then_weights_over_the_ranks():
 def test_offload_moves_states_to_host():
     m = MemoryModel(BERT_LARGE, A100)
     on_gpu, offloaded = m.physics(cfg(zero=2)), m.physics(cfg(zero=2, offload="optimizer"))
-    # ZeRO-Offload: the gradient partition and the optimizer states live on the CPU.
-    assert offloaded.components["optimizer"] == 0 == offloaded.components["gradients"]
+    # ZeRO-Offload: the gradient partition and the optimizer states live on the CPU; the
+    # reduction buckets stay on the device.
+    buckets = m.zero_bucket_bytes(cfg(zero=2))
+    assert buckets == m.zero_bucket_bytes(cfg(zero=2, offload="optimizer")) > 0
+    assert offloaded.components["optimizer"] == 0
+    assert offloaded.components["gradients"] == buckets
     assert offloaded.host_bytes == (on_gpu.components["optimizer"]
-                                    + on_gpu.components["gradients"])
+                                    + on_gpu.components["gradients"] - buckets)
     full = m.physics(cfg(zero=3, offload="optimizer+param"))
     assert full.components["weights"] == 4 * m.largest_layer_params()
 
