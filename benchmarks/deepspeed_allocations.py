@@ -15,7 +15,7 @@ The GPU proof's ZeRO step prints each row's allocated, reserved, NVML and pinned
 figures beside the emulation, which says where ZeRO-2 + offload's unexplained memory is.
 
     .venv/bin/python benchmarks/deepspeed_allocations.py          # small GPT-2, 4 configs
-    .venv/bin/python benchmarks/deepspeed_allocations.py --gpt2-124m   # H100 file, 20 s
+    .venv/bin/python benchmarks/deepspeed_allocations.py --gpt2-124m   # H100 file, 12 s
 """
 
 from __future__ import annotations
@@ -212,7 +212,9 @@ def compare_h100() -> None:
     replayed with one pool for every stream and with a pool per stream (what the physics
     uses), the physics' total (beside it the CUDA runtime and NCCL's communicator) and
     the measurement with its margin over the total; then the leave-one-out errors as
-    shipped, and with each figure the physics used before instead."""
+    shipped, and with each figure the physics used before instead; then the ZeRO rows
+    through the formulas alone (where the emulation does not apply: several ranks,
+    checkpointing, fp32, ...), with and without the reduction buckets."""
     import statistics
 
     from memory_accuracy import GPU_SHAPES, recorded, spec_for
@@ -267,6 +269,22 @@ def compare_h100() -> None:
         print(f"{label}: uncalibrated median {statistics.median(uncalibrated):.1%}, max "
               f"{max(uncalibrated):.1%}; leave-one-out median {statistics.median(errors):.1%},"
               f" max {worst[0]:.1%} ({worst[1][0].label()})")
+
+    class Formulas(MemoryModel):
+        def zero_replayed(self, c):  # noqa: ANN001, ANN202
+            return False
+
+    class FormulasWithoutBuckets(Formulas):
+        def zero_bucket_bytes(self, c):  # noqa: ANN001, ANN202
+            return 0.0 if c.zero_stage < 3 else super().zero_bucket_bytes(c)
+
+    print("the ZeRO rows through the formulas alone, error against the measurement: with "
+          "the reduction buckets (as shipped there), and without them")
+    for c, bytes_ in measured:
+        if c.zero_stage:
+            with_, without = (kind(shape, device).predict_total(c) / bytes_ - 1
+                              for kind in (Formulas, FormulasWithoutBuckets))
+            print(f"  {c.label():40s} {with_:+7.1%} {without:+7.1%}")
 
 
 def main() -> None:

@@ -286,22 +286,16 @@ class Physics:
         return self.device.is_cuda and zero_replay.applies(self.shape, c, self.world_size)
 
     def zero_bucket_bytes(self, c: TrialConfig) -> float:
-        """ZeRO's gradient reduction buffers of `reduce_bucket_size` elements of the
-        model's 16-bit (or fp32) dtype, allocated whole whatever the model's size: ZeRO-3
-        one, made with its optimizer and kept (stage3.py); ZeRO-1/2 one, or two under
-        overlap_comm, made at each backward's first gradient (ZeRO-2, freed at its end) or
-        a step's first backward (ZeRO-1, kept to the boundary), so they meet the
-        activations at the backward's start. Booked under gradients; where the engine's
-        emulation replays the step, its peak sets the total (when each lives decides it:
-        on the H100 file ZeRO-2, with two, measured 1.1 GiB under ZeRO-1 with one). Where
-        it does not, the formulas count them whole: on the H100 file's ZeRO-1, ZeRO-2 and
-        offload rows that put the formulas 7.2%, 6.9% (over) and 5.1% off where they were
-        13.7%, 7.1% and 19.7% under without them. On a GPU only: a CPU trial's peak is
-        RSS, and the buffers' untouched pages are not resident."""
+        """ZeRO's gradient reduction buffers (`zero_replay.bucket_buffers` of
+        `reduce_bucket_size` elements of the model's dtype), allocated whole whatever the
+        model's size: ZeRO-3's kept from the start, ZeRO-1/2's made at a backward's first
+        gradient, beside nearly all the activations. Booked under gradients: where the
+        engine's emulation replays the step its peak sets the total (when each lives
+        decides it), elsewhere the formulas count them whole (the README has the H100
+        figures of both). On a GPU only: a CPU trial's peak is RSS, and the buffers'
+        untouched pages are not resident."""
         if not self.device.is_cuda or c.zero_stage == 0:
             return 0.0
-        if c.zero_stage >= 3:
-            return _compute_bytes(c.precision) * zero_replay.DEFAULT_BUCKET
         return (_compute_bytes(c.precision) * zero_replay.DEFAULT_BUCKET
                 * zero_replay.bucket_buffers(c.zero_stage))
 

@@ -68,9 +68,10 @@ def overlap_comm(stage: int) -> bool:
 
 
 def bucket_buffers(stage: int) -> int:
-    """DeepSpeed's reduction buffers of `reduce_bucket_size` elements: two under
-    overlap_comm, else one."""
-    return 2 if overlap_comm(stage) else 1
+    """DeepSpeed's reduction buffers of `reduce_bucket_size` elements: at stages 1-2 two
+    under overlap_comm, else one; at stage 3 one per dtype, made with the optimizer and
+    kept (stage3.py), whatever overlap_comm."""
+    return 2 if stage < 3 and overlap_comm(stage) else 1
 
 
 def applies(shape: ModelShape, c: TrialConfig, world_size: int = 1) -> bool:
