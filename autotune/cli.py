@@ -6,8 +6,9 @@ import contextlib
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console, Group
@@ -52,6 +53,18 @@ def _noting_interrupts():
         yield seen
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _unless_interrupted(seen: list[int], callback: Callable[[Any], None]) -> Callable[[Any], None]:
+    """`callback`, first raising KeyboardInterrupt where a Ctrl-C was seen: one that landed
+    where Python ignores exceptions (a finalizer, a library that swallows them) would let
+    the search run on to its end; the next trial started or recorded stops it instead."""
+    def call(arg: Any) -> None:
+        if seen:
+            raise KeyboardInterrupt
+        callback(arg)
+
+    return call
 
 
 def _interrupted() -> None:
@@ -176,8 +189,10 @@ def search(
             live = Live(view.renderable(), console=console, refresh_per_second=4,
                         transient=False) if view.live else contextlib.nullcontext()
             with live:
-                result = run_search(parsed, address=address, on_start=view.on_start,
-                                    on_record=view.on_record)
+                result = run_search(
+                    parsed, address=address,
+                    on_start=_unless_interrupted(interrupts, view.on_start),
+                    on_record=_unless_interrupted(interrupts, view.on_record))
             view.finish()
         except KeyboardInterrupt:
             _interrupted()

@@ -105,6 +105,39 @@ def test_a_ctrl_c_inside_a_storage_commit_still_says_how_to_resume(tmp_path, mon
                                                 optuna.exceptions.StorageInternalError)
 
 
+def test_a_ctrl_c_that_a_library_swallows_still_stops_the_search(tmp_path, monkeypatch):
+    """Ctrl-C whose KeyboardInterrupt is swallowed where it lands (a finalizer, a library's
+    catch-all; the resume test once saw a search run on to exit 0 after its SIGINT): the
+    next trial recorded stops the search as interrupted, exit 130 and the resume hint."""
+    import os
+
+    from typer.testing import CliRunner
+
+    import autotune.cli as cli
+    import autotune.search.run as run
+    from autotune.config import TrialConfig
+    from autotune.records import Outcome, Record
+
+    recorded = []
+
+    def swallowing(*args, on_record, **kwargs):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        except KeyboardInterrupt:
+            pass  # swallowed: the search goes on
+        else:
+            raise AssertionError("no SIGINT arrived")
+        on_record(Record(TrialConfig(4, 1), Outcome("ok", samples_per_second=1.0), "", 0))
+        recorded.append("the search went on past the Ctrl-C")
+        raise AssertionError("the search was not stopped")
+
+    monkeypatch.setattr(run, "run_search", swallowing)
+    result = CliRunner().invoke(cli.app, ["search", str(_spec(tmp_path, n_trials=1))])
+    assert result.exit_code == 130, result.output
+    assert "run the same command again to resume" in result.output and not recorded
+
+
 def test_search_end_to_end_then_resume(tmp_path):
     spec = _spec(tmp_path, n_trials=10)
     out = tmp_path / "out"
