@@ -1,9 +1,13 @@
 from __future__ import annotations
 
+import contextlib
 import copy
+import os
 import sys
+import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,9 +28,21 @@ def _own_device_leases(tmp_path_factory):
     """The suite's trials lease devices among themselves (two searches of one test take
     turns), not against searches a developer runs on the same machine meanwhile, which
     would stall them past their time limits."""
-    import os
-
     os.environ["AUTOTUNE_LEASE_DIR"] = str(tmp_path_factory.mktemp("leases"))
+    os.environ[SESSION_MARK] = uuid.uuid4().hex
+
+
+# Every process the suite starts inherits this variable (through Ray's daemons and the
+# trial launchers too, and keeps it when orphaned), so tests that look for, or kill,
+# trial processes touch only their own: never a search a developer runs beside the suite.
+SESSION_MARK = "AUTOTUNE_TEST_SESSION"
+
+
+def ours(process: psutil.Process) -> bool:
+    """Whether `process` was started by this test session (see SESSION_MARK)."""
+    with contextlib.suppress(psutil.Error):
+        return process.environ().get(SESSION_MARK) == os.environ[SESSION_MARK]
+    return False
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from autotune.config import TrialConfig
 from autotune.errors import ClusterError
 from autotune.spec import load_spec
 from autotune.trials.executor import CLIENT_INIT_ATTEMPTS, RayExecutor
-from tests.conftest import study_names
+from tests.conftest import ours, study_names
 
 pytestmark = pytest.mark.slow
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -267,7 +267,7 @@ def _trial_processes() -> list[psutil.Process]:
     for p in psutil.process_iter(["cmdline"]):
         with contextlib.suppress(psutil.Error):
             cmd = " ".join(p.info["cmdline"] or [])
-            if "autotune.trials.forkserver" in cmd or "autotune.trials.worker" in cmd:
+            if ("autotune.trials.forkserver" in cmd or "autotune.trials.worker" in cmd) and ours(p):
                 out.append(p)
     return out
 
@@ -275,7 +275,8 @@ def _trial_processes() -> list[psutil.Process]:
 def _ray_worker_of_trial() -> psutil.Process | None:
     for p in psutil.process_iter(["cmdline"]):
         with contextlib.suppress(psutil.Error):
-            if "ray::_trial_task" in " ".join(p.info["cmdline"] or []) and p.children():
+            if ("ray::_trial_task" in " ".join(p.info["cmdline"] or []) and p.children()
+                    and ours(p)):
                 return p
     return None
 

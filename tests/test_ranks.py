@@ -14,7 +14,7 @@ import pytest
 
 from autotune.config import TrialConfig
 from autotune.trials.launch import run_trial
-from tests.conftest import trial_request
+from tests.conftest import ours, trial_request
 
 pytestmark = pytest.mark.slow
 
@@ -56,7 +56,7 @@ def test_oom_on_rank_1_is_the_trials_oom_and_ends_every_rank(tiny_spec):
     assert out.error.startswith("rank 1:")
     assert out.wall_seconds < 100  # taken down by torchrun, not by the time limit
     left = [p for p in psutil.process_iter(["cmdline"]) if p.pid not in before
-            and "autotune.trials.worker" in " ".join(p.info["cmdline"] or [])]
+            and "autotune.trials.worker" in " ".join(p.info["cmdline"] or []) and ours(p)]
     assert not left
 
 
@@ -85,8 +85,8 @@ def test_a_rank_the_host_kills_ends_the_trial_as_the_hosts_failure(tiny_spec, tm
                 parents = p.parents()  # a rank: torchrun's child, or its leader's
                 launcher = " ".join(parents[0 if cold else 1].cmdline()) if len(
                     parents) > 1 else ""
-                if not killed and ("torch.distributed.run" in launcher if cold
-                                   else "autotune.trials.forkserver" in launcher):
+                if not killed and ours(p) and ("torch.distributed.run" in launcher if cold
+                                               else "autotune.trials.forkserver" in launcher):
                     p.send_signal(signal.SIGKILL)
                     killed.append(p.pid)
 
