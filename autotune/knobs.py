@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import math
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -168,13 +169,19 @@ OPTIM = Knob(
 
 # --- gradient checkpointing ------------------------------------------------------------
 
+# transformers' lazy module is not thread-safe: threads importing from it at once (the
+# memory benchmark's pool, building its trials' requests) get ImportError.
+_TRANSFORMERS_IMPORT = threading.Lock()
+
+
 @cache
 def _checkpointing_arg() -> str:
     """transformers 5 renamed gradient_checkpointing; use the installed version's name so
     the exported kwargs load without deprecation warnings where they will be used."""
     from dataclasses import fields
 
-    from transformers import TrainingArguments
+    with _TRANSFORMERS_IMPORT:
+        from transformers import TrainingArguments
 
     names = {f.name for f in fields(TrainingArguments)}
     return "activation_checkpointing" if "activation_checkpointing" in names else (

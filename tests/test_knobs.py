@@ -72,3 +72,31 @@ def test_a_new_row_reaches_trials_exports_summary_and_report(tmp_path, tiny_spec
         assert "| persist |" in report.splitlines()[
             next(i for i, line in enumerate(report.splitlines()) if line.startswith("| # |"))]
         assert "persistent workers" in (out / "report.html").read_text()  # the effects grid's panel
+
+
+def test_trainer_args_are_built_from_several_threads_at_once():
+    """transformers' lazy imports are not thread-safe: threads that built their trials'
+    TrainingArguments at once (the memory benchmark's pool) got ImportError. In fresh
+    processes, where transformers is not imported yet."""
+    import subprocess
+    import sys
+
+    code = ("import threading\n"
+            "from autotune.config import TrialConfig\n"
+            "from autotune.trials.trainargs import training_arguments_kwargs\n"
+            "errors = []\n"
+            "def build():\n"
+            "    try:\n"
+            "        training_arguments_kwargs(TrialConfig.of(4, 1, gradient_checkpointing=True),"
+            " seed=0, on_cpu=True, output_dir='/tmp/x')\n"
+            "    except Exception as exc:\n"
+            "        errors.append(repr(exc))\n"
+            "threads = [threading.Thread(target=build) for _ in range(4)]\n"
+            "[t.start() for t in threads]\n"
+            "[t.join() for t in threads]\n"
+            "print(errors)\n")
+    for _ in range(3):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr[-1500:]
+        assert done.stdout.strip().splitlines()[-1] == "[]"

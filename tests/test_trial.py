@@ -116,8 +116,9 @@ def test_warm_launcher_dies_with_what_launched_it():
 
     import psutil
 
-    code = ("import os, time; from autotune.trials import forkserver; "
-            "print(forkserver.server(dict(os.environ)).proc.pid, flush=True); time.sleep(600)")
+    code = ("import os, time; from autotune.trials import forkserver\n"
+            "with forkserver.borrowed(dict(os.environ)) as s:\n"
+            "    print(s.proc.pid, flush=True); time.sleep(600)")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     pid = int(proc.stdout.readline())
     proc.kill()
@@ -127,3 +128,69 @@ def test_warm_launcher_dies_with_what_launched_it():
             psutil.Process(pid).status() != psutil.STATUS_ZOMBIE):
         time.sleep(0.2)
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.timeout(300)
+def test_trials_run_at_once_from_several_threads_each_get_a_warm_launcher(tiny_spec,
+                                                                        monkeypatch):
+    """The memory benchmark runs four trials at a time from a thread pool on a GPU. They
+    once shared this process's one launcher, which runs one trial at a time and answers
+    whoever reads its pipe: a thread took another's trial and hung waiting for its own."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from autotune.trials import forkserver
+
+    monkeypatch.setenv("AUTOTUNE_LEASE_DIR", "off")  # both at once, as that benchmark does
+
+    def one(_: int):
+        started = time.monotonic()
+        out = _run(_spec(tiny_spec), TrialConfig(4, 4), timeout_s=120)
+        return out, started, time.monotonic()
+
+    with ThreadPoolExecutor(2) as pool:
+        (a, a0, a1), (b, b0, b1) = pool.map(one, range(2))
+    for out in (a, b):
+        assert out.status == "ok" and out.extra["launch"] == "warm", out.error
+    assert max(a0, b0) < min(a1, b1)  # they overlapped
+    assert len(forkserver._IDLE) >= 2  # each held a launcher of its own, now idle
+
+
+def test_a_launcher_whose_imports_made_a_cuda_context_is_refused_and_trials_go_cold(
+        tiny_spec, tmp_path):
+    """A library that makes a CUDA context as it is imported (bitsandbytes asks for the
+    device's capability) would leave every forked trial unable to use the GPU, each a
+    "crashed" config. The launcher refuses to serve then; the trials run cold, say why,
+    and the process does not start another launcher for each. (No GPU here: a
+    sitecustomize marks CUDA initialised in the launcher, as that import would.)"""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    starts = tmp_path / "launcher-starts"
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys\n"
+        "if 'autotune.trials.forkserver' in sys.orig_argv:\n"
+        f"    open({str(starts)!r}, 'a').write('started\\n')\n"
+        "    import torch\n"
+        "    torch.cuda._initialized = True\n")
+    code = ("import json, sys\n"
+            "from autotune.config import TrialConfig\n"
+            "from autotune.trials.launch import run_trial\n"
+            "from tests.conftest import trial_request\n"
+            "spec = json.loads(sys.argv[1])\n"
+            "outs = [run_trial(trial_request(spec, TrialConfig(4, 4))) for _ in range(2)]\n"
+            "print(json.dumps([[o.status, o.extra.get('launch'), o.extra.get('cold_because'),"
+            " o.error] for o in outs]))\n")
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{root}")
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(_spec(tiny_spec))],
+                          capture_output=True, text=True, timeout=240, cwd=root, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    outs = json.loads(done.stdout.strip().splitlines()[-1])
+    for status, launch, because, error in outs:
+        assert (status, launch) == ("ok", "cold"), error
+        assert "initialised CUDA" in because
+    assert starts.read_text().count("started") == 1

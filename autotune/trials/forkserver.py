@@ -28,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 # What every trial imports; the optional ones only where installed. Importing them is
@@ -49,6 +49,17 @@ def die_with_parent() -> None:
 
 
 # --- the server -----------------------------------------------------------------------
+
+def _fork_unsafe() -> str | None:
+    """Why this server's forks could not use the GPU, if they could not: a CUDA context
+    made before the fork (by a preloaded library: bitsandbytes asks for the device's
+    capability as it is imported) leaves every forked trial failing with "Cannot
+    re-initialize CUDA in forked subprocess", which would read as the config's crash."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "a preloaded library initialised CUDA, which a forked trial cannot use"
+    return None
+
 
 def _preload() -> None:
     for name in PRELOAD:
@@ -166,7 +177,14 @@ def serve() -> None:
     # (DeepSpeed announces its accelerator), which must not reach the launcher.
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
+    # torch.cuda.is_available() through NVML, so that asking makes no CUDA context here.
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     _preload()
+    refused = _fork_unsafe()
+    if refused:  # the launcher runs its trials cold, and says why
+        out.write(json.dumps({"refused": refused}) + "\n")
+        out.flush()
+        os._exit(3)
     out.write(json.dumps({"ready": os.getpid()}) + "\n")
     out.flush()
     for line in sys.stdin:
@@ -188,15 +206,22 @@ def serve() -> None:
 # --- the client, in the launching process -------------------------------------------------
 
 class ForkServer:
-    """One server per launching process (a Ray worker runs one trial at a time)."""
+    """A server runs one trial at a time; `borrowed` lends each to one trial at a time."""
 
     def __init__(self, env: dict[str, str]) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "autotune.trials.forkserver"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
-        if self._read(START_TIMEOUT_S) is None:
+        try:
+            hello = self._read(START_TIMEOUT_S)
+        except RuntimeError:
             self.close()
-            raise RuntimeError("the warm launcher did not start")
+            raise
+        if hello is None or "ready" not in hello:
+            self.close()
+            raise RuntimeError("the warm launcher " + (
+                f"refused: {hello['refused']}" if hello and "refused" in hello
+                else "did not start"))
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -241,17 +266,40 @@ class ForkServer:
             self.proc.wait(timeout=10)
 
 
-_SERVER: ForkServer | None = None
+_IDLE: list[ForkServer] = []
 _LOCK = threading.Lock()
+_START_FAILED: list[str] = []  # why a server of this process would not start
 
 
-def server(env: dict[str, str]) -> ForkServer:
-    """This process's warm launcher, started on first use (and again if it died)."""
-    global _SERVER
+@contextlib.contextmanager
+def borrowed(env: dict[str, str]) -> Iterator[ForkServer]:
+    """A warm launcher of this process's for one trial: an idle one, else a new one. A
+    server answers on one pipe whoever reads it, so trials run at once from several
+    threads (the memory benchmark's pool) each hold their own; a Ray worker, one trial at
+    a time, keeps reusing one. One that was left mid-trial (an exception, Ctrl-C) is
+    closed, not lent again. Once one would not start, this process's trials go cold
+    (RuntimeError) rather than pay the imports again for each."""
     with _LOCK:
-        if _SERVER is None or not _SERVER.alive():
-            _SERVER = ForkServer(env)
-        return _SERVER
+        if _START_FAILED:
+            raise RuntimeError(_START_FAILED[0])
+        while _IDLE and not _IDLE[-1].alive():
+            _IDLE.pop().close()
+        lent = _IDLE.pop() if _IDLE else None
+    if lent is None:
+        try:
+            lent = ForkServer(env)
+        except RuntimeError as exc:
+            with _LOCK:
+                _START_FAILED.append(str(exc))
+            raise
+    try:
+        yield lent
+    except BaseException:
+        lent.close()
+        raise
+    if lent.alive():
+        with _LOCK:
+            _IDLE.append(lent)
 
 
 if __name__ == "__main__":

@@ -105,23 +105,23 @@ def _run_cold(request: TrialRequest, tmpdir: Path, env: dict[str, str]) -> tuple
 
 def _run_warm(request: TrialRequest, tmpdir: Path, env: dict[str, str]) -> tuple[int, bool]:
     """(return code, timed out) of the trial forked from this process's warm launcher."""
-    server = forkserver.server(dict(os.environ))
-    pid = server.start({"request": str(tmpdir / "request.json"),
-                        "result": str(tmpdir / "result.json"),
-                        "log": str(tmpdir / "stderr.log"), "cwd": str(tmpdir), "env": env,
-                        "world_size": request.world_size})
-    try:
-        code = server.wait(pid, request.timeout_s)
-        if code is not None:
-            return code, False
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)  # its own session: the trial and its children
-        code = server.wait(pid, None)
-        return (code if code is not None else -signal.SIGKILL), True
-    except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
-        raise
+    with forkserver.borrowed(dict(os.environ)) as server:
+        pid = server.start({"request": str(tmpdir / "request.json"),
+                            "result": str(tmpdir / "result.json"),
+                            "log": str(tmpdir / "stderr.log"), "cwd": str(tmpdir),
+                            "env": env, "world_size": request.world_size})
+        try:
+            code = server.wait(pid, request.timeout_s)
+            if code is not None:
+                return code, False
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)  # its own session: the trial and its children
+            code = server.wait(pid, None)
+            return (code if code is not None else -signal.SIGKILL), True
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            raise
 
 
 def run_trial(request: TrialRequest) -> Outcome:
@@ -149,11 +149,12 @@ def _run_trial(request: TrialRequest) -> Outcome:
         (tmpdir / "request.json").write_text(request.to_json())
         env = _environment(request.world_size, request.cpu_threads)
         warm = os.environ.get("AUTOTUNE_COLD_TRIALS") != "1"
+        cold_because = None
         try:
             code, timed_out = _run_warm(request, tmpdir, env) if warm else _run_cold(
                 request, tmpdir, env)
-        except RuntimeError:  # the warm launcher could not start or fork: go cold
-            warm = False
+        except RuntimeError as exc:  # the warm launcher could not start or fork: go cold
+            warm, cold_because = False, str(exc)[:200]
             code, timed_out = _run_cold(request, tmpdir, env)
         log_path = tmpdir / "stderr.log"
         log_tail = log_path.read_text(errors="replace")[-STDERR_TAIL_CHARS:] if (
@@ -173,6 +174,8 @@ def _run_trial(request: TrialRequest) -> Outcome:
                                      host_share, on_gpu=not request.on_cpu)
     outcome.wall_seconds = time.time() - started
     outcome.extra["launch"] = "warm" if warm else "cold"
+    if cold_because:
+        outcome.extra["cold_because"] = cold_because
     return outcome
 
 
