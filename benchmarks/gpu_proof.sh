@@ -5,6 +5,7 @@
 # On a machine that reaches no package registry, carry missing wheels in .whl/ (the
 # device tool's README says how); they are installed to a private target first.
 set -uo pipefail
+export GPU_PROOF_T0=${GPU_PROOF_T0:-$(date +%s)}  # the steps' boxes end within the call
 cd "$(dirname "$0")/.."
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \

@@ -24,7 +24,7 @@ import os
 import re
 import statistics
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from autotune.config import TrialConfig
@@ -118,8 +118,18 @@ def measure(name: str, quick: bool, device: DeviceSpec, parallel: int,
                                      timeout_s=400, cpu_threads=max(1, node_cpus() // parallel)))
         return cfg, out, time.time() - started
 
+    # Each trial is printed as it ends, so a run cut off (the GPU proof's box) still has
+    # the figures it took; the table with the calibrated errors follows once all are in.
+    order = configs or config_fn(spec.target_batch_size, quick)
+    ended = {}
     with ThreadPoolExecutor(max_workers=parallel) as pool:
-        results = list(pool.map(one, configs or config_fn(spec.target_batch_size, quick)))
+        for done in as_completed([pool.submit(one, c) for c in order]):
+            cfg, out, secs = done.result()
+            peak = f"{out.peak_memory_bytes / 2**20:.0f} MiB" if out.peak_memory_bytes else "—"
+            print(f"  finished {cfg.label()}: {out.status}, peak {peak}, {secs:.0f} s",
+                  flush=True)
+            ended[cfg] = (cfg, out, secs)
+    results = [ended[c] for c in order]
     measured, notes = [], {}
     for cfg, out, secs in results:
         if not out.ok or not out.peak_memory_bytes:
@@ -210,6 +220,9 @@ def report(shape, device: DeviceSpec, measured: list[tuple[TrialConfig, int]],
            notes: dict | None = None) -> list[float]:
     """Print measured vs physics vs leave-one-out calibrated figures; return the latter's
     relative errors."""
+    if not measured:
+        print("  nothing measured", flush=True)
+        return []
     errors = leave_one_out_errors(shape, device, 1, measured)
     physics_errors = []
     for (cfg, actual), err in zip(measured, errors, strict=True):
@@ -306,8 +319,11 @@ def main() -> None:
         picked = (proof_configs(shapes[name][-1], device.is_cuda, i == 0) if args.proof
                   else None)
         all_errors += measure(name, args.quick, device, args.parallel, picked)
-    print(f"overall: {len(all_errors)} trials, median calibrated (leave-one-out) relative "
-          f"error {statistics.median(all_errors):.1%}, max {max(all_errors):.1%}")
+    if all_errors:
+        print(f"overall: {len(all_errors)} trials, median calibrated (leave-one-out) "
+              f"relative error {statistics.median(all_errors):.1%}, max {max(all_errors):.1%}")
+    else:
+        print("overall: no trial measured")
 
 
 def toolbox() -> None:
