@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the project claims about GPUs, in one device call: see gpu_proof.py.
-#   benchmarks/gpu_proof.sh OUTDIR               on a GPU machine (about 9 minutes)
+#   benchmarks/gpu_proof.sh OUTDIR               on a GPU machine (at most 9 minutes)
 #   benchmarks/gpu_proof.sh --rehearse OUTDIR    the same steps on CPU, tiny shapes
 # On a machine that reaches no package registry, carry missing wheels in .whl/ (the
 # device tool's README says how); they are installed to a private target first.

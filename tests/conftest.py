@@ -35,6 +35,7 @@ def _own_device_leases(tmp_path_factory):
 # Every process the suite starts inherits this variable (through Ray's daemons and the
 # trial launchers too, and keeps it when orphaned), so tests that look for, or kill,
 # trial processes touch only their own: never a search a developer runs beside the suite.
+# (A Ray worker that retitles itself can blank its /proc environ: its children keep it.)
 SESSION_MARK = "AUTOTUNE_TEST_SESSION"
 
 

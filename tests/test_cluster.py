@@ -275,8 +275,9 @@ def _trial_processes() -> list[psutil.Process]:
 def _ray_worker_of_trial() -> psutil.Process | None:
     for p in psutil.process_iter(["cmdline"]):
         with contextlib.suppress(psutil.Error):
-            if ("ray::_trial_task" in " ".join(p.info["cmdline"] or []) and p.children()
-                    and ours(p)):
+            children = p.children()  # Ray's retitled worker may show a blank environ:
+            if ("ray::_trial_task" in " ".join(p.info["cmdline"] or []) and children
+                    and (ours(p) or any(ours(c) for c in children))):  # its trial's is whole
                 return p
     return None
 

@@ -142,6 +142,8 @@ def test_trials_run_at_once_from_several_threads_each_get_a_warm_launcher(tiny_s
     from autotune.trials import forkserver
 
     monkeypatch.setenv("AUTOTUNE_LEASE_DIR", "off")  # both at once, as that benchmark does
+    while forkserver._IDLE:  # earlier tests' launchers: this test counts its own
+        forkserver._IDLE.pop().close()
 
     def one(_: int):
         started = time.monotonic()
@@ -153,7 +155,7 @@ def test_trials_run_at_once_from_several_threads_each_get_a_warm_launcher(tiny_s
     for out in (a, b):
         assert out.status == "ok" and out.extra["launch"] == "warm", out.error
     assert max(a0, b0) < min(a1, b1)  # they overlapped
-    assert len(forkserver._IDLE) >= 2  # each held a launcher of its own, now idle
+    assert len(forkserver._IDLE) == 2  # each held a launcher of its own, now idle
 
 
 def test_a_launcher_whose_imports_made_a_cuda_context_is_refused_and_trials_go_cold(
@@ -194,3 +196,30 @@ def test_a_launcher_whose_imports_made_a_cuda_context_is_refused_and_trials_go_c
         assert (status, launch) == ("ok", "cold"), error
         assert "initialised CUDA" in because
     assert starts.read_text().count("started") == 1
+
+
+def test_a_trial_that_ends_at_once_is_not_waited_for_past_its_end():
+    """The server's two lines for a trial that ends at once (its pid, its return code) can
+    come in one read. Read through a buffered file, the second sat where select() could
+    not see it: the wait ran to the trial's time limit, then waited for ever. (A scripted
+    server: the protocol's peer, writing both lines at once.)"""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    from autotune.trials.forkserver import ForkServer
+
+    lines = json.dumps({"pid": 7}) + "\n" + json.dumps({"pid": 7, "returncode": 3}) + "\n"
+    both = f"import sys, time; sys.stdout.write({lines!r}); sys.stdout.flush(); time.sleep(30)"
+    server = ForkServer.__new__(ForkServer)
+    server._pending = b""
+    server.proc = subprocess.Popen([sys.executable, "-c", both], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, text=True)
+    try:
+        assert server._read(20) == {"pid": 7}
+        started = time.monotonic()
+        assert server.wait(7, 10) == 3
+        assert time.monotonic() - started < 5
+    finally:
+        server.close()

@@ -9,9 +9,11 @@ before the fork (a forked CUDA context is unusable), only imported. A trial of s
 ranks is forked as a leader that forks its ranks and does what torchrun does for one
 node: each rank's environment, and the first rank to fail takes the others down.
 
-Protocol, one JSON object per line: the launcher writes {"request", "result", "log",
-"cwd", "env"}; the server answers {"pid"} once the trial runs, then {"pid",
-"returncode"} when it has ended (negative: killed by that signal).
+Protocol, one JSON object per line: the server first says {"ready"}, or {"refused"} with
+why it cannot fork usable trials (a preloaded library made a CUDA context), then exits;
+the launcher writes {"request", "result", "log", "cwd", "env"}; the server answers {"pid"}
+once the trial runs, then {"pid", "returncode"} when it has ended (negative: killed by
+that signal).
 """
 
 from __future__ import annotations
@@ -205,35 +207,49 @@ def serve() -> None:
 
 # --- the client, in the launching process -------------------------------------------------
 
+class LauncherRefused(RuntimeError):
+    """The server said its forks could not use the GPU: so would any other of this process."""
+
+
 class ForkServer:
     """A server runs one trial at a time; `borrowed` lends each to one trial at a time."""
 
     def __init__(self, env: dict[str, str]) -> None:
+        self._pending = b""
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "autotune.trials.forkserver"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
         try:
             hello = self._read(START_TIMEOUT_S)
-        except RuntimeError:
+        except BaseException:  # Ctrl-C or a cancelled task mid-start too: no stray server
             self.close()
             raise
         if hello is None or "ready" not in hello:
             self.close()
-            raise RuntimeError("the warm launcher " + (
-                f"refused: {hello['refused']}" if hello and "refused" in hello
-                else "did not start"))
+            if hello and "refused" in hello:
+                raise LauncherRefused(f"the warm launcher refused: {hello['refused']}")
+            raise RuntimeError("the warm launcher did not start")
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
     def _read(self, timeout: float | None) -> dict[str, Any] | None:
+        """The server's next line, or None when `timeout` passed first. Read from the pipe
+        itself, not a buffered file: one read may bring two lines (a trial that ends at
+        once), and the second must not sit in a buffer that select() cannot see."""
         assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not ready:
-            return None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError("the warm launcher exited")
+        fd = self.proc.stdout.fileno()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self._pending:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise RuntimeError("the warm launcher exited")
+            self._pending += chunk
+        line, _, self._pending = self._pending.partition(b"\n")
         return json.loads(line)
 
     def start(self, job: dict[str, Any]) -> int:
@@ -268,7 +284,7 @@ class ForkServer:
 
 _IDLE: list[ForkServer] = []
 _LOCK = threading.Lock()
-_START_FAILED: list[str] = []  # why a server of this process would not start
+_REFUSED: list[str] = []  # why this process's servers refuse to serve (it will not change)
 
 
 @contextlib.contextmanager
@@ -277,20 +293,20 @@ def borrowed(env: dict[str, str]) -> Iterator[ForkServer]:
     server answers on one pipe whoever reads it, so trials run at once from several
     threads (the memory benchmark's pool) each hold their own; a Ray worker, one trial at
     a time, keeps reusing one. One that was left mid-trial (an exception, Ctrl-C) is
-    closed, not lent again. Once one would not start, this process's trials go cold
+    closed, not lent again. Once one refused, this process's trials go cold
     (RuntimeError) rather than pay the imports again for each."""
     with _LOCK:
-        if _START_FAILED:
-            raise RuntimeError(_START_FAILED[0])
+        if _REFUSED:
+            raise LauncherRefused(_REFUSED[0])
         while _IDLE and not _IDLE[-1].alive():
             _IDLE.pop().close()
         lent = _IDLE.pop() if _IDLE else None
     if lent is None:
         try:
             lent = ForkServer(env)
-        except RuntimeError as exc:
+        except LauncherRefused as exc:
             with _LOCK:
-                _START_FAILED.append(str(exc))
+                _REFUSED.append(str(exc))
             raise
     try:
         yield lent
