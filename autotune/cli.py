@@ -17,6 +17,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from autotune.errors import AutotuneError
+from autotune.files import write_atomically
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Find the fastest training configuration that fits, with real trials.")
@@ -280,7 +281,7 @@ def report(
             summary = summary_from_storage(source, study_name)
             folder = output or Path("autotune-report")
             folder.mkdir(parents=True, exist_ok=True)
-            (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            write_atomically(folder / "summary.json", json.dumps(summary, indent=2) + "\n")
         else:
             folder = Path(source)
         md, html = write_report(folder)

@@ -12,6 +12,7 @@ from typing import Any
 
 from autotune.config import TrialConfig
 from autotune.errors import AutotuneError
+from autotune.files import write_atomically
 from autotune.records import Record
 
 SUMMARY_FILE = "summary.json"
@@ -204,8 +205,7 @@ class Summary:
 
     def write(self, folder: Path) -> Path:
         path = folder / SUMMARY_FILE
-        path.write_text(json.dumps(self.to_dict(), indent=2, default=str) + "\n")
-        return path
+        return write_atomically(path, json.dumps(self.to_dict(), indent=2, default=str) + "\n")
 
 
 def load_summary(output_dir: str | Path) -> Summary:

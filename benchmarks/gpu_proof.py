@@ -169,7 +169,10 @@ def _vanilla_trial(spec: dict) -> dict:
 
 
 def bert_step(rehearse: bool, out: Path) -> None:
-    """Vanilla against the tuner's pick, same model and data; printed and saved."""
+    """Vanilla against the tuner's pick, same model and data; printed and saved (whole:
+    the report reads the file while this step may be killed)."""
+    from autotune.files import write_atomically
+
     spec = _bert_spec(rehearse, out)
     vanilla = _vanilla_trial(spec)
     rows = {"vanilla": {"config": "b4x1 fp32 adamw_torch",
@@ -177,7 +180,7 @@ def bert_step(rehearse: bool, out: Path) -> None:
                         "peak_memory_bytes": vanilla.get("peak_memory_bytes"),
                         "mfu": (vanilla.get("extra") or {}).get("mfu"),
                         "status": vanilla.get("status")}}
-    _write_atomically(out / "bert.json", rows)  # kept if the box ends the search
+    write_atomically(out / "bert.json", json.dumps(rows, indent=2))  # kept if the search is cut
     import autotune
     from autotune.errors import AutotuneError
     from autotune.summary import load_summary
@@ -196,15 +199,8 @@ def bert_step(rehearse: bool, out: Path) -> None:
                          "mfu": best.outcome.extra.get("mfu"), "status": best.outcome.status}
         if interrupted:
             rows["tuned"]["note"] = "the best of the trials finished by the step's box"
-    _write_atomically(out / "bert.json", rows)
+    write_atomically(out / "bert.json", json.dumps(rows, indent=2))
     print(json.dumps(rows, indent=2))
-
-
-def _write_atomically(path: Path, data: dict) -> None:
-    """A file the report reads while this step may be killed: never half written."""
-    part = path.with_suffix(".part")
-    part.write_text(json.dumps(data, indent=2))
-    part.replace(path)
 
 
 def memory_step(rehearse: bool, out: Path) -> None:

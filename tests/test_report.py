@@ -350,3 +350,26 @@ def test_sparse_reports_render_in_chromium(tmp_path: Path, kind: str) -> None:
     present = [p.div_id for p in PANELS if f'id="{p.div_id}"' in page]
     assert (kind == "empty") == (not present)
     _assert_plots_drew(_rendered_dom(html), present)
+
+
+def test_a_write_that_fails_midway_leaves_the_previous_file_whole(tmp_path, monkeypatch):
+    """A search killed while writing (a time box, the kernel) must not leave half a
+    summary.json where a whole one was: files are written beside and renamed over."""
+    from pathlib import Path
+
+    from autotune.files import write_atomically
+
+    target = tmp_path / "summary.json"
+    write_atomically(target, '{"trials": []}\n')
+
+    def dies_midway(self, text, *args, **kwargs):
+        with open(self, "w") as f:
+            f.write(text[:3])
+        raise KeyboardInterrupt  # as a kill would, mid-write
+
+    monkeypatch.setattr(Path, "write_text", dies_midway)
+    with pytest.raises(KeyboardInterrupt):
+        write_atomically(target, '{"trials": [1, 2, 3]}\n')
+    monkeypatch.undo()
+    assert target.read_text() == '{"trials": []}\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]  # no part left

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from autotune.files import write_atomically
 from autotune.trials.trainargs import (
     accelerate_config,
     deepspeed_config,
@@ -50,25 +51,25 @@ def export_config(config: TrialConfig, output: Path, *, on_cpu: bool, seed: int,
     from autotune.trials.lora import lora_config_kwargs
 
     output.mkdir(parents=True, exist_ok=True)
-    (output / ACCELERATE_FILE).write_text(yaml.safe_dump(
+    write_atomically(output / ACCELERATE_FILE, yaml.safe_dump(
         accelerate_config(config, world_size=world_size, on_cpu=on_cpu,
                           deepspeed_file=DEEPSPEED_FILE), sort_keys=False))
     model_path, loading = output / MODEL_KWARGS_FILE, model_kwargs(config)
     if loading:
-        model_path.write_text(json.dumps(loading, indent=2) + "\n")
+        write_atomically(model_path, json.dumps(loading, indent=2) + "\n")
     elif model_path.exists():
         model_path.unlink()
     lora_path = output / LORA_FILE
     if lora is not None:
-        lora_path.write_text(json.dumps(lora_config_kwargs(lora, task), indent=2) + "\n")
+        write_atomically(lora_path, json.dumps(lora_config_kwargs(lora, task), indent=2) + "\n")
     elif lora_path.exists():
         lora_path.unlink()
     kwargs = training_arguments_kwargs(config, seed=seed, world_size=world_size, on_cpu=on_cpu)
-    (output / TRAINING_ARGS_FILE).write_text(json.dumps(kwargs, indent=2) + "\n")
+    write_atomically(output / TRAINING_ARGS_FILE, json.dumps(kwargs, indent=2) + "\n")
     ds = deepspeed_config(config, world_size=world_size)
     ds_path = output / DEEPSPEED_FILE
     if ds is not None:
-        ds_path.write_text(json.dumps(ds, indent=2) + "\n")
+        write_atomically(ds_path, json.dumps(ds, indent=2) + "\n")
     elif ds_path.exists():  # a stale file from an earlier winner would mislead
         ds_path.unlink()
     return {"training_args": TRAINING_ARGS_FILE,

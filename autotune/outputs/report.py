@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune import knobs
+from autotune.files import write_atomically
 from autotune.outputs.report_plots import STATUS_COLORS, figures, known, shown_knobs
 from autotune.records import Record
 from autotune.summary import Summary, load_summary
@@ -588,8 +589,8 @@ def write_report(output_dir: str | Path) -> tuple[Path, Path]:
     out = Path(output_dir)
     summary = load_summary(out)
     md_path, html_path = out / MARKDOWN_FILE, out / HTML_FILE
-    md_path.write_text(render_markdown(summary))
-    html_path.write_text(render_html(summary), encoding="utf-8")
+    write_atomically(md_path, render_markdown(summary))
+    write_atomically(html_path, render_html(summary))
     return md_path, html_path
 
 

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.files import write_atomically
 from autotune.records import Outcome
 from autotune.trials.trainargs import training_arguments_kwargs
 
@@ -82,10 +83,7 @@ def rss_path(result_path: str | Path) -> str:
 
 def write_result(path: str | Path, outcome: Outcome) -> None:
     """Atomically: a budget watch may end the process at any moment."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(outcome.to_dict(), f, default=str)
-    os.replace(tmp, path)
+    write_atomically(path, json.dumps(outcome.to_dict(), default=str))
 
 
 def read_result(path: str | Path) -> Outcome:
