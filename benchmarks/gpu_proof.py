@@ -121,7 +121,7 @@ def _step(name: str, cmd: list[str], box: int, out: Path, log: list[dict],
 
     if deadline is not None:
         box = min(box, int(deadline - FINISH_S - time.time()))
-    if box < 2 * grace:
+    if box < max(2 * grace, 1):  # a box of none (grace 0) is no box either
         log.append({"step": name, "exit": "no time left", "seconds": 0, "box": box,
                     "log": ""})
         print(f"[{name}] skipped: {box} s left before the call's end", flush=True)
