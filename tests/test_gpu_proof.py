@@ -52,3 +52,13 @@ def test_a_box_is_cut_to_the_calls_end_and_a_step_without_time_is_skipped(tmp_pa
     assert gpu_proof._step("fits", [sys.executable, "-c", "pass"], 100, tmp_path, log,
                            deadline=later, grace=3) == 0
     assert log[0]["box"] <= 30
+
+
+def test_a_step_without_grace_is_killed_at_its_box(tmp_path):
+    """The memory step: no Ctrl-C first (its launchers would die of it), killed at the box."""
+    log: list[dict] = []
+    started = time.time()
+    assert gpu_proof._step("memory", [sys.executable, "-c", "import time; time.sleep(60)"],
+                           3, tmp_path, log, grace=0) is None
+    assert 3 <= time.time() - started < 3 + 5
+    assert log[0]["exit"] is None
