@@ -11,12 +11,21 @@ from autotune.plan.device import DeviceSpec, GiB, named_device
 
 NAMES = [("NVIDIA L40S", "L40S-48GB"), ("NVIDIA L4", "L4-24GB"), ("A100-SXM4-40GB", "A100-40GB"),
          ("Tesla V100", "V100-16GB"), ("H100 80GB HBM3", "H100-80GB"),
-         ("RTX 4090", "RTX4090-24GB")]
+         ("RTX 4090", "RTX4090-24GB"), ("NVIDIA H100 PCIe", "H100PCIE-80GB"),
+         ("NVIDIA H100 NVL", "H100NVL-94GB"), ("NVIDIA H200 NVL", "H200NVL-141GB"),
+         ("NVIDIA H200", "H200-141GB"), ("h100", "H100-80GB")]
 
 
 @pytest.mark.parametrize("name,key", NAMES)
 def test_named_devices(name, key):
     assert named_device(name).name == key
+
+
+def test_card_variants_keep_their_own_peaks():
+    """An H100 PCIe's MFU is taken against its own peak, not the SXM part's."""
+    sxm, pcie = named_device("NVIDIA H100 80GB HBM3"), named_device("NVIDIA H100 PCIe")
+    assert pcie.peak_flops["bf16"] < 0.8 * sxm.peak_flops["bf16"]
+    assert named_device("NVIDIA H100 NVL").memory_bytes == 94 * GiB
 
 
 def test_unknown_name_lists_known_ones():

@@ -76,6 +76,11 @@ KNOWN_DEVICES: dict[str, tuple[float, tuple[int, int], dict[str, float]]] = {
     "L40S-48GB": (48, (8, 9), _ampere_plus(91.6, 183, 362)),
     "H100-80GB": (80, (9, 0), _HOPPER),
     "H200-141GB": (141, (9, 0), _HOPPER),
+    # The same chip on a card's power budget: fewer SMs or lower clocks, a quarter lower
+    # peaks, so an MFU against the SXM figures would read low by as much.
+    "H100PCIE-80GB": (80, (9, 0), _ampere_plus(51, 378, 756)),
+    "H100NVL-94GB": (94, (9, 0), _ampere_plus(60, 418, 835)),
+    "H200NVL-141GB": (141, (9, 0), _ampere_plus(60, 418, 835)),
 }
 
 
