@@ -208,6 +208,11 @@ def search(
     console.print(f"files in [bold]{result.output}[/]: "
                   + ", ".join([*files, "summary.json", "report.md", "report.html"]))
     if result.best is None:
+        if result.summary.only_baseline_ran:
+            from autotune.outputs.report import ONLY_BASELINE
+
+            err_console.print(f"[bold red]no winner:[/] {ONLY_BASELINE}", highlight=False,
+                              soft_wrap=True)
         raise typer.Exit(1)
 
 

@@ -156,6 +156,11 @@ class TrialConfig:
             raise AttributeError(name)
         return getattr(family, name)
 
+    @property
+    def samples_per_rank(self) -> int:
+        """Samples one rank takes per optimizer step: batch × accumulation."""
+        return self.per_device_train_batch_size * self.gradient_accumulation_steps
+
     def to_dict(self) -> dict[str, Any]:
         return {BATCH: self.per_device_train_batch_size,
                 ACCUMULATION: self.gradient_accumulation_steps} | self.family.to_dict()

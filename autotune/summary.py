@@ -122,9 +122,21 @@ class Summary:
         ok = [t for t in self.searched if t.outcome.ok]
         if self.confirmation is not None:
             return next((t for t in ok if t.config == self.confirmation.winner), None)
-        # The baseline's chain is the reference (its effective batch may have shrunk).
-        eligible = [t for t in ok if t.reason != "baseline"] or ok
+        # Only a config that trains the target effective batch wins: the baseline's chain
+        # is the reference (its effective batch shrinks with its batch).
+        eligible = [t for t in ok if t.config.samples_per_rank == self.per_rank_target]
         return max(eligible, key=lambda t: t.outcome.score or 0.0) if eligible else None
+
+    @property
+    def per_rank_target(self) -> int:
+        return self.target_batch_size // max(1, self.world_size)
+
+    @property
+    def only_baseline_ran(self) -> bool:
+        """Trials succeeded, but none at the target effective batch: the budget ended
+        inside the baseline's auto_find_batch_size probes."""
+        ok = [t for t in self.searched if t.outcome.ok]
+        return bool(ok) and self.best is None
 
     def throughput(self, record: Record | None) -> float | None:
         """A config's samples/s: its confirmed median where confirmed, else its trial's."""

@@ -95,7 +95,7 @@ def test_confirmation_picks_the_winner_on_medians_with_an_interval():
     searched = [_rec(0, "fp32", [], batch=8, reason="baseline", sps=10.0),
                 _rec(1, "bf16", [], sps=15.0), _rec(2, "bf16", [], batch=2, sps=14.6),
                 _rec(3, "bf16", [], batch=8, sps=12.0)]
-    roles = [(role, r.number) for role, r in confirm.contenders(searched)]
+    roles = [(role, r.number) for role, r in confirm.contenders(searched, 16)]
     assert roles == [("best", 1), ("runner-up", 2), ("baseline", 0)]  # 12.0 is not within 5%
     runs = {1: [13.0, 13.2, 12.9], 2: [14.1, 14.3, 14.0], 0: [10.0, 10.2, 9.9]}
     history = list(searched)
@@ -104,7 +104,7 @@ def test_confirmation_picks_the_winner_on_medians_with_an_interval():
             r = searched[n] if n else searched[0]
             history.append(Record(r.config, Outcome("ok", samples_per_second=runs[n][rep]),
                                   confirm.REASON, 10 + len(history)))
-    c = confirm.summarise(history, 3, 8)
+    c = confirm.summarise(history, 3, 8, 16)
     assert c.winner == searched[2].config  # the single best measurement did not hold up
     assert c.speedup == pytest.approx(14.1 / 10.0)
     assert c.speedup_low <= c.speedup <= c.speedup_high
@@ -116,15 +116,37 @@ def test_a_baseline_chain_config_is_the_reference_never_the_winner():
     effective batch of 15 for a target of 32) measured fastest and was reported as the
     best config. The winner must train the target effective batch."""
     searched = [_rec(0, "fp32", [], batch=14, reason="baseline", sps=28.0),
-                _rec(1, "fp32", [], batch=16, reason="baseline", sps=27.0),
+                _rec(1, "fp32", [], batch=12, reason="baseline", sps=27.0),
                 _rec(2, "fp32", [], batch=8, sps=26.5)]
-    roles = [(role, r.number) for role, r in confirm.contenders(searched)]
-    assert roles == [("best", 2), ("baseline", 1)]
+    roles = [(role, r.number) for role, r in confirm.contenders(searched, 16)]
+    assert roles == [("best", 2), ("baseline", 0)]
     history = list(searched) + [
         Record(searched[n].config, Outcome("ok", samples_per_second=sps), confirm.REASON,
-               10 + i) for i, (n, sps) in enumerate([(2, 26.0), (1, 27.5), (2, 26.2)])]
-    c = confirm.summarise(history, 2, 8)
+               10 + i) for i, (n, sps) in enumerate([(2, 26.0), (0, 27.5), (2, 26.2)])]
+    c = confirm.summarise(history, 2, 8, 16)
     assert c.winner == searched[2].config and c.speedup < 1  # said as it is
+
+
+def test_a_budget_spent_on_the_baseline_probes_has_no_winner(tmp_path):
+    """Found by a review: `--trials 3` went to the baseline's probes (b15x1, b22x1, an
+    OOM at b28x1 for a target of 32), and b15x1 was exported as the winner, training 15
+    samples a step while the report said 32. Now there is none, and the report says why;
+    a baseline at the chain's top trains the target and may win."""
+    from autotune.outputs.report import ONLY_BASELINE, headline
+    from autotune.summary import Summary
+
+    probes = [_rec(0, "fp32", [], batch=14, reason="baseline", sps=28.0),
+              _rec(1, "fp32", [], batch=12, reason="baseline", sps=27.0)]
+    assert confirm.contenders(probes, 16) == []
+    summary = Summary(model={}, device={}, memory_limit_bytes=1, target_batch_size=16,
+                      world_size=1, seq_len=8, trials=probes)
+    assert summary.best is None and summary.only_baseline_ran
+    assert headline(summary)[0].detail == ONLY_BASELINE
+    top = _rec(2, "fp32", [], batch=16, reason="baseline", sps=26.0)
+    assert [r.number for _, r in confirm.contenders([*probes, top], 16)] == [2]
+    summary.trials = [*probes, top]
+    assert summary.best is top
+    assert "effective batch 16 (16 × 1 accumulation × 1 rank)" in headline(summary)[0].detail
 
 
 def test_a_baseline_that_runs_out_of_memory_in_a_longer_run_moves_down_its_chain(tmp_path):
@@ -138,7 +160,7 @@ def test_a_baseline_that_runs_out_of_memory_in_a_longer_run_moves_down_its_chain
     base = TrialConfig.of(16, 1)
     searched = [Record(base, Outcome("ok", samples_per_second=20.0), "baseline", 0),
                 _rec(1, "fp32", [], batch=4, sps=24.0)]
-    picked = confirm.contenders(searched)
+    picked = confirm.contenders(searched, 16)
     assert [role for role, _ in picked] == ["best", "baseline"]
     spec = load_spec(TINY_SPEC | {"output": str(tmp_path / "out")})
     ctx = SearchContext([], DeviceSpec("cpu", "cpu", 2**34), 1, 16, 2**30)
@@ -155,7 +177,7 @@ def test_a_baseline_that_runs_out_of_memory_in_a_longer_run_moves_down_its_chain
     assert asked == [4, 16, 14, 4, 14]  # round-robin; the OOM moved the baseline to 14
     assert strategy.ask(history) is None
     assert (tmp_path / "b14x1-fp32-adamw_torch" / "training_args.json").exists()
-    c = confirm.summarise(history, 2, 8)
+    c = confirm.summarise(history, 2, 8, 16)
     row = next(r for r in c.rows if r.role == "baseline")
     assert row.config == TrialConfig.of(14, 1) and row.searched_number is None
     assert row.samples_per_second == [19.0, 19.5]

@@ -124,14 +124,22 @@ def headline(summary: Summary) -> list[Fact]:
             _search_fact(summary)]
 
 
+ONLY_BASELINE = ("no config at the target effective batch finished: the trials went to the "
+                 "baseline's auto_find_batch_size probes (raise search.n_trials / --trials)")
+
+
 def _best_fact(summary: Summary) -> Fact:
     best = summary.best
     if best is None:
-        return Fact("Best config", "none", "no trial succeeded: see the errors in the table")
+        return Fact("Best config", "none", ONLY_BASELINE if summary.only_baseline_ran
+                    else "no trial succeeded: see the errors in the table")
     compiled = known(best.outcome.extra.get("compile_seconds"))
     paid = f" · compile {compiled:.0f} s, paid once" if compiled is not None else ""
-    return Fact("Best config", best.config.label(), f"trial #{best.number} · effective batch "
-                f"{summary.target_batch_size} × world {summary.world_size}{paid}")
+    c = best.config
+    return Fact("Best config", c.label(), f"trial #{best.number} · effective batch "
+                f"{c.samples_per_rank * summary.world_size} ({c.per_device_train_batch_size}"
+                f" × {c.gradient_accumulation_steps} accumulation × {summary.world_size} "
+                f"rank{'s' if summary.world_size > 1 else ''}){paid}")
 
 
 def _throughput_fact(summary: Summary, best: Record | None) -> Fact:

@@ -31,18 +31,19 @@ INTERVAL = (5.0, 95.0)  # percentiles of the bootstrap interval on the speedup
 BOOTSTRAP_SAMPLES = 4000
 
 
-def contenders(history: Sequence[Record]) -> list[tuple[str, Record]]:
+def contenders(history: Sequence[Record], per_rank: int) -> list[tuple[str, Record]]:
     """(role, the search's record) of the configs worth confirming: the best, up to
-    MAX_RUNNER_UPS within RUNNER_UP_WITHIN of it, and the baseline."""
+    MAX_RUNNER_UPS within RUNNER_UP_WITHIN of it, and the baseline. `per_rank`: the
+    target effective batch per rank. None where no config at the target ran."""
     searched = [r for r in history if r.reason != REASON]
     ok = sorted((r for r in searched if r.outcome.ok),
                 key=lambda r: -(r.outcome.score or 0.0))
-    if not ok:
-        return []
     # Winners train the target effective batch: the baseline's auto_find_batch_size chain
-    # keeps its accumulation as the batch shrinks, so it is the reference, not a contender
-    # (unless nothing else ran).
-    eligible = [r for r in ok if r.reason != "baseline"] or ok
+    # keeps its accumulation as the batch shrinks, so below its top it is the reference,
+    # never a contender, even where nothing else ran (a budget spent on its probes).
+    eligible = [r for r in ok if r.config.samples_per_rank == per_rank]
+    if not eligible:
+        return []
     best = eligible[0]
     floor = (best.outcome.score or 0.0) * (1 - RUNNER_UP_WITHIN)
     out = [("best", best)] + [("runner-up", r) for r in eligible[1:MAX_RUNNER_UPS + 1]
@@ -124,10 +125,10 @@ def _interval(win: list[float], base: list[float], seed: int) -> tuple[float, fl
     return float(low), float(high)
 
 
-def summarise(history: Sequence[Record], repeats: int, steps: int,
+def summarise(history: Sequence[Record], repeats: int, steps: int, per_rank: int,
               seed: int = 0) -> Confirmation | None:
     """The confirmed figures of the contenders, the winner among them and the speedup."""
-    picked = contenders(history)
+    picked = contenders(history, per_rank)
     rows = []
     for role, r in picked:
         config = long_run_baseline(history, r.config) if role == "baseline" else r.config

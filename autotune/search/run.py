@@ -132,7 +132,8 @@ def _search(spec: Spec, device: DeviceSpec, executor: Executor, started: float,
     try:
         drive(strategy, executor, log, limits, history=history, on_start=on_start,
               on_record=recorded, review=review)
-        picked = confirm.contenders(history) if repeats else []
+        picked = (confirm.contenders(history, spec.target_batch_size // spec.world_size)
+                  if repeats else [])
         if picked:
             confirmer = confirm.ConfirmStrategy(ctx, spec, output / "confirm", picked, repeats,
                                                 on_cpu=not device.is_cuda)
@@ -176,6 +177,7 @@ def summarise(spec: Spec, device: DeviceSpec, limit: int, shape: ModelShape | No
         projection=spec.run.model_dump(),
         confirmation=confirm.summarise(history, spec.search.confirm_repeats,
                                        spec.measure.steps * confirm.STEPS_FACTOR,
+                                       spec.target_batch_size // spec.world_size,
                                        spec.search.seed))
     if summary.best is not None and learned is not None:
         model = MemoryModel.from_history(learned, device, spec.world_size, history, limit)
