@@ -55,9 +55,13 @@ def _check_values(key: str, values: list, allowed: list) -> None:
                             f"{', '.join(map(str, allowed))}")
 
 
-def _values(raw: dict, key: str, default: list) -> list:
+def _values(raw: dict, key: str, default: list, where: str) -> list:
     value = raw.get(key, default)
-    return value if isinstance(value, list) else [value]
+    values = value if isinstance(value, list) else [value]
+    if not values:  # an empty list would leave no config to run, silently
+        raise SpecError(f"search space {where}: {key}: the list is empty; leave the key out "
+                        "to keep the baseline's value")
+    return values
 
 
 def space_path(name_or_path: str) -> Path:
@@ -74,7 +78,14 @@ def space_path(name_or_path: str) -> Path:
 def load_space(name_or_path: str, target_batch_size: int, world_size: int = 1) -> Space:
     """A space file: each knob's list (a knob left out keeps its baseline value)."""
     path = space_path(name_or_path)
-    raw = yaml.safe_load(path.read_text()) or {}
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise SpecError(f"search space {path.name}: not valid YAML: "
+                        f"{' '.join(str(exc).split())}") from None
+    if not isinstance(raw, dict):
+        raise SpecError(f"search space {path.name}: expected a mapping of knob: [values], "
+                        f"got a {type(raw).__name__}")
     allowed_keys = [BATCH, *knobs.names()]
     unknown = sorted(set(raw) - set(allowed_keys))
     if unknown:
@@ -82,11 +93,18 @@ def load_space(name_or_path: str, target_batch_size: int, world_size: int = 1) -
                         f"allowed: {', '.join(allowed_keys)}")
     per_rank = target_batch_size // world_size
     batches = raw.get(BATCH, "auto")
-    batches = _divisors(per_rank) if batches == "auto" else _values(raw, BATCH, [])
+    batches = (_divisors(per_rank) if batches == "auto"
+               else _values(raw, BATCH, [], path.name))
     _check_values(BATCH, batches, _divisors(per_rank))
     values: dict[str, list[Any]] = {}
     for k in knobs.table():
-        parsed = [k.parse(v) for v in _values(raw, k.name, [k.baseline])]
+        try:
+            parsed = [k.parse(v) for v in _values(raw, k.name, [k.baseline], path.name)]
+        except SpecError as exc:  # the knob's own message names it
+            if str(exc).startswith("search space"):
+                raise
+            raise SpecError(f"search space {path.name}: {exc}; allowed: "
+                            f"{', '.join(map(str, k.allowed()))}") from None
         _check_values(k.name, parsed, k.allowed())
         values[k.name] = list(dict.fromkeys(parsed))
     return Space(sorted(int(b) for b in batches), values, str(path))

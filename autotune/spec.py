@@ -32,24 +32,43 @@ _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g"
 
 
 def parse_bytes(value: str | int | float) -> int:
-    """'2GiB' / '512MB' / 1e9 -> bytes."""
-    if isinstance(value, int | float):
-        return int(value)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
-    if not m or m.group(2).lower() not in _UNITS:
+    """'2GiB' / '512MB' / 1e9 -> bytes, more than zero."""
+    if isinstance(value, bool):
         raise ValueError(f"{value!r} is not a size; use e.g. 2GiB, 512MiB, 16GB")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if isinstance(value, int | float):
+        size = int(value)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+        if not m or m.group(2).lower() not in _UNITS:
+            raise ValueError(f"{value!r} is not a size; use e.g. 2GiB, 512MiB, 16GB")
+        size = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if size <= 0:
+        raise ValueError(f"{value!r} is no memory at all; use e.g. 2GiB, 512MiB, 16GB")
+    return size
+
+
+_DURATION = re.compile(r"(?:([0-9]*\.?[0-9]+)\s*h)?\s*(?:([0-9]*\.?[0-9]+)\s*m)?"
+                       r"\s*(?:([0-9]*\.?[0-9]+)\s*s)?")
 
 
 def parse_duration(value: str | int | float) -> float:
-    """'30m' / '90s' / '1h30m' / 120 -> seconds."""
-    if isinstance(value, int | float):
-        return float(value)
-    parts = re.findall(r"([0-9]*\.?[0-9]+)\s*([hms]?)", str(value).strip())
-    if not parts or re.sub(r"[0-9.\shms]", "", str(value)):
+    """'30m' / '90s' / '1h30m' / 120 -> seconds: more than zero, each unit once, in
+    h-m-s order ('30mm' and '1h30' are refused rather than read one way or another)."""
+    if isinstance(value, bool):
         raise ValueError(f"{value!r} is not a duration; use e.g. 30m, 90s, 1h30m")
-    scale = {"h": 3600, "m": 60, "s": 1, "": 1}
-    return sum(float(n) * scale[u] for n, u in parts)
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        text = str(value).strip()
+        bare = re.fullmatch(r"[0-9]*\.?[0-9]+", text)
+        m = None if bare else _DURATION.fullmatch(text)
+        if not bare and (m is None or not any(m.groups())):
+            raise ValueError(f"{value!r} is not a duration; use e.g. 30m, 90s, 1h30m")
+        seconds = float(text) if bare else sum(
+            float(n) * unit for n, unit in zip(m.groups(), (3600, 60, 1), strict=True) if n)
+    if seconds <= 0:
+        raise ValueError(f"{value!r} is no time at all; use e.g. 30m, 90s, 1h30m")
+    return seconds
 
 
 def _base(info: ValidationInfo) -> Path:
@@ -69,6 +88,17 @@ def _local(value: str | None, info: ValidationInfo) -> Path | None:
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, v: Any, info: ValidationInfo) -> Any:
+        """YAML's `true` is not 1: a number field given a boolean is refused, not read."""
+        if isinstance(v, bool) and info.field_name is not None:
+            kinds = set(getattr(cls.model_fields[info.field_name].annotation, "__args__", ())
+                        ) | {cls.model_fields[info.field_name].annotation}
+            if bool not in kinds and kinds & {int, float}:
+                raise ValueError(f"expected a number, got {v}")
+        return v
 
 
 class LoraSpec(_Strict):
@@ -310,7 +340,7 @@ def load_spec(source: str | Path | dict | Spec, **overrides: Any) -> Spec:
         try:
             data = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as exc:
-            raise SpecError(f"{path}: not valid YAML: {exc}") from exc
+            raise SpecError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
         if not isinstance(data, dict):
             raise SpecError(f"{path}: expected a mapping of keys (model, data, ...)")
     if isinstance(source, Spec):
@@ -322,8 +352,14 @@ def load_spec(source: str | Path | dict | Spec, **overrides: Any) -> Spec:
             continue
         node = data
         *parents, leaf = dotted.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
+        for i, p in enumerate(parents):
+            child = node.get(p)
+            if child is None:  # absent, or a bare `search:` in the file
+                child = node[p] = {}
+            elif not isinstance(child, dict):
+                where = ".".join(parents[:i + 1])
+                raise SpecError(f"{where}: expected a mapping of keys, got {child!r}")
+            node = child
         node[leaf] = value
     try:
         # Relative paths are relative to the spec's own file, as in most config files, so

@@ -29,6 +29,24 @@ def _cli(tmp_path, spec: dict, *args: str):
     (GOOD | {"hardware": {"memory_budget": "lots"}}, ["hardware.memory_budget", "lots"]),
     (GOOD | {"search": {"timeout": "soon"}}, ["search.timeout", "soon"]),
     ({"model": {}}, ["model", "name_or_path, config or factory"]),
+    # Found by a review: a model the spec cannot make was transformers' traceback (exit 1),
+    # after Ray had started; a boolean, a zero budget or '30mm' were read as something.
+    (GOOD | {"model": {"config": {"model_type": "gpt5"}}}, ["model.config", "gpt5"]),
+    (GOOD | {"model": {"config": {"model_type": "gpt2", "n_layer": "two"}}},
+     ["model.config", "n_layer", "two"]),
+    (GOOD | {"model": {"config": {"model_type": "gpt2", "n_layer": 1}, "task": "masked-lm"}},
+     ["model.task", "MaskedLM"]),
+    (GOOD | {"model": {"config": {"model_type": "gpt2", "n_layer": 1, "n_positions": 32}},
+             "data": {"seq_len": 64}}, ["data.seq_len", "64", "32 positions"]),
+    (GOOD | {"model": {"config": {"model_type": "gpt2", "n_layer": 1},
+                       "lora": {"target_modules": ["nosuch"]}}}, ["model.lora", "nosuch"]),
+    (GOOD | {"model": {"config": {"model_type": "gpt2", "n_layer": 1},
+                       "attn_implementation": "flash"}}, ["model.attn_implementation", "flash"]),
+    (GOOD | {"target_batch_size": True}, ["target_batch_size", "expected a number"]),
+    (GOOD | {"hardware": {"memory_budget": "0GiB"}}, ["hardware.memory_budget", "0GiB"]),
+    (GOOD | {"search": {"timeout": "30mm"}}, ["search.timeout", "30mm"]),
+    (GOOD | {"search": {"trial_timeout": "1h30"}}, ["search.trial_timeout", "1h30"]),
+    (GOOD | {"search": {"timeout": 0}}, ["search.timeout", "no time"]),
 ])
 def test_bad_spec_fails_naming_the_field(tmp_path, spec, words):
     result = _cli(tmp_path, spec)
@@ -45,6 +63,28 @@ def test_unknown_optimizer_in_space_names_allowed_values(tmp_path):
     assert result.exit_code == 2
     assert "optim" in result.output and "adamw_turbo" in result.output
     assert "adamw_torch_fused" in result.output  # the allowed values are listed
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("optim: [adamw_torch\n", ["space.yaml", "not valid YAML"]),
+    ("- optim\n", ["space.yaml", "mapping", "list"]),
+    ("precision: []\n", ["space.yaml", "precision", "empty"]),
+    ("gradient_checkpointing: [maybe]\n", ["search space space.yaml", "maybe", "True"]),
+])
+def test_a_bad_space_file_fails_in_one_line(tmp_path, text, words):
+    space = tmp_path / "space.yaml"
+    space.write_text(text)
+    result = _cli(tmp_path, GOOD | {"search": {"space": str(space)}})
+    assert result.exit_code == 2, result.output
+    for word in words:
+        assert word in result.output, result.output
+    assert "Traceback" not in result.output
+
+
+def test_an_output_that_is_a_file_fails_before_anything_runs(tmp_path):
+    (tmp_path / "taken").write_text("")
+    result = _cli(tmp_path, GOOD | {"output": str(tmp_path / "taken")})
+    assert result.exit_code == 2 and "output" in result.output and "is a file" in result.output
 
 
 def test_unknown_space_name_lists_known_ones(tmp_path):
@@ -66,6 +106,11 @@ def test_overrides_and_units():
     assert parse_duration("1h30m") == 5400 and parse_duration("90s") == 90
     with pytest.raises(SpecError, match="unknown key"):
         load_spec(GOOD | {"search": {"n_trail": 3}})
+    # A bare `search:` in the file takes an override; a scalar there is named.
+    assert load_spec(GOOD | {"search": None}, **{"search.n_trials": 3}).search.n_trials == 3
+    with pytest.raises(SpecError, match="search: expected a mapping"):
+        load_spec(GOOD | {"search": 5}, **{"search.n_trials": 3})
+    assert parse_duration("2m30s") == 150 and parse_duration("120") == 120
 
 
 def test_fingerprint_ignores_budget_but_not_target():

@@ -7,9 +7,13 @@ can be reasoned about without instantiating any weights.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from autotune.errors import AutotuneError, SpecError
 
 if TYPE_CHECKING:
     from autotune.spec import Spec
@@ -191,12 +195,45 @@ def shape_from_hf_config(hf_config: Any, seq_len: int, task: str = "causal-lm",
                         attn_implementation or resolved, trainable, lora, embeddings)
 
 
+def max_positions(hf_config: Any) -> int | None:
+    """The longest sequence the model's config allows, where it says."""
+    for name in ("n_positions", "max_position_embeddings", "n_ctx"):
+        value = getattr(hf_config, name, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+@contextmanager
+def spec_field(field: str) -> Iterator[None]:
+    """A model the spec's section cannot make (an unknown model type, a value of the wrong
+    type, a task the architecture has no head for, an unreachable hub) fails in one line
+    naming the field, as every other bad input does, not with transformers' traceback."""
+    try:
+        yield
+    except AutotuneError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever the library raises, said once
+        text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        said = text if len(text) <= 300 else text[:299] + "…"
+        raise SpecError(f"{field}: {type(exc).__name__}: {said}") from exc
+
+
 def model_shape(spec: Spec) -> ModelShape | None:
     """The architecture figures of the spec's model; None for a bare factory model (its
     first trial reports them)."""
-    hf_config = load_hf_config(spec.model.model_dump())
+    model = spec.model
+    with spec_field("model.config" if model.config else "model.name_or_path"):
+        hf_config = load_hf_config(model.model_dump())
     if hf_config is None:
         return None
-    lora = spec.model.lora.model_dump() if spec.model.lora else None
-    return shape_from_hf_config(hf_config, spec.data.seq_len, spec.model.task,
-                                spec.model.attn_implementation, lora)
+    limit = max_positions(hf_config)
+    if limit is not None and spec.data.seq_len > limit:
+        raise SpecError(f"data.seq_len: {spec.data.seq_len} exceeds the model's {limit} "
+                        "positions")
+    lora = model.lora.model_dump() if model.lora else None
+    fields = ["model.task"] + (["model.attn_implementation"] if model.attn_implementation
+                               else []) + (["model.lora"] if lora else [])
+    with spec_field(" / ".join(fields)):
+        return shape_from_hf_config(hf_config, spec.data.seq_len, model.task,
+                                    model.attn_implementation, lora)

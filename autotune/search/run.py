@@ -71,6 +71,11 @@ def run_search(
     """Run (or resume) a search; `overrides` use dotted spec keys ('search.n_trials')."""
     started = time.time()
     spec = load_spec(spec_or_path, **overrides)
+    # What the spec alone decides fails before Ray starts: the model it names, the output.
+    shape = model_shape(spec)
+    output = Path(spec.output)
+    if output.exists() and not output.is_dir():
+        raise SpecError(f"output: {spec.output!r} is a file, not a folder")
     owns_executor = executor is None
     if executor is None:
         from autotune.trials.executor import RayExecutor
@@ -80,13 +85,14 @@ def run_search(
         device = device or executor.discover()  # where trials run, not the driver
     device = device or local_device()
     try:
-        return _search(spec, device, executor, started, on_start, on_record)
+        return _search(spec, shape, device, executor, started, on_start, on_record)
     finally:
         if owns_executor:
             executor.close()
 
 
-def _search(spec: Spec, device: DeviceSpec, executor: Executor, started: float,
+def _search(spec: Spec, shape: ModelShape | None, device: DeviceSpec, executor: Executor,
+            started: float,
             on_start: Callable[[Proposal], None] | None,
             on_record: Callable[[Record], None] | None) -> SearchResult:
     space = build_space(spec, device)
@@ -96,7 +102,6 @@ def _search(spec: Spec, device: DeviceSpec, executor: Executor, started: float,
     output = Path(spec.output)
     output.mkdir(parents=True, exist_ok=True)
     limit = memory_limit(device, spec.hardware.budget_bytes(), parallel=executor.capacity)
-    shape = model_shape(spec)
     storage = spec.search.storage or f"sqlite:///{(output / 'study.db').resolve()}"
     key = fingerprint(spec, device, space.space)
     study_name = spec.search.study_name or f"autotune-{key[:12]}"

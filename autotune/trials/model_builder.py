@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import SetupError
-from autotune.plan.shape import AUTO_CLASSES, load_hf_config
+from autotune.plan.shape import AUTO_CLASSES, load_hf_config, max_positions
 from autotune.trials.oom import is_oom_exception
 
 
@@ -60,15 +60,6 @@ def _build_model(model: dict[str, Any]):
                                 config=hf_config, **kwargs)
 
 
-def max_positions(model) -> int | None:
-    cfg = getattr(model, "config", None)
-    for name in ("n_positions", "max_position_embeddings", "n_ctx"):
-        value = getattr(cfg, name, None)
-        if isinstance(value, int):
-            return value
-    return None
-
-
 class TokenDataset:
     """A list of ready tensors: the trial measures the model, not a data pipeline."""
 
@@ -87,7 +78,7 @@ def build_dataset(spec: dict[str, Any], model, n_samples: int, seed: int = 0) ->
 
     data, task = spec["data"], spec["model"].get("task", "causal-lm")
     seq_len = data["seq_len"]
-    limit = max_positions(model)
+    limit = max_positions(getattr(model, "config", None))
     if limit is not None and seq_len > limit:
         raise SetupError("data.seq_len", f"{seq_len} exceeds the model's {limit} positions")
     g = torch.Generator().manual_seed(seed)
