@@ -61,39 +61,44 @@ def _ampere_plus(fp32: float, tf32: float, half: float) -> dict[str, float]:
     return {"fp32": fp32 * T, "tf32": tf32 * T, "fp16": half * T, "bf16": half * T}
 
 
-# name: (memory GiB, compute capability, {precision: dense peak FLOP/s})
-KNOWN_DEVICES: dict[str, tuple[float, tuple[int, int], dict[str, float]]] = {
-    "V100-16GB": (16, (7, 0), _V100),
-    "V100-32GB": (32, (7, 0), _V100),
-    "T4-16GB": (16, (7, 5), {"fp32": 8.1 * T, "fp16": 65 * T}),
-    "A10G-24GB": (24, (8, 6), _ampere_plus(31.2, 62.5, 125)),
-    "L4-24GB": (24, (8, 9), _ampere_plus(30.3, 60, 121)),
-    "A100-40GB": (40, (8, 0), _A100),
-    "A100-80GB": (80, (8, 0), _A100),
-    "A6000-48GB": (48, (8, 6), _ampere_plus(38.7, 77.4, 155)),
-    "RTX3090-24GB": (24, (8, 6), _ampere_plus(35.6, 35.6, 71)),
-    "RTX4090-24GB": (24, (8, 9), _ampere_plus(82.6, 82.6, 165)),
-    "L40S-48GB": (48, (8, 9), _ampere_plus(91.6, 183, 362)),
-    "H100-80GB": (80, (9, 0), _HOPPER),
-    "H200-141GB": (141, (9, 0), _HOPPER),
+# name: (memory in MiB as the card reports it (torch's total_memory, nvidia-smi's total),
+# compute capability, {precision: dense peak FLOP/s}). The GB in a card's name is a
+# round number: an L4 "24GB" holds 22.5 GiB, and planning for 24 would call fits what is not.
+KNOWN_DEVICES: dict[str, tuple[int, tuple[int, int], dict[str, float]]] = {
+    "V100-16GB": (16160, (7, 0), _V100),
+    "V100-32GB": (32510, (7, 0), _V100),
+    "T4-16GB": (15360, (7, 5), {"fp32": 8.1 * T, "fp16": 65 * T}),
+    "A10G-24GB": (23028, (8, 6), _ampere_plus(31.2, 62.5, 125)),
+    "L4-24GB": (23034, (8, 9), _ampere_plus(30.3, 60, 121)),
+    "A100-40GB": (40960, (8, 0), _A100),
+    "A100-80GB": (81920, (8, 0), _A100),
+    "A6000-48GB": (49140, (8, 6), _ampere_plus(38.7, 77.4, 155)),
+    "RTX3090-24GB": (24576, (8, 6), _ampere_plus(35.6, 35.6, 71)),
+    "RTX4090-24GB": (24564, (8, 9), _ampere_plus(82.6, 82.6, 165)),
+    "L40S-48GB": (46068, (8, 9), _ampere_plus(91.6, 183, 362)),
+    "H100-80GB": (81559, (9, 0), _HOPPER),
+    "H200-141GB": (143771, (9, 0), _HOPPER),
     # The same chip on a card's power budget: fewer SMs or lower clocks, a quarter lower
     # peaks, so an MFU against the SXM figures would read low by as much.
-    "H100PCIE-80GB": (80, (9, 0), _ampere_plus(51, 378, 756)),
-    "H100NVL-94GB": (94, (9, 0), _ampere_plus(60, 418, 835)),
-    "H200NVL-141GB": (141, (9, 0), _ampere_plus(60, 418, 835)),
+    "H100PCIE-80GB": (81559, (9, 0), _ampere_plus(51, 378, 756)),
+    "H100NVL-94GB": (95830, (9, 0), _ampere_plus(60, 418, 835)),
+    "H200NVL-141GB": (143771, (9, 0), _ampere_plus(60, 418, 835)),
 }
+MiB = 1024**2
 
 
 def named_device(name: str, count: int = 1) -> DeviceSpec:
-    """A device to plan for, by name ("A100-80GB", "a100", "V100-16GB")."""
+    """A device to plan for, by name ("A100-80GB", "a100", "V100-16GB"); a size the table
+    does not list ("A100-64GB") is taken as that many GiB."""
     key = _match_known(name)
     if key is None:
         allowed = ", ".join(KNOWN_DEVICES)
         raise SpecError(f"--device: unknown device {name!r}; known: {allowed}")
-    mem, cc, flops = KNOWN_DEVICES[key]
+    mib, cc, flops = KNOWN_DEVICES[key]
     size = re.search(r"(\d+)\s*GB", name, re.IGNORECASE)
-    mem_gib = float(size.group(1)) if size else mem
-    return DeviceSpec(key, "cuda", int(mem_gib * GiB), cc, count, dict(flops))
+    listed = size is None or key.endswith(f"-{size.group(1)}GB")
+    memory = mib * MiB if listed else int(size.group(1)) * GiB
+    return DeviceSpec(key, "cuda", memory, cc, count, dict(flops))
 
 
 def _match_known(name: str) -> str | None:
