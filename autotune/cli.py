@@ -23,6 +23,21 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Find the fastest training configuration that fits, with real trials.")
 
 
+def _version(value: bool) -> None:
+    if value:
+        from autotune.summary import autotune_version
+
+        print(f"autotune {autotune_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option("--version", callback=_version,
+                                                is_eager=True, help="print the version")]
+          = False) -> None:
+    """Find the fastest training configuration that fits, with real trials."""
+
+
 def _make_console(stderr: bool = False) -> Console:
     """Rich wraps at 80 columns when its output is not a terminal, which folds the wide
     tables into empty cells in logs and files; there, use 160 unless COLUMNS says."""
@@ -271,8 +286,9 @@ def report(
     source: Annotated[str, typer.Argument(help="a search's output folder, or an Optuna "
                                           "storage URL holding its study")],
     study_name: Annotated[str | None, typer.Option(help="study in the storage")] = None,
-    output: Annotated[Path | None, typer.Option(help="where to write, for a storage URL "
-                                                "(default ./autotune-report)")] = None,
+    output: Annotated[Path | None, typer.Option(help="where to write (default: the folder "
+                                                "itself; for a storage URL "
+                                                "./autotune-report)")] = None,
 ) -> None:
     """Regenerate report.md and report.html, from summary.json or from the study storage."""
     import json
@@ -287,9 +303,9 @@ def report(
             folder = output or Path("autotune-report")
             folder.mkdir(parents=True, exist_ok=True)
             write_atomically(folder / "summary.json", json.dumps(summary, indent=2) + "\n")
+            md, html = write_report(folder)
         else:
-            folder = Path(source)
-        md, html = write_report(folder)
+            md, html = write_report(source, output)
     except AutotuneError as exc:
         _fail(exc)
     console.print(f"wrote {md} and {html}")

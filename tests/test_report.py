@@ -373,3 +373,32 @@ def test_a_write_that_fails_midway_leaves_the_previous_file_whole(tmp_path, monk
     monkeypatch.undo()
     assert target.read_text() == '{"trials": []}\n'
     assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]  # no part left
+
+
+def test_report_cli_writes_where_asked_and_refuses_a_missing_sqlite_file(tmp_path):
+    """Found by a review: `report DIR --output X` wrote into DIR, and a mistyped SQLite
+    URL left an empty database file behind."""
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+
+    (tmp_path / "run").mkdir()
+    src, out = write_summary(tmp_path / "run", make_summary()), tmp_path / "elsewhere"
+    done = CliRunner().invoke(app, ["report", str(src), "--output", str(out)])
+    assert done.exit_code == 0, done.output
+    assert (out / "report.md").is_file() and not (src / "report.md").exists()
+    typo = tmp_path / "typo.db"
+    refused = CliRunner().invoke(app, ["report", f"sqlite:///{typo}"])
+    assert refused.exit_code == 2 and "no such SQLite file" in refused.output
+    assert not typo.exists()
+    assert CliRunner().invoke(app, ["--version"]).output.startswith("autotune ")
+
+
+def test_one_confirmation_run_each_claims_no_interval() -> None:
+    from autotune.summary import Confirmation
+
+    summary = make_summary()
+    best = summary.best
+    summary.confirmation = Confirmation(1, 10, [], best.config, 1.19, 1.19, 1.19)
+    fact = next(f for f in headline(summary) if f.label == "Speedup vs baseline")
+    assert fact.value == "1.19×" and "no interval" in fact.detail

@@ -172,7 +172,9 @@ def _speedup_fact(summary: Summary, base: Record | None) -> Fact:
         return Fact("Speedup vs baseline", DASH, "no baseline trial succeeded")
     value = DASH if speedup is None else f"{speedup:.2f}×"
     c = summary.confirmation
-    if c is not None and c.speedup_low is not None:
+    if c is not None and c.speedup_low is not None and c.repeats < 2:
+        how = "one confirmation run each: no interval (search.confirm_repeats 3 gives one)"
+    elif c is not None and c.speedup_low is not None:
         value += f" ({c.speedup_low:.2f}–{c.speedup_high:.2f})"
         how = "90% interval over the confirmation runs"
     else:
@@ -207,7 +209,11 @@ def _projection_fact(summary: Summary, best: Record | None, base: Record | None)
 
 def _search_fact(summary: Summary) -> Fact:
     wall = fmt_seconds(summary.search.get("wall_seconds"))
-    return Fact("Search", f"{len(summary.ran)} trials", f"{summary.ooms} OOM · {wall} wall")
+    searched = [t for t in summary.searched if t.outcome.ran]
+    again = len(summary.ran) - len(searched)
+    return Fact("Search", f"{len(searched)} trials",
+                f"{summary.ooms} OOM · {wall} wall"
+                + (f" · {again} confirmation runs besides" if again else ""))
 
 
 # --- the trials table -------------------------------------------------------------------
@@ -385,7 +391,11 @@ def render_summary(summary: Summary, console: Console) -> None:
     table = Table(box=box.SIMPLE_HEAD, title=f"top {min(TOP_TRIALS, len(trials))} of "
                   f"{len(trials)} trials", title_justify="left")
     for name in ("#", "config", "status", "samples/s", "tokens/s", "peak mem", "reason"):
-        table.add_column(name, justify="right" if name.endswith(("s", "mem", "#")) else "left")
+        if name in ("config", "reason"):  # fold on a narrow terminal; figures stay whole
+            table.add_column(name, overflow="fold", ratio=1)
+        else:
+            table.add_column(name, justify="right" if name.endswith(("s", "mem", "#"))
+                             else "left", no_wrap=True, min_width=len(name))
     for t in trials[:TOP_TRIALS]:
         color = "green" if t.outcome.ok else "red"
         table.add_row(str(t.number), t.config.label(), f"[{color}]{t.outcome.status}[/]",
@@ -592,10 +602,12 @@ def _html_files(summary: Summary) -> str:
 
 # --- writing ------------------------------------------------------------------------------
 
-def write_report(output_dir: str | Path) -> tuple[Path, Path]:
-    """Write report.md and report.html next to summary.json; returns their paths."""
-    out = Path(output_dir)
-    summary = load_summary(out)
+def write_report(output_dir: str | Path, to: str | Path | None = None) -> tuple[Path, Path]:
+    """Write report.md and report.html next to summary.json, or into `to`; returns their
+    paths."""
+    summary = load_summary(Path(output_dir))
+    out = Path(to) if to is not None else Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
     md_path, html_path = out / MARKDOWN_FILE, out / HTML_FILE
     write_atomically(md_path, render_markdown(summary))
     write_atomically(html_path, render_html(summary))

@@ -90,7 +90,11 @@ def _gib(n: float) -> str:
     return f"{n / GiB:.2f}"
 
 
+COMPONENTS_WIDTH = 110
+
+
 def render_estimate(result: EstimateResult, console: Console, *, all_rows: bool = False) -> None:
+    from rich import box
     from rich.table import Table
 
     s = result.shape
@@ -100,19 +104,24 @@ def render_estimate(result: EstimateResult, console: Console, *, all_rows: bool 
     console.print(f"device {result.device.name}, limit {_gib(result.limit_bytes)} GiB per rank")
     rows = result.rows if all_rows else result.largest_fitting()
     title = "every config" if all_rows else "largest batch predicted to fit, per family"
-    table = Table(title=f"predicted peak memory (GiB): {title}")
-    table.add_column("config", no_wrap=True)
-    for comp in COMPONENTS:
-        table.add_column(_SHORT.get(comp, comp), justify="right")
-    table.add_column("host", justify="right")
-    table.add_column("total", justify="right")
-    table.add_column("fits")
+    # Below COMPONENTS_WIDTH columns the components would squeeze the labels to nothing:
+    # the totals alone then, and a line saying how to see the rest. A figure is never cut;
+    # a long label folds.
+    components = COMPONENTS if console.width >= COMPONENTS_WIDTH else ()
+    table = Table(title=f"predicted peak memory (GiB): {title}", box=box.SIMPLE_HEAD)
+    table.add_column("config", overflow="fold", ratio=1, min_width=16)
+    for name in [*(_SHORT.get(c, c) for c in components), "host", "total"]:
+        table.add_column(name, justify="right", no_wrap=True, min_width=max(6, len(name)))
+    table.add_column("fits", no_wrap=True, min_width=4)
     for row in sorted(rows, key=lambda r: (not r.fits, r.estimate.total_bytes)):
         comps = row.estimate.components
-        table.add_row(row.config.label(), *(_gib(comps[c]) for c in COMPONENTS),
+        table.add_row(row.config.label(), *(_gib(comps[c]) for c in components),
                       _gib(row.estimate.host_bytes), _gib(row.estimate.total_bytes),
                       "[green]yes[/]" if row.fits else "[red]no[/]")
     console.print(table)
+    if not components:
+        console.print(f"[dim]per component ({', '.join(COMPONENTS)}): on a terminal "
+                      f"{COMPONENTS_WIDTH}+ columns wide, or COLUMNS={COMPONENTS_WIDTH}[/]")
     n_fit = sum(r.fits for r in result.rows)
     console.print(f"{n_fit} of {len(result.rows)} configs predicted to fit")
     for label, why in result.pruned_by_rules.items():

@@ -16,6 +16,7 @@ import os
 import socket
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -292,6 +293,11 @@ class StudyLog:
 
 
 def summary_from_storage(storage: str, study_name: str | None = None) -> dict[str, Any]:
+    # Opening an SQLite URL creates its file: a mistyped path would leave an empty one.
+    if storage.startswith("sqlite:///"):
+        path = Path(storage.removeprefix("sqlite:///"))
+        if storage != "sqlite:///:memory:" and not path.is_file():
+            raise AutotuneError(f"{storage}: no such SQLite file ({path})")
     names = optuna.get_all_study_names(storage)
     if study_name is None:
         if len(names) != 1:
