@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -49,6 +50,10 @@ def _make_console(stderr: bool = False) -> Console:
 
 console = _make_console()
 err_console = _make_console(stderr=True)
+# bitsandbytes (imported through transformers and PEFT) warns on every import, on a CPU
+# with AVX512-BF16, that a 4-bit inference kernel is missing: autotune uses its 8-bit
+# optimizers only, so that line would be noise at the top of every command.
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 
 @contextlib.contextmanager
@@ -100,8 +105,6 @@ def _fail(exc: Exception) -> None:
 
 def _show_warnings() -> None:
     """autotune's warnings (a budget capped, a cluster's shortfall) as one line each."""
-    import logging
-
     from rich.logging import RichHandler
 
     log = logging.getLogger("autotune")
