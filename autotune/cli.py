@@ -20,8 +20,7 @@ from rich.table import Table
 from autotune.errors import AutotuneError
 from autotune.files import write_atomically
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Find the fastest training configuration that fits, with real trials.")
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
 
 
 def _version(value: bool) -> None:
@@ -226,11 +225,6 @@ def search(
     console.print(f"files in [bold]{result.output}[/]: "
                   + ", ".join([*files, "summary.json", "report.md", "report.html"]))
     if result.best is None:
-        if result.summary.only_baseline_ran:
-            from autotune.outputs.report import ONLY_BASELINE
-
-            err_console.print(f"[bold red]no winner:[/] {ONLY_BASELINE}", highlight=False,
-                              soft_wrap=True)
         raise typer.Exit(1)
 
 

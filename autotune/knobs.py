@@ -101,6 +101,8 @@ class Knob:
             if text not in ("true", "false", "1", "0"):
                 raise SpecError(f"{self.name}: {raw!r} is not true or false")
             return text in ("true", "1")
+        if isinstance(raw, bool):  # YAML's `true` is no stage 1
+            raise SpecError(f"{self.name}: {raw!r} is not a {self.kind.__name__}")
         try:
             return self.kind(raw)
         except (TypeError, ValueError):

@@ -48,10 +48,10 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _check_values(key: str, values: list, allowed: list) -> None:
+def _check_values(key: str, values: list, allowed: list, where: str) -> None:
     for v in values:
         if v not in allowed:
-            raise SpecError(f"search space {key}: {v!r} is not allowed; allowed: "
+            raise SpecError(f"search space {where}: {key}: {v!r} is not allowed; allowed: "
                             f"{', '.join(map(str, allowed))}")
 
 
@@ -59,8 +59,9 @@ def _values(raw: dict, key: str, default: list, where: str) -> list:
     value = raw.get(key, default)
     values = value if isinstance(value, list) else [value]
     if not values:  # an empty list would leave no config to run, silently
+        left_out = "every divisor of the target" if key == BATCH else "the baseline's value"
         raise SpecError(f"search space {where}: {key}: the list is empty; leave the key out "
-                        "to keep the baseline's value")
+                        f"for {left_out}")
     return values
 
 
@@ -95,7 +96,7 @@ def load_space(name_or_path: str, target_batch_size: int, world_size: int = 1) -
     batches = raw.get(BATCH, "auto")
     batches = (_divisors(per_rank) if batches == "auto"
                else _values(raw, BATCH, [], path.name))
-    _check_values(BATCH, batches, _divisors(per_rank))
+    _check_values(BATCH, batches, _divisors(per_rank), path.name)
     values: dict[str, list[Any]] = {}
     for k in knobs.table():
         try:
@@ -105,7 +106,7 @@ def load_space(name_or_path: str, target_batch_size: int, world_size: int = 1) -
                 raise
             raise SpecError(f"search space {path.name}: {exc}; allowed: "
                             f"{', '.join(map(str, k.allowed()))}") from None
-        _check_values(k.name, parsed, k.allowed())
+        _check_values(k.name, parsed, k.allowed(), path.name)
         values[k.name] = list(dict.fromkeys(parsed))
     return Space(sorted(int(b) for b in batches), values, str(path))
 

@@ -97,7 +97,7 @@ class _Strict(BaseModel):
             kinds = set(getattr(cls.model_fields[info.field_name].annotation, "__args__", ())
                         ) | {cls.model_fields[info.field_name].annotation}
             if bool not in kinds and kinds & {int, float}:
-                raise ValueError(f"expected a number, got {v}")
+                raise ValueError(f"{v} is a boolean, not a number")
         return v
 
 
@@ -293,6 +293,11 @@ class Spec(_Strict):
     @property
     def world_size(self) -> int:
         return self.hardware.gpus_per_trial
+
+    @property
+    def per_rank_batch(self) -> int:
+        """Samples one rank takes per optimizer step at the target (batch × accumulation)."""
+        return self.target_batch_size // self.world_size
 
     @property
     def base_dir(self) -> str | None:

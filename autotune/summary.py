@@ -58,6 +58,19 @@ class ConfirmedConfig:
                    list(d.get("samples_per_second") or []), list(d.get("numbers") or []))
 
 
+BASELINE = "baseline"  # the reason of the baseline probe's trials
+
+
+def at_target(records: list[Record], per_rank: int | None) -> list[Record]:
+    """The records whose config trains the target effective batch, the only ones that may
+    win: the baseline's auto_find_batch_size chain keeps its accumulation as its batch
+    shrinks. Where the target is not known (an old summary), every record but the
+    baseline's."""
+    if per_rank is None:
+        return [r for r in records if r.reason != BASELINE]
+    return [r for r in records if r.config.samples_per_rank == per_rank]
+
+
 @dataclass
 class Confirmation:
     """The contenders measured again after the search; the winner is chosen here."""
@@ -65,7 +78,7 @@ class Confirmation:
     repeats: int
     steps: int
     rows: list[ConfirmedConfig]
-    winner: TrialConfig
+    winner: TrialConfig | None  # None: no contender at the target confirmed
     speedup: float | None = None  # median(winner) / median(baseline)
     speedup_low: float | None = None  # bootstrap interval (5th-95th percentile)
     speedup_high: float | None = None
@@ -76,14 +89,16 @@ class Confirmation:
     def to_dict(self) -> dict[str, Any]:
         return {"repeats": self.repeats, "steps": self.steps,
                 "configs": [r.to_dict() for r in self.rows],
-                "winner": self.winner.to_dict(), "speedup": self.speedup,
+                "winner": self.winner.to_dict() if self.winner else None,
+                "speedup": self.speedup,
                 "speedup_low": self.speedup_low, "speedup_high": self.speedup_high}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Confirmation:
         return cls(int(d["repeats"]), int(d["steps"]),
                    [ConfirmedConfig.from_dict(r) for r in d.get("configs") or []],
-                   TrialConfig.from_dict(d["winner"]), d.get("speedup"),
+                   TrialConfig.from_dict(d["winner"]) if d.get("winner") else None,
+                   d.get("speedup"),
                    d.get("speedup_low"), d.get("speedup_high"))
 
 
@@ -118,25 +133,33 @@ class Summary:
 
     @property
     def best(self) -> Record | None:
-        """The winner: chosen by confirmation when it ran, else the fastest single trial."""
-        ok = [t for t in self.searched if t.outcome.ok]
+        """The winner: chosen by confirmation when it ran, else the fastest single trial
+        at the target effective batch."""
+        ok = at_target([t for t in self.searched if t.outcome.ok], self.per_rank_target)
         if self.confirmation is not None:
             return next((t for t in ok if t.config == self.confirmation.winner), None)
-        # Only a config that trains the target effective batch wins: the baseline's chain
-        # is the reference (its effective batch shrinks with its batch).
-        eligible = [t for t in ok if t.config.samples_per_rank == self.per_rank_target]
-        return max(eligible, key=lambda t: t.outcome.score or 0.0) if eligible else None
+        return max(ok, key=lambda t: t.outcome.score or 0.0) if ok else None
 
     @property
-    def per_rank_target(self) -> int:
-        return self.target_batch_size // max(1, self.world_size)
+    def per_rank_target(self) -> int | None:
+        """The target effective batch per rank; None where a summary does not say."""
+        return self.target_batch_size // max(1, self.world_size) or None
 
     @property
-    def only_baseline_ran(self) -> bool:
-        """Trials succeeded, but none at the target effective batch: the budget ended
-        inside the baseline's auto_find_batch_size probes."""
+    def no_winner_why(self) -> str | None:
+        """Why there is no winner though trials succeeded; None where there is one, or
+        where nothing succeeded (the trials' errors say why)."""
         ok = [t for t in self.searched if t.outcome.ok]
-        return bool(ok) and self.best is None
+        if self.best is not None or not ok:
+            return None
+        if all(t.reason == BASELINE for t in self.searched if t.outcome.ran):
+            return ("no config at the target effective batch ran: the trials went to the "
+                    "baseline's auto_find_batch_size probes (raise search.n_trials / --trials)")
+        if self.confirmation is not None and at_target(ok, self.per_rank_target):
+            return ("the contenders' longer confirmation runs all failed (see them in the "
+                    "table): none is claimed")
+        return ("no config at the target effective batch succeeded (see the errors in the "
+                "table); only the baseline's probes, whose effective batch shrank, ran")
 
     def throughput(self, record: Record | None) -> float | None:
         """A config's samples/s: its confirmed median where confirmed, else its trial's."""

@@ -35,6 +35,13 @@ def test_a_named_card_plans_with_the_memory_it_reports():
     assert named_device("NVIDIA H100 80GB HBM3").memory_bytes == 81559 * 2**20
     assert named_device("A100-SXM4-40GB").memory_bytes == 40960 * 2**20
     assert named_device("A100-64GB").memory_bytes == 64 * GiB
+    # torch's own names carry spaces; the size is read before they go ("A100 80GB" is no
+    # 10080 GB), and "H100-PCIe" is the PCIe card whichever way it is written.
+    assert named_device("V100 32GB").memory_bytes == 32510 * 2**20
+    assert named_device("NVIDIA A100 80GB PCIe").name == "A100-80GB"
+    assert named_device("H100-PCIe").name == named_device("h100_pcie").name == "H100PCIE-80GB"
+    assert named_device("NVIDIA H200 NVL").peak_flops["bf16"] < named_device(
+        "NVIDIA H200").peak_flops["bf16"]
 
 
 def test_unknown_name_lists_known_ones():

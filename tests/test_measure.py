@@ -132,7 +132,7 @@ def test_a_budget_spent_on_the_baseline_probes_has_no_winner(tmp_path):
     OOM at b28x1 for a target of 32), and b15x1 was exported as the winner, training 15
     samples a step while the report said 32. Now there is none, and the report says why;
     a baseline at the chain's top trains the target and may win."""
-    from autotune.outputs.report import ONLY_BASELINE, headline
+    from autotune.outputs.report import headline
     from autotune.summary import Summary
 
     probes = [_rec(0, "fp32", [], batch=14, reason="baseline", sps=28.0),
@@ -140,13 +140,40 @@ def test_a_budget_spent_on_the_baseline_probes_has_no_winner(tmp_path):
     assert confirm.contenders(probes, 16) == []
     summary = Summary(model={}, device={}, memory_limit_bytes=1, target_batch_size=16,
                       world_size=1, seq_len=8, trials=probes)
-    assert summary.best is None and summary.only_baseline_ran
-    assert headline(summary)[0].detail == ONLY_BASELINE
+    assert summary.best is None and "raise search.n_trials" in summary.no_winner_why
+    assert headline(summary)[0].detail == summary.no_winner_why
+    # A target-batch trial that ran and failed: more trials is not the advice.
+    failed = Record(TrialConfig.of(4, 4), Outcome("error", error="boom"), "model", 3)
+    summary.trials = [*probes, failed]
+    assert summary.best is None and "see the errors" in summary.no_winner_why
     top = _rec(2, "fp32", [], batch=16, reason="baseline", sps=26.0)
     assert [r.number for _, r in confirm.contenders([*probes, top], 16)] == [2]
     summary.trials = [*probes, top]
     assert summary.best is top
     assert "effective batch 16 (16 × 1 accumulation × 1 rank)" in headline(summary)[0].detail
+
+
+def test_a_baseline_is_no_winner_in_place_of_contenders_whose_confirmation_failed():
+    """Found by a review: every confirmation run of the target-batch contender ran out of
+    memory, the baseline's (b14x1 for a target of 16) did not, and it was made the
+    winner. The winner trains the target or there is none."""
+    from autotune.summary import Summary
+
+    searched = [_rec(0, "fp32", [], batch=14, reason="baseline", sps=20.0),
+                _rec(1, "fp32", [], batch=4, sps=24.0)]
+    history = list(searched) + [
+        Record(c, o, confirm.REASON, 10 + i) for i, (c, o) in enumerate([
+            (searched[1].config, Outcome("oom")), (searched[0].config,
+                                                   Outcome("ok", samples_per_second=19.0)),
+            (searched[1].config, Outcome("oom")), (searched[0].config,
+                                                   Outcome("ok", samples_per_second=19.5))])]
+    c = confirm.summarise(history, 2, 8, 16)
+    assert c is not None and c.winner is None and c.speedup is None
+    summary = Summary(model={}, device={}, memory_limit_bytes=1, target_batch_size=16,
+                      world_size=1, trials=history, confirmation=c)
+    assert summary.best is None and "confirmation runs all failed" in summary.no_winner_why
+    again = Summary.from_dict(summary.to_dict())
+    assert again.confirmation.winner is None and again.best is None
 
 
 def test_a_baseline_that_runs_out_of_memory_in_a_longer_run_moves_down_its_chain(tmp_path):

@@ -391,6 +391,10 @@ def test_report_cli_writes_where_asked_and_refuses_a_missing_sqlite_file(tmp_pat
     refused = CliRunner().invoke(app, ["report", f"sqlite:///{typo}"])
     assert refused.exit_code == 2 and "no such SQLite file" in refused.output
     assert not typo.exists()
+    typo.write_bytes(b"")  # a file that is there, named with a query: read, not refused
+    there = CliRunner().invoke(app, ["report", f"sqlite:///{typo}?timeout=30"])
+    assert there.exit_code == 2 and "no such SQLite file" not in there.output
+    assert "0 studies" in there.output, there.output
     assert CliRunner().invoke(app, ["--version"]).output.startswith("autotune ")
 
 

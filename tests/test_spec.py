@@ -42,7 +42,7 @@ def _cli(tmp_path, spec: dict, *args: str):
                        "lora": {"target_modules": ["nosuch"]}}}, ["model.lora", "nosuch"]),
     (GOOD | {"model": {"config": {"model_type": "gpt2", "n_layer": 1},
                        "attn_implementation": "flash"}}, ["model.attn_implementation", "flash"]),
-    (GOOD | {"target_batch_size": True}, ["target_batch_size", "expected a number"]),
+    (GOOD | {"target_batch_size": True}, ["target_batch_size", "is a boolean"]),
     (GOOD | {"hardware": {"memory_budget": "0GiB"}}, ["hardware.memory_budget", "0GiB"]),
     (GOOD | {"search": {"timeout": "30mm"}}, ["search.timeout", "30mm"]),
     (GOOD | {"search": {"trial_timeout": "1h30"}}, ["search.trial_timeout", "1h30"]),
@@ -70,6 +70,8 @@ def test_unknown_optimizer_in_space_names_allowed_values(tmp_path):
     ("- optim\n", ["space.yaml", "mapping", "list"]),
     ("precision: []\n", ["space.yaml", "precision", "empty"]),
     ("gradient_checkpointing: [maybe]\n", ["search space space.yaml", "maybe", "True"]),
+    ("zero_stage: [true]\n", ["search space space.yaml", "zero_stage", "True"]),
+    ("precision: [fp8]\n", ["search space space.yaml", "fp8", "bf16"]),
 ])
 def test_a_bad_space_file_fails_in_one_line(tmp_path, text, words):
     space = tmp_path / "space.yaml"
@@ -110,7 +112,9 @@ def test_overrides_and_units():
     assert load_spec(GOOD | {"search": None}, **{"search.n_trials": 3}).search.n_trials == 3
     with pytest.raises(SpecError, match="search: expected a mapping"):
         load_spec(GOOD | {"search": 5}, **{"search.n_trials": 3})
-    assert parse_duration("2m30s") == 150 and parse_duration("120") == 120
+    for text, seconds in (("2m30s", 150), ("120", 120), ("1.5h", 5400), (" 30m ", 1800),
+                          ("1h 30m", 5400), (".5h", 1800), (45, 45)):
+        assert parse_duration(text) == seconds
 
 
 def test_fingerprint_ignores_budget_but_not_target():

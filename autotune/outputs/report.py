@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune import knobs
+from autotune.errors import AutotuneError
 from autotune.files import write_atomically
 from autotune.outputs.report_plots import STATUS_COLORS, figures, known, shown_knobs
 from autotune.records import Record
@@ -120,19 +121,16 @@ def headline(summary: Summary) -> list[Fact]:
     """The figures a user looks for first, best config first."""
     best, base = summary.best, summary.baseline
     return [_best_fact(summary), _throughput_fact(summary, best), _speedup_fact(summary, base),
-            _memory_fact(summary, best), _mfu_fact(best), _projection_fact(summary, best, base),
+            _memory_fact(summary, best), _mfu_fact(summary, best),
+            _projection_fact(summary, best, base),
             _search_fact(summary)]
-
-
-ONLY_BASELINE = ("no config at the target effective batch finished: the trials went to the "
-                 "baseline's auto_find_batch_size probes (raise search.n_trials / --trials)")
 
 
 def _best_fact(summary: Summary) -> Fact:
     best = summary.best
     if best is None:
-        return Fact("Best config", "none", ONLY_BASELINE if summary.only_baseline_ran
-                    else "no trial succeeded: see the errors in the table")
+        return Fact("Best config", "none", summary.no_winner_why
+                    or "no trial succeeded: see the errors in the table")
     compiled = known(best.outcome.extra.get("compile_seconds"))
     paid = f" · compile {compiled:.0f} s, paid once" if compiled is not None else ""
     c = best.config
@@ -158,9 +156,10 @@ def _throughput_fact(summary: Summary, best: Record | None) -> Fact:
                 DASH if tps == DASH else f"{tps} {'real ' if real else ''}tokens/s · {how}")
 
 
-def _mfu_fact(best: Record | None) -> Fact:
+def _mfu_fact(summary: Summary, best: Record | None) -> Fact:
     if best is None:
-        return Fact("MFU", DASH, "no successful trial")
+        return Fact("MFU", DASH, "no winner" if summary.no_winner_why else
+                    "no successful trial")
     mfu = best.outcome.extra.get("mfu")
     return Fact("MFU", fmt_pct(mfu), "model FLOPs utilisation" if known(mfu) is not None
                 else "not known for this device (no peak FLOP/s)")
@@ -179,8 +178,7 @@ def _speedup_fact(summary: Summary, base: Record | None) -> Fact:
         how = "90% interval over the confirmation runs"
     else:
         how = "single trials, not confirmed"
-    effective = (base.config.per_device_train_batch_size
-                 * base.config.gradient_accumulation_steps * summary.world_size)
+    effective = base.config.samples_per_rank * summary.world_size
     shrunk = (f", effective batch {effective} not {summary.target_batch_size}"
               if effective != summary.target_batch_size else "")
     return Fact("Speedup vs baseline", value, f"{how}; baseline: Trainer defaults with "
@@ -211,8 +209,8 @@ def _search_fact(summary: Summary) -> Fact:
     wall = fmt_seconds(summary.search.get("wall_seconds"))
     searched = [t for t in summary.searched if t.outcome.ran]
     again = len(summary.ran) - len(searched)
-    return Fact("Search", f"{len(searched)} trials",
-                f"{summary.ooms} OOM · {wall} wall"
+    ooms = sum(t.outcome.is_oom for t in searched)
+    return Fact("Search", f"{len(searched)} trials", f"{ooms} OOM · {wall} wall"
                 + (f" · {again} confirmation runs besides" if again else ""))
 
 
@@ -311,7 +309,7 @@ def render_markdown(summary: Summary) -> str:
         lines += [f"- [`{name}`]({name})", "", "  ```", *("  " + u for u in
                                                         usage.splitlines()), "  ```"]
     if not files:
-        lines.append("No files exported: no trial succeeded.")
+        lines.append(f"No files exported: {_no_files_why(summary)}.")
     return "\n".join(lines) + "\n"
 
 
@@ -591,10 +589,16 @@ def _html_pruned(summary: Summary) -> str:
     return f"<h2>Left out by device rules</h2><ul>{items}</ul>"
 
 
+def _no_files_why(summary: Summary) -> str:
+    return ("no winner (see Best config)" if summary.no_winner_why
+            else "no trial succeeded")
+
+
 def _html_files(summary: Summary) -> str:
     files = exports_of(summary)
     if not files:
-        return "<h2>Files</h2><p class=\"note\">No files exported: no trial succeeded.</p>"
+        return (f"<h2>Files</h2><p class=\"note\">No files exported: "
+                f"{esc(_no_files_why(summary))}.</p>")
     items = "".join(f'<li><a href="{esc(name)}"><code>{esc(name)}</code></a>'
                     f"<pre>{esc(usage)}</pre></li>" for name, usage in files)
     return f"<h2>Files</h2><ul class=\"files\">{items}</ul>"
@@ -607,6 +611,8 @@ def write_report(output_dir: str | Path, to: str | Path | None = None) -> tuple[
     paths."""
     summary = load_summary(Path(output_dir))
     out = Path(to) if to is not None else Path(output_dir)
+    if out.exists() and not out.is_dir():
+        raise AutotuneError(f"--output: {str(out)!r} is a file, not a folder")
     out.mkdir(parents=True, exist_ok=True)
     md_path, html_path = out / MARKDOWN_FILE, out / HTML_FILE
     write_atomically(md_path, render_markdown(summary))

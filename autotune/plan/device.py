@@ -61,9 +61,10 @@ def _ampere_plus(fp32: float, tf32: float, half: float) -> dict[str, float]:
     return {"fp32": fp32 * T, "tf32": tf32 * T, "fp16": half * T, "bf16": half * T}
 
 
-# name: (memory in MiB as the card reports it (torch's total_memory, nvidia-smi's total),
-# compute capability, {precision: dense peak FLOP/s}). The GB in a card's name is a
-# round number: an L4 "24GB" holds 22.5 GiB, and planning for 24 would call fits what is not.
+# name: (memory in MiB as nvidia-smi reports the card's total, compute capability,
+# {precision: dense peak FLOP/s}). The GB in a card's name is a round number: an L4 "24GB"
+# holds 22.5 GiB, and planning for 24 would call fits what is not. On the card a search
+# reads torch's total_memory, which on some cards is a little lower still (ECC's reserve).
 KNOWN_DEVICES: dict[str, tuple[int, tuple[int, int], dict[str, float]]] = {
     "V100-16GB": (16160, (7, 0), _V100),
     "V100-32GB": (32510, (7, 0), _V100),
@@ -78,8 +79,8 @@ KNOWN_DEVICES: dict[str, tuple[int, tuple[int, int], dict[str, float]]] = {
     "L40S-48GB": (46068, (8, 9), _ampere_plus(91.6, 183, 362)),
     "H100-80GB": (81559, (9, 0), _HOPPER),
     "H200-141GB": (143771, (9, 0), _HOPPER),
-    # The same chip on a card's power budget: fewer SMs or lower clocks, a quarter lower
-    # peaks, so an MFU against the SXM figures would read low by as much.
+    # The same chip on a card's power budget: fewer SMs or lower clocks, peaks 15-25%
+    # under the SXM part's, so an MFU against those would read low by as much.
     "H100PCIE-80GB": (81559, (9, 0), _ampere_plus(51, 378, 756)),
     "H100NVL-94GB": (95830, (9, 0), _ampere_plus(60, 418, 835)),
     "H200NVL-141GB": (143771, (9, 0), _ampere_plus(60, 418, 835)),
@@ -95,25 +96,32 @@ def named_device(name: str, count: int = 1) -> DeviceSpec:
         allowed = ", ".join(KNOWN_DEVICES)
         raise SpecError(f"--device: unknown device {name!r}; known: {allowed}")
     mib, cc, flops = KNOWN_DEVICES[key]
-    size = re.search(r"(\d+)\s*GB", name, re.IGNORECASE)
-    listed = size is None or key.endswith(f"-{size.group(1)}GB")
-    memory = mib * MiB if listed else int(size.group(1)) * GiB
+    size = _stated_size(name)
+    memory = mib * MiB if size is None or key.endswith(f"-{size}GB") else int(size) * GiB
     return DeviceSpec(key, "cuda", memory, cc, count, dict(flops))
 
 
+def _stated_size(name: str) -> str | None:
+    """The GB a device's name states ("A100 80GB PCIe", "V100-32GB"), read before the name
+    is flattened (else "A100 80GB" would read as 10080)."""
+    size = re.search(r"(?<![0-9])(\d+)\s*GB", name, re.IGNORECASE)
+    return size.group(1) if size else None
+
+
 def _match_known(name: str) -> str | None:
-    norm = name.upper().replace("NVIDIA", "").replace(" ", "").replace("_", "-")
-    if norm in KNOWN_DEVICES:
-        return norm
-    size = re.search(r"(\d+)GB", norm)
+    upper = name.upper().replace("NVIDIA", "").strip()
+    if upper.replace(" ", "").replace("_", "-") in KNOWN_DEVICES:
+        return upper.replace(" ", "").replace("_", "-")
+    size = _stated_size(name)
+    flat = re.sub(r"[\s_-]", "", upper)  # "H100-PCIe", "H100 PCIe", "h100_pcie" alike
     # Longest model names first, so "L40S" is not taken for an "L4".
     keys = sorted(KNOWN_DEVICES, key=lambda k: -len(k.split("-")[0]))
     for key in keys:
         model = key.split("-")[0]
-        if model in norm and (size is None or key.endswith(f"-{size.group(1)}GB")):
+        if model in flat and (size is None or key.endswith(f"-{size}GB")):
             return key
     for key in keys:  # a size we do not list: keep the model's rules
-        if key.split("-")[0] in norm:
+        if key.split("-")[0] in flat:
             return key
     return None
 

@@ -18,7 +18,7 @@ import numpy as np
 from autotune.config import TrialConfig, auto_find_chain
 from autotune.records import Record
 from autotune.search.strategies.base import Proposal, SearchContext, Strategy
-from autotune.summary import Confirmation, ConfirmedConfig
+from autotune.summary import Confirmation, ConfirmedConfig, at_target
 
 if TYPE_CHECKING:
     from autotune.spec import Spec
@@ -34,14 +34,12 @@ BOOTSTRAP_SAMPLES = 4000
 def contenders(history: Sequence[Record], per_rank: int) -> list[tuple[str, Record]]:
     """(role, the search's record) of the configs worth confirming: the best, up to
     MAX_RUNNER_UPS within RUNNER_UP_WITHIN of it, and the baseline. `per_rank`: the
-    target effective batch per rank. None where no config at the target ran."""
+    target effective batch per rank; none where no config at the target succeeded (the
+    baseline's chain below its top is the reference, never a contender)."""
     searched = [r for r in history if r.reason != REASON]
     ok = sorted((r for r in searched if r.outcome.ok),
                 key=lambda r: -(r.outcome.score or 0.0))
-    # Winners train the target effective batch: the baseline's auto_find_batch_size chain
-    # keeps its accumulation as the batch shrinks, so below its top it is the reference,
-    # never a contender, even where nothing else ran (a budget spent on its probes).
-    eligible = [r for r in ok if r.config.samples_per_rank == per_rank]
+    eligible = at_target(ok, per_rank)
     if not eligible:
         return []
     best = eligible[0]
@@ -140,7 +138,11 @@ def summarise(history: Sequence[Record], repeats: int, steps: int, per_rank: int
     measured = [row for row in rows if row.samples_per_second]
     if not measured:
         return None
-    contending = [row for row in measured if row.role != "baseline"] or measured
+    # The winner trains the target: where every such contender's longer runs failed, the
+    # baseline (whose chain may have moved below it) is no winner in their place.
+    contending = [row for row in measured if row.config.samples_per_rank == per_rank]
+    if not contending:
+        return Confirmation(repeats, steps, rows, None)
     winner = max(contending, key=lambda row: row.median or 0.0)
     base = next((row for row in measured if row.role == "baseline"), None)
     speedup = low = high = None

@@ -21,8 +21,7 @@ def reference(history: Sequence[Record], target: int, world_size: int) -> Record
     """The first successful trial at the full effective batch in the most exact precision
     measured (a baseline that auto_find_batch_size shrank sees other batches)."""
     full = [r for r in history if r.outcome.ok and r.outcome.extra.get("losses")
-            and r.config.per_device_train_batch_size * r.config.gradient_accumulation_steps
-            * world_size == target]
+            and r.config.samples_per_rank * world_size == target]
     for precision in REFERENCE_PRECISIONS:
         found = next((r for r in full if r.config.precision == precision), None)
         if found is not None:
@@ -43,9 +42,7 @@ def review(record: Record, history: Sequence[Record], target: int, world_size: i
     ref = reference(history, target, world_size)
     if not o.ok or ref is None or ref.config.precision == record.config.precision:
         return
-    effective = (record.config.per_device_train_batch_size
-                 * record.config.gradient_accumulation_steps * world_size)
-    if effective != target or not o.extra.get("losses"):
+    if record.config.samples_per_rank * world_size != target or not o.extra.get("losses"):
         return
     off = drift(o.extra["losses"], ref.outcome.extra["losses"])
     o.extra["loss_drift"] = off

@@ -41,8 +41,9 @@ class SearchResult:
 
     def _winner(self) -> TrialConfig:
         if self.best is None:
-            raise NoResultError("no trial succeeded, so there is no configuration to export; "
-                                "see the trial errors in summary.json")
+            why = self.summary.no_winner_why or "no trial succeeded"
+            raise NoResultError(f"{why}, so there is no configuration to export; see the "
+                                "trials in summary.json")
         return self.best.config
 
     def training_arguments(self, output_dir: str, **overrides: Any):

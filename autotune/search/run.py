@@ -25,7 +25,7 @@ from autotune.search.strategies.base import Resume, SearchContext
 from autotune.search.strategies.baseline import baseline_chain
 from autotune.search.strategies.registry import make_strategy, sampler_for
 from autotune.search.study import StudyLog
-from autotune.space import Space, build_space
+from autotune.space import Space, build_space, load_space
 from autotune.spec import Spec, load_spec, parse_duration
 from autotune.summary import Summary
 from autotune.trials.executor import Executor, RayExecutor
@@ -73,6 +73,7 @@ def run_search(
     spec = load_spec(spec_or_path, **overrides)
     # What the spec alone decides fails before Ray starts: the model it names, the output.
     shape = model_shape(spec)
+    space = load_space(spec.search.space, spec.target_batch_size, spec.world_size)
     output = Path(spec.output)
     if output.exists() and not output.is_dir():
         raise SpecError(f"output: {spec.output!r} is a file, not a folder")
@@ -85,17 +86,17 @@ def run_search(
         device = device or executor.discover()  # where trials run, not the driver
     device = device or local_device()
     try:
-        return _search(spec, shape, device, executor, started, on_start, on_record)
+        return _search(spec, shape, space, device, executor, started, on_start, on_record)
     finally:
         if owns_executor:
             executor.close()
 
 
-def _search(spec: Spec, shape: ModelShape | None, device: DeviceSpec, executor: Executor,
-            started: float,
+def _search(spec: Spec, shape: ModelShape | None, space_file: Space, device: DeviceSpec,
+            executor: Executor, started: float,
             on_start: Callable[[Proposal], None] | None,
             on_record: Callable[[Record], None] | None) -> SearchResult:
-    space = build_space(spec, device)
+    space = build_space(spec, device, space_file)
     if not space.candidates:
         raise SpecError("the search space has no config this device can run: "
                         + "; ".join(f"{k}: {v}" for k, v in space.pruned.items()))
@@ -137,8 +138,7 @@ def _search(spec: Spec, shape: ModelShape | None, device: DeviceSpec, executor: 
     try:
         drive(strategy, executor, log, limits, history=history, on_start=on_start,
               on_record=recorded, review=review)
-        picked = (confirm.contenders(history, spec.target_batch_size // spec.world_size)
-                  if repeats else [])
+        picked = confirm.contenders(history, spec.per_rank_batch) if repeats else []
         if picked:
             confirmer = confirm.ConfirmStrategy(ctx, spec, output / "confirm", picked, repeats,
                                                 on_cpu=not device.is_cuda)
@@ -182,7 +182,7 @@ def summarise(spec: Spec, device: DeviceSpec, limit: int, shape: ModelShape | No
         projection=spec.run.model_dump(),
         confirmation=confirm.summarise(history, spec.search.confirm_repeats,
                                        spec.measure.steps * confirm.STEPS_FACTOR,
-                                       spec.target_batch_size // spec.world_size,
+                                       spec.per_rank_batch,
                                        spec.search.seed))
     if summary.best is not None and learned is not None:
         model = MemoryModel.from_history(learned, device, spec.world_size, history, limit)

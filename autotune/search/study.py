@@ -295,8 +295,8 @@ class StudyLog:
 def summary_from_storage(storage: str, study_name: str | None = None) -> dict[str, Any]:
     # Opening an SQLite URL creates its file: a mistyped path would leave an empty one.
     if storage.startswith("sqlite:///"):
-        path = Path(storage.removeprefix("sqlite:///"))
-        if storage != "sqlite:///:memory:" and not path.is_file():
+        path = Path(storage.removeprefix("sqlite:///").split("?", 1)[0])
+        if str(path) not in ("", ":memory:") and not path.is_file():
             raise AutotuneError(f"{storage}: no such SQLite file ({path})")
     names = optuna.get_all_study_names(storage)
     if study_name is None:
