@@ -406,3 +406,12 @@ def test_one_confirmation_run_each_claims_no_interval() -> None:
     summary.confirmation = Confirmation(1, 10, [], best.config, 1.19, 1.19, 1.19)
     fact = next(f for f in headline(summary) if f.label == "Speedup vs baseline")
     assert fact.value == "1.19×" and "no interval" in fact.detail
+
+
+def test_the_committed_example_report_is_what_the_code_renders() -> None:
+    """reports/tiny-gpt2 is shown as the README's example: it must not drift from the code
+    (`autotune report reports/tiny-gpt2` rewrites it)."""
+    from autotune.outputs.report import render_markdown
+
+    folder = ROOT / "reports" / "tiny-gpt2"
+    assert render_markdown(load_summary(folder)) == (folder / "report.md").read_text()
