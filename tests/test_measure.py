@@ -212,3 +212,19 @@ def test_a_baseline_that_runs_out_of_memory_in_a_longer_run_moves_down_its_chain
     summary = Summary(model={}, device={}, memory_limit_bytes=2**30, target_batch_size=16,
                       world_size=1, seq_len=32, trials=history, confirmation=c)
     assert summary.baseline.config == TrialConfig.of(14, 1)
+
+
+def test_time_is_held_back_for_confirmation_only_once_there_is_something_to_confirm():
+    """Found in CI's rehearsal: `--trials 6 --timeout 100s` stopped after its first trial
+    (a baseline probe, 7 s) to keep 18 trials' time for a confirmation, which then had no
+    contender at the target: the search now runs on until one succeeded."""
+    import time
+
+    from autotune.search.loop import Limits
+
+    found: list[bool] = []
+    limits = Limits(max_trials=6, deadline=time.time() + 85, reserve_trials=18,
+                    reserve_for=lambda: bool(found))
+    assert not limits.exhausted([7.3], 0)
+    found.append(True)
+    assert limits.exhausted([7.3], 0)  # 18 x 7.3 s no longer fit before the deadline

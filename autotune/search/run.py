@@ -27,7 +27,7 @@ from autotune.search.strategies.registry import make_strategy, sampler_for
 from autotune.search.study import StudyLog
 from autotune.space import Space, build_space, load_space
 from autotune.spec import Spec, load_spec, parse_duration
-from autotune.summary import Summary
+from autotune.summary import Summary, at_target
 from autotune.trials.executor import Executor, RayExecutor
 
 if TYPE_CHECKING:
@@ -122,9 +122,11 @@ def _search(spec: Spec, shape: ModelShape | None, space_file: Space, device: Dev
     repeats = spec.search.confirm_repeats
     # The confirmation's trials are paid from the same time budget: the search leaves room
     # for about three contenders' repeats.
-    limits = Limits(max_trials=spec.search.n_trials, deadline=deadline,
-                    reserve_trials=3 * repeats * confirm.STEPS_FACTOR)
     history = log.history()
+    limits = Limits(max_trials=spec.search.n_trials, deadline=deadline,
+                    reserve_trials=3 * repeats * confirm.STEPS_FACTOR,
+                    reserve_for=lambda: bool(at_target(
+                        [r for r in history if r.outcome.ok], spec.per_rank_batch)))
 
     def recorded(record: Record) -> None:
         if on_record is not None:
