@@ -30,12 +30,17 @@ pytestmark = pytest.mark.slow
 RAY = str(Path(sys.executable).with_name("ray"))
 
 
-def _free_port() -> int:
+def _free_port(*taken: int) -> int:
+    """A port free now and none of `taken`: the kernel may hand back a port just released
+    (CI once gave the head's GCS and Ray Client the same one, and `ray start` refused)."""
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in taken:
+            return port
 
 
 class Cluster:
@@ -49,7 +54,7 @@ class Cluster:
         self.temp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))
 
     def start(self, *, head_cpus: int = 0, workers: list[dict] | None = None) -> Cluster:
-        self.client_port = _free_port()  # Ray Client (ray://) listens here
+        self.client_port = _free_port(self.port)  # Ray Client (ray://) listens here
         self._ray("start", "--head", f"--port={self.port}", f"--num-cpus={head_cpus}",
                   "--num-gpus=0", "--include-dashboard=false", f"--temp-dir={self.temp}",
                   f"--ray-client-server-port={self.client_port}")
