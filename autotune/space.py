@@ -99,11 +99,10 @@ def load_space(name_or_path: str, target_batch_size: int, world_size: int = 1) -
     _check_values(BATCH, batches, _divisors(per_rank), path.name)
     values: dict[str, list[Any]] = {}
     for k in knobs.table():
+        given = _values(raw, k.name, [k.baseline], path.name)
         try:
-            parsed = [k.parse(v) for v in _values(raw, k.name, [k.baseline], path.name)]
+            parsed = [k.parse(v) for v in given]
         except SpecError as exc:  # the knob's own message names it
-            if str(exc).startswith("search space"):
-                raise
             raise SpecError(f"search space {path.name}: {exc}; allowed: "
                             f"{', '.join(map(str, k.allowed()))}") from None
         _check_values(k.name, parsed, k.allowed(), path.name)

@@ -369,3 +369,23 @@ def test_estimate_cli_prints_components_and_rejects_bad_input(tmp_path):
     assert bad.exit_code == 2 and "--memory" in bad.output
     unknown = CliRunner().invoke(app, ["estimate", str(path), "--device", "Z80"])
     assert unknown.exit_code == 2 and "known:" in unknown.output
+
+
+def test_the_estimate_table_keeps_its_figures_on_a_narrow_terminal(tmp_path):
+    """Found by a review: at 80 columns every figure of the table was cut to nothing."""
+    import io
+
+    from rich.console import Console
+
+    import autotune
+    from autotune.plan.estimate import render_estimate
+    from tests.conftest import TINY_SPEC
+
+    result = autotune.estimate(TINY_SPEC | {"output": str(tmp_path)})
+    for width, components in ((80, False), (160, True)):
+        out = io.StringIO()
+        render_estimate(result, Console(file=out, width=width))
+        text = out.getvalue()
+        assert "…" not in text and ("per component" in text) is not components
+        for row in result.largest_fitting():
+            assert f"{row.estimate.total_bytes / 2**30:.2f}" in text

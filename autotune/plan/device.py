@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from autotune.errors import SpecError
 
 log = logging.getLogger("autotune")
-GiB = 1024**3
+MiB, GiB = 1024**2, 1024**3
 # The default trial budget on CPU: half the RAM free when the search starts, so the
 # machine keeps room for everything else on it.
 CPU_BUDGET_SHARE = 0.5
@@ -85,7 +85,6 @@ KNOWN_DEVICES: dict[str, tuple[int, tuple[int, int], dict[str, float]]] = {
     "H100NVL-94GB": (95830, (9, 0), _ampere_plus(60, 418, 835)),
     "H200NVL-141GB": (143771, (9, 0), _ampere_plus(60, 418, 835)),
 }
-MiB = 1024**2
 
 
 def named_device(name: str, count: int = 1) -> DeviceSpec:
@@ -110,8 +109,9 @@ def _stated_size(name: str) -> str | None:
 
 def _match_known(name: str) -> str | None:
     upper = name.upper().replace("NVIDIA", "").strip()
-    if upper.replace(" ", "").replace("_", "-") in KNOWN_DEVICES:
-        return upper.replace(" ", "").replace("_", "-")
+    exact = upper.replace(" ", "").replace("_", "-")
+    if exact in KNOWN_DEVICES:
+        return exact
     size = _stated_size(name)
     flat = re.sub(r"[\s_-]", "", upper)  # "H100-PCIe", "H100 PCIe", "h100_pcie" alike
     # Longest model names first, so "L40S" is not taken for an "L4".

@@ -120,9 +120,9 @@ def _search(spec: Spec, shape: ModelShape | None, space_file: Space, device: Dev
         executor.shape, executor.budget = (shape.to_dict() if shape else None), limit
     deadline = started + parse_duration(spec.search.timeout)
     repeats = spec.search.confirm_repeats
-    # The confirmation's trials are paid from the same time budget: the search leaves room
-    # for about three contenders' repeats.
     history = log.history()
+    # The confirmation's trials are paid from the same time budget: once a config at the
+    # target succeeded, the search leaves room for about three contenders' repeats.
     limits = Limits(max_trials=spec.search.n_trials, deadline=deadline,
                     reserve_trials=3 * repeats * confirm.STEPS_FACTOR,
                     reserve_for=lambda: bool(at_target(
