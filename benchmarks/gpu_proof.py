@@ -112,14 +112,23 @@ def pip_check() -> list[str]:
     return [] if done.returncode == 0 else done.stdout.strip().splitlines()
 
 
+def _interruptible_child() -> None:
+    """In the step's process before it runs: it dies with this script, and takes Ctrl-C
+    even where this script was started with SIGINT ignored (a shell's background job
+    is): Python installs its KeyboardInterrupt handler only where SIGINT is not ignored
+    at its start, and without it the step could not write what it has at its box."""
+    from autotune.trials.forkserver import die_with_parent
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    die_with_parent()
+
+
 def _step(name: str, cmd: list[str], box: int, out: Path, log: list[dict],
           deadline: float | None = None, grace: int = GRACE_S) -> int | None:
     """Run one step in its own process group within its time box, cut to what is left
     before `deadline`, and die with this script (a device call cut off at its limit).
     Past the box less `grace` the step is interrupted as Ctrl-C would (a search then
     writes its summary and exports with the trials it finished), and killed at the box."""
-    from autotune.trials.forkserver import die_with_parent
-
     if deadline is not None:
         box = min(box, int(deadline - FINISH_S - time.time()))
     if box < max(2 * grace, 1):  # a box of none (grace 0) is no box either
@@ -131,7 +140,7 @@ def _step(name: str, cmd: list[str], box: int, out: Path, log: list[dict],
     path = out / f"{name}.log"
     with path.open("w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT,
-                                start_new_session=True, preexec_fn=die_with_parent)
+                                start_new_session=True, preexec_fn=_interruptible_child)
         try:
             code = proc.wait(timeout=box - grace)
         except subprocess.TimeoutExpired:
