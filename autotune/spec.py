@@ -259,8 +259,10 @@ class MeasureSpec(_Strict):
     warmup_steps: int = Field(2, ge=0)
     steps: int = Field(5, ge=1)
     loss_tolerance: float = Field(0.05, gt=0)
-    """Largest relative difference of a trial's step losses from the full-precision
-    reference (same weights, data and order) before its precision is rejected."""
+    """How far a trial's mean step loss may be from the full-precision reference's (same
+    weights, data and order), past the noise of the paired steps, and how far beyond the
+    reference's range a step may go, as a share of its mean loss, before its precision
+    is rejected."""
 
 
 class RunSpec(_Strict):

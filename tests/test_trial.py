@@ -72,6 +72,32 @@ def test_trials_record_their_losses_from_one_seed(tiny_spec):
     assert a.extra["losses"] == pytest.approx(b.extra["losses"], rel=1e-3)
 
 
+def test_a_classifier_logs_its_loss_summed_over_micro_batches_and_is_still_reviewed(
+        tiny_spec):
+    """Transformers' Trainer leaves the loss unscaled for accumulation where the model
+    takes loss kwargs; BERT's classifier takes them and ignores `num_items_in_batch`, so
+    a b4x2 trial logs twice the b8x1 loss (seen on an H200 with BERT-large, where the
+    numerics review then rejected every accumulated config). The review reads it at that
+    scale."""
+    from autotune.records import Record
+    from autotune.search import numerics
+
+    tiny_spec["model"] = {"config": {"model_type": "bert", "num_hidden_layers": 2,
+                                     "hidden_size": 64, "num_attention_heads": 2,
+                                     "intermediate_size": 128, "vocab_size": 512,
+                                     "max_position_embeddings": 64},
+                          "task": "sequence-classification"}
+    tiny_spec["target_batch_size"] = 8
+    whole, split = _run(tiny_spec, TrialConfig(8, 1)), _run(tiny_spec, TrialConfig(4, 2))
+    assert whole.ok and split.ok, (whole.error, split.error)
+    ratio = split.extra["losses"][0] / whole.extra["losses"][0]
+    assert ratio == pytest.approx(2, rel=0.01)  # transformers' behaviour, if it changes
+    ref = Record(TrialConfig(8, 1), whole, "baseline", 0)
+    rec = Record(TrialConfig.of(4, 2, precision="bf16"), split, "model", 1)
+    numerics.review(rec, [ref], 8, 1, 0.05)
+    assert rec.outcome.ok and rec.outcome.extra["loss_scale"] == 2
+
+
 def test_model_error_keeps_the_tail(tiny_spec):
     tiny_spec["data"]["seq_len"] = 128  # longer than the model's 64 positions
     out = _run(_spec(tiny_spec), TrialConfig(4, 4))

@@ -56,6 +56,18 @@ def contenders(history: Sequence[Record], per_rank: int) -> list[tuple[str, Reco
     return out
 
 
+def cost_seconds(picked: Sequence[tuple[str, Record]], repeats: int,
+                 capacity: int = 1) -> float:
+    """About how long confirming `picked` takes: each contender's search trial again (its
+    start-up and warm-up as they were, its timed steps STEPS_FACTOR times), `repeats` times,
+    `capacity` at a time. On an H200 this prices a GPT-2 search's six runs at 54 s; they
+    took 53 s. The 18 median trials held back before were 130 s, which ended that 120 s
+    search at its first trial past the baseline's probes."""
+    once = sum((r.outcome.wall_seconds or 0.0)
+               + (r.outcome.timed_seconds or 0.0) * (STEPS_FACTOR - 1) for _, r in picked)
+    return repeats * once / max(1, capacity)
+
+
 def long_run_baseline(history: Sequence[Record], base: TrialConfig) -> TrialConfig:
     """The baseline as the long run would hold it: Trainer's auto_find_batch_size retries
     an OOM at 0.9 times the batch, so a confirmation repeat (longer than the probe) that

@@ -35,18 +35,15 @@ class Limits:
     max_trials: int | None = None
     deadline: float | None = None
     budget_seconds: float | None = None
-    # Trials to leave time for before the deadline (confirmation, after the search), each
-    # priced at the median trial so far; held back only once `reserve_for` says there is
-    # something to confirm (before that, a short search would stop after its first trial
-    # to keep time for confirming nothing).
-    reserve_trials: float = 0.0
-    reserve_for: Callable[[], bool] | None = None
+    # Seconds to leave before the deadline for what follows the search (the confirmation
+    # of the contenders so far: none before a config at the target succeeded, or a short
+    # search would stop after its first trial to keep time for confirming nothing).
+    reserve: Callable[[], float] | None = None
 
     def exhausted(self, costs: list[float], in_flight: int) -> bool:
         if self.max_trials is not None and len(costs) + in_flight >= self.max_trials:
             return True
-        held = self.reserve_for is None or self.reserve_for()
-        reserve = self.reserve_trials * statistics.median(costs) if costs and held else 0.0
+        reserve = self.reserve() if self.reserve is not None else 0.0
         if self.deadline is not None and time.time() + reserve >= self.deadline:
             return True
         # Trials in flight will cost about the median each; the next, up to the costliest.

@@ -27,7 +27,7 @@ from autotune.search.strategies.registry import make_strategy, sampler_for
 from autotune.search.study import StudyLog
 from autotune.space import Space, build_space, load_space
 from autotune.spec import Spec, load_spec, parse_duration
-from autotune.summary import Summary, at_target
+from autotune.summary import Summary
 from autotune.trials.executor import Executor, RayExecutor
 
 if TYPE_CHECKING:
@@ -121,12 +121,12 @@ def _search(spec: Spec, shape: ModelShape | None, space_file: Space, device: Dev
     deadline = started + parse_duration(spec.search.timeout)
     repeats = spec.search.confirm_repeats
     history = log.history()
-    # The confirmation's trials are paid from the same time budget: once a config at the
-    # target succeeded, the search leaves room for about three contenders' repeats.
+    # The confirmation's trials are paid from the same time budget: the search leaves room
+    # for the repeats of the contenders it has so far, priced at their own trials' times.
     limits = Limits(max_trials=spec.search.n_trials, deadline=deadline,
-                    reserve_trials=3 * repeats * confirm.STEPS_FACTOR,
-                    reserve_for=lambda: bool(at_target(
-                        [r for r in history if r.outcome.ok], spec.per_rank_batch)))
+                    reserve=lambda: confirm.cost_seconds(
+                        confirm.contenders(history, spec.per_rank_batch), repeats,
+                        executor.capacity))
 
     def recorded(record: Record) -> None:
         if on_record is not None:
