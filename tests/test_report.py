@@ -408,6 +408,27 @@ def test_one_confirmation_run_each_claims_no_interval() -> None:
     assert fact.value == "1.19×" and "no interval" in fact.detail
 
 
+def test_a_confirmation_cut_short_says_how_many_runs_it_made() -> None:
+    """Seen on an H200 (the GPU proof's 90 s GPT-2 search): the winner ran once and the
+    baseline not at all, and the report said 'median of 3 confirmation runs' and 'these
+    configs ran 3 more times each'."""
+    from autotune.outputs.report import render_markdown
+    from autotune.summary import Confirmation, ConfirmedConfig
+
+    summary = make_summary()
+    best, base = summary.best, summary.baseline
+    summary.confirmation = Confirmation(3, 8, [
+        ConfirmedConfig("best", best.config, best.number, [124.1]),
+        ConfirmedConfig("baseline", base.config, base.number, [])], best.config)
+    fact = next(f for f in headline(summary) if f.label == "Throughput")
+    assert fact.detail.endswith("· one confirmation run")
+    text = render_markdown(summary)
+    assert "were to run 3 more times each (5 of those runs are missing" in text
+    summary.confirmation.rows[0].samples_per_second += [124.0, 125.0]
+    fact = next(f for f in headline(summary) if f.label == "Throughput")
+    assert fact.detail.endswith("· median of 3 confirmation runs")
+
+
 def test_the_committed_example_report_is_what_the_code_renders() -> None:
     """reports/tiny-gpt2 is shown as the README's example: it must not drift from the code
     (`autotune report reports/tiny-gpt2` rewrites it)."""

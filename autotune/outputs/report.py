@@ -150,8 +150,10 @@ def _throughput_fact(summary: Summary, best: Record | None) -> Fact:
         tps = fmt_num(value * o.tokens_per_second / o.samples_per_second, 0)
     else:
         tps = fmt_num(value * summary.seq_len if value and summary.seq_len else None, 0)
-    how = (f"median of {summary.confirmation.repeats} confirmation runs"
-           if summary.confirmation else "one trial's measurement")
+    row = summary.confirmation.row(best.config) if summary.confirmation and best else None
+    runs = len(row.samples_per_second) if row else 0  # fewer than asked where time ran out
+    how = ("one trial's measurement" if not runs else "one confirmation run" if runs == 1
+           else f"median of {runs} confirmation runs")
     return Fact("Throughput", DASH if sps == DASH else f"{sps} samples/s",
                 DASH if tps == DASH else f"{tps} {'real ' if real else ''}tokens/s · {how}")
 
@@ -211,7 +213,8 @@ def _search_fact(summary: Summary) -> Fact:
     again = len(summary.ran) - len(searched)
     ooms = sum(t.outcome.is_oom for t in searched)
     return Fact("Search", f"{len(searched)} trials", f"{ooms} OOM · {wall} wall"
-                + (f" · {again} confirmation runs besides" if again else ""))
+                + (f" · {again} confirmation run{'s' if again > 1 else ''} besides"
+                   if again else ""))
 
 
 # --- the trials table -------------------------------------------------------------------
@@ -336,9 +339,13 @@ def _confirmation_note(summary: Summary) -> str:
                  None)
     note = (f" The baseline ran out of memory in a longer run, so it moved down to "
             f"{moved.config.label()}, as auto_find_batch_size would." if moved else "")
-    return (f"After the search, these configs ran {c.repeats} more times each, interleaved, "
-            f"{c.steps} timed steps, each from its exported training_args.json; the winner "
-            "is the highest median." + note)
+    missing = sum(max(c.repeats - len(r.samples_per_second), 0) for r in c.rows)
+    ran = (f"were to run {c.repeats} more times each ({missing} of those runs are missing: "
+           "the search's time ran out or a run failed; the repeats column says how many "
+           "each made)" if missing else f"ran {c.repeats} more times each")
+    return (f"After the search, these configs {ran}, interleaved, {c.steps} timed steps, "
+            "each from its exported training_args.json; the winner is the highest median."
+            + note)
 
 
 def _md_confirmation(summary: Summary) -> list[str]:
