@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -40,10 +41,14 @@ LANDSCAPE_FIELDS = ["per_device_train_batch_size", "gradient_accumulation_steps"
                     "optim", "gradient_checkpointing", "zero_stage", "offload", "status",
                     "samples_per_second", "peak_memory_gib", "seconds"]
 
-# (name, seconds) in order of value. On a GPU they sum to 495 s, which with the wheels'
+# (name, seconds) in order of value. On a GPU they sum to 500 s, which with the wheels'
 # install, versions, pip check and the report fits 9 minutes; each box is also cut to
 # what is left of them (--budget), so the last steps give way when the first ran long.
-GPU_BOXES = {"gpu_tests": 85, "bert": 115, "gpt2_search": 130, "memory": 165}
+# On an H200 (2026-11-26) the install and versions took 25 s, and the steps 52 s, 100 s
+# (cut by its box: vanilla 25 s, then Ray's start and a 60 s search), 102 s (a 90 s
+# search) and 95 s; in a second call the BERT step with a 90 s search was cut at 125 s.
+GPU_BOXES = {"gpu_tests": 70, "bert": 150, "gpt2_search": 160, "memory": 120}
+BERT_SEARCH_S = 75  # the vanilla trial, Ray's start and the search's exports fit the box
 REHEARSAL_BOXES = {"gpu_tests": 60, "bert": 150, "gpt2_search": 150, "memory": 120}
 GPU_BUDGET_S = 540  # from gpu_proof.sh's start (GPU_PROOF_T0): 9 minutes
 GRACE_S = 20  # a step is interrupted (Ctrl-C) this long before its box ends, then killed
@@ -65,7 +70,7 @@ def _bert_spec(rehearse: bool, out: Path) -> dict:
         seq, budget = 512, None
     spec = {"model": {"config": config, "task": "sequence-classification"},
             "data": {"seq_len": seq}, "target_batch_size": 16,
-            "search": {"n_trials": 6, "timeout": "60s" if not rehearse else "90s",
+            "search": {"n_trials": 8, "timeout": f"{BERT_SEARCH_S}s",
                        "trial_timeout": "60s", "confirm_repeats": 0,
                        "space": str(ROOT / "search_spaces" / "default.yaml")},
             "measure": {"warmup_steps": 2, "steps": 4}, "output": str(out / "bert-search")}
@@ -79,7 +84,7 @@ def _gpt2_spec(rehearse: bool, out: Path) -> tuple[Path, list[str]]:
         # Room past the baseline's probes (up to four here): a winner trains the target.
         return ROOT / "examples" / "tiny-gpt2.yaml", ["--trials", "6", "--timeout", "100s",
                                                        "--output", str(out / "gpt2-search")]
-    return ROOT / "examples" / "gpt2-small-gpu.yaml", ["--timeout", "90s", "--output",
+    return ROOT / "examples" / "gpt2-small-gpu.yaml", ["--timeout", "120s", "--output",
                                                        str(out / "gpt2-search")]
 
 
@@ -281,7 +286,10 @@ def memory_lines(log: Path) -> list[str]:
 
 
 def landscape(out: Path, rehearse: bool) -> Path | None:
-    """The searches' measured trials in the shared landscape format."""
+    """The search's measured trials in the shared landscape format: one row per config at
+    the target effective batch (its confirmation runs folded in, samples/s their median),
+    under the memory limit the search ran with (a trial over it is told `oom`, as the
+    landscape's replay would)."""
     summary_path = out / "gpt2-search" / "summary.json"
     if not summary_path.is_file():
         return None
@@ -292,27 +300,43 @@ def landscape(out: Path, rehearse: bool) -> Path | None:
     folder = out / "landscape" / name
     folder.mkdir(parents=True, exist_ok=True)
     shape = summary.get("model") or {}
+    limit = summary.get("memory_limit_bytes") or device.get("memory_bytes") or 0
     meta = {"description": f"measured: autotune search of {summary.get('spec_path', 'gpt2')}"
-                           f" on {device.get('name')}", "simulated": False,
-            "model": shape, "device": {"name": device.get("name"),
-                                       "memory_gib": (device.get("memory_bytes") or 0) / 2**30,
-                                       "count": device.get("count", 1)},
+                           f" on {device.get('name')}, by benchmarks/gpu_proof.sh",
+            "simulated": False, "model": shape,
+            "device": {"name": device.get("name"), "memory_gib": limit / 2**30,
+                       "device_memory_gib": (device.get("memory_bytes") or 0) / 2**30,
+                       "count": device.get("count", 1)},
             "world_size": summary.get("world_size", 1),
             "target_effective_batch_size": summary.get("target_batch_size")}
     (folder / "meta.json").write_text(json.dumps(meta, indent=2))
+    rows: dict[str, dict] = {}
+    speeds: dict[str, list[float]] = {}
+    for t in summary.get("trials", []):
+        o, c = t.get("outcome", {}), t.get("config", {})
+        if o.get("status") in ("pruned", "lost", None):
+            continue  # never measured
+        if (c.get("per_device_train_batch_size", 0) * c.get("gradient_accumulation_steps", 0)
+                * meta["world_size"] != meta["target_effective_batch_size"]):
+            continue  # the baseline's probes: another effective batch, not in the space
+        key = json.dumps(c, sort_keys=True)
+        if key not in rows:  # the search's own trial comes first
+            rows[key] = c | {"gradient_checkpointing": str(c.get("gradient_checkpointing"))
+                             .lower(), "status": o.get("status"),
+                             "peak_memory_gib": round((o.get("peak_memory_bytes") or 0)
+                                                      / 2**30, 3),
+                             "seconds": round(o.get("wall_seconds") or 0, 1)}
+        if o.get("status") == "ok" and o.get("samples_per_second"):
+            speeds.setdefault(key, []).append(o["samples_per_second"])
+        elif o.get("samples_per_second") and key not in speeds:
+            rows[key].setdefault("samples_per_second", round(o["samples_per_second"], 3))
     with (folder / "trials.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, LANDSCAPE_FIELDS, extrasaction="ignore")
         w.writeheader()
-        for t in summary.get("trials", []):
-            o, c = t.get("outcome", {}), t.get("config", {})
-            if o.get("status") in ("pruned", "lost", None):
-                continue  # never measured
-            w.writerow(c | {"gradient_checkpointing": str(c.get("gradient_checkpointing"))
-                            .lower(), "status": o.get("status"),
-                            "samples_per_second": o.get("samples_per_second") or "",
-                            "peak_memory_gib": round((o.get("peak_memory_bytes") or 0)
-                                                     / 2**30, 3),
-                            "seconds": round(o.get("wall_seconds") or 0, 1)})
+        for key, row in rows.items():
+            if key in speeds:
+                row["samples_per_second"] = round(statistics.median(speeds[key]), 3)
+            w.writerow(row)
     return folder
 
 
@@ -323,8 +347,14 @@ def main() -> int:
     ap.add_argument("--budget", type=float, help="seconds from gpu_proof.sh's start that "
                     f"all steps must end within (default {GPU_BUDGET_S} on a GPU, none in a "
                     "rehearsal)")
+    ap.add_argument("--only", metavar="STEPS", help="a comma-separated subset of "
+                    f"{','.join(GPU_BOXES)} (a second call that redoes some)")
     ap.add_argument("--step", help=argparse.SUPPRESS)  # internal: run one step in-process
     args = ap.parse_args()
+    wanted = set(GPU_BOXES) if args.only is None else set(args.only.split(","))
+    if wanted - set(GPU_BOXES):
+        ap.error(f"--only: {', '.join(sorted(wanted - set(GPU_BOXES)))} is no step; the "
+                 f"steps are {', '.join(GPU_BOXES)}")
     out = Path(args.outdir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     if args.step is None:  # the steps work beside OUTDIR; only the final files go in it
@@ -345,7 +375,8 @@ def main() -> int:
         print("pip check:", *broken[:10], sep="\n  ", flush=True)
     print("versions:", ", ".join(f"{k} {v}" for k, v in found.items()), flush=True)
     gpu = found.get("device", "cpu") != "cpu"
-    skipped = [f"missing {m}" for m in missing]
+    skipped = [f"missing {m}" for m in missing] + [
+        f"{name}: not asked for (--only)" for name in GPU_BOXES if name not in wanted]
     if not gpu and not args.rehearse:
         print("no CUDA device: run with --rehearse to prove the steps on CPU",
               file=sys.stderr)
@@ -360,25 +391,28 @@ def main() -> int:
     print(f"working in {out}; results go to {final}", flush=True)
     log: list[dict] = []
     report = _Report(out, final, found, log, skipped, args.rehearse, started)
-    if gpu:
+    if "gpu_tests" in wanted and gpu:
         _step("gpu_tests", [sys.executable, "-m", "pytest", "-m", "gpu", "-x", "-q",
                             "-p", "no:cacheprovider", "tests"], boxes["gpu_tests"], out, log,
               deadline)
-    else:
+    elif "gpu_tests" in wanted:
         skipped.append("gpu_tests: no CUDA device (pytest -m gpu would skip every test)")
     report.publish()
-    _step("bert", [*me, "--step", "bert", str(out)], boxes["bert"], out, log, deadline)
-    report.publish()
-    spec, extra = _gpt2_spec(args.rehearse, out)
-    _step("gpt2_search", [sys.executable, "-m", "autotune", "search", str(spec), *extra],
-          boxes["gpt2_search"], out, log, deadline)
-    report.publish()
-    # Killed at its box, not interrupted first: its launchers would die of the Ctrl-C and
-    # take their trials with them (it prints each trial's figures as the trial ends).
-    _step("memory", [*me, "--step", "memory", str(out)], boxes["memory"], out, log,
-          deadline, grace=0)
+    if "bert" in wanted:
+        _step("bert", [*me, "--step", "bert", str(out)], boxes["bert"], out, log, deadline)
+        report.publish()
+    if "gpt2_search" in wanted:
+        spec, extra = _gpt2_spec(args.rehearse, out)
+        _step("gpt2_search", [sys.executable, "-m", "autotune", "search", str(spec), *extra],
+              boxes["gpt2_search"], out, log, deadline)
+        report.publish()
+    if "memory" in wanted:
+        # Killed at its box, not interrupted first: its launchers would die of the Ctrl-C
+        # and take their trials with them (it prints each trial's figures as it ends).
+        _step("memory", [*me, "--step", "memory", str(out)], boxes["memory"], out, log,
+              deadline, grace=0)
     land = landscape(out, args.rehearse)
-    if land is None:
+    if land is None and "gpt2_search" in wanted:
         skipped.append("landscape: the GPT-2 search left no summary.json")
     print("\n".join(report.publish(land, done=True)))
     shutil.rmtree(out, ignore_errors=True)

@@ -4,6 +4,8 @@ rehearsed on CPU by CI (.ci/run); these hold the boxes themselves, in seconds.""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -78,3 +80,43 @@ def test_a_step_without_grace_is_killed_at_its_box(tmp_path):
                            3, tmp_path, log, grace=0) is None
     assert 3 <= time.time() - started < 3 + 5
     assert log[0]["exit"] is None
+
+
+def test_only_some_steps_run_and_the_summary_says_which_were_left(tmp_path):
+    """A second device call redoes some steps: --only names them, a typo is refused."""
+    proof = [sys.executable, str(ROOT / "benchmarks" / "gpu_proof.py"), "--rehearse"]
+    bad = subprocess.run([*proof, "--only", "bert,memroy", str(tmp_path)],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "memroy is no step" in bad.stderr
+    done = subprocess.run([*proof, "--only", "gpu_tests", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = (tmp_path / "summary.md").read_text()
+    assert "bert: not asked for (--only)" in summary and "| bert |" not in summary
+    assert "gpu_tests: no CUDA device" in summary
+
+
+def test_the_boxes_fit_the_call_with_the_install_as_an_h200_took_it():
+    # 25 s: the wheels' install, versions and pip check in the H200's first call.
+    assert sum(gpu_proof.GPU_BOXES.values()) + 25 <= gpu_proof.GPU_BUDGET_S
+
+
+def test_the_landscape_folds_confirmation_runs_into_one_row_per_config(tmp_path):
+    """The H200's GPT-2 search (reports/gpt2-h200): 10 measured runs of 4 configs, three
+    of them the baseline's probes at other effective batches than the target's 64."""
+    import csv
+    import json
+    import shutil
+
+    (tmp_path / "gpt2-search").mkdir()
+    shutil.copy(ROOT / "reports" / "gpt2-h200" / "summary.json", tmp_path / "gpt2-search")
+    folder = gpu_proof.landscape(tmp_path, rehearse=False)
+    rows = list(csv.DictReader((folder / "trials.csv").open()))
+    assert [(r["per_device_train_batch_size"], r["status"]) for r in rows] == [("32", "ok")]
+    assert float(rows[0]["samples_per_second"]) == 124.612  # median of its 4 runs
+    meta = json.loads((folder / "meta.json").read_text())
+    assert meta["device"]["memory_gib"] == 40 and meta["simulated"] is False
+    from autotune.bench.landscape import load_landscape
+
+    assert load_landscape(folder).best()[1].samples_per_second == 124.612
