@@ -288,8 +288,8 @@ def memory_lines(log: Path) -> list[str]:
 def landscape(out: Path, rehearse: bool) -> Path | None:
     """The search's measured trials in the shared landscape format: one row per config at
     the target effective batch (its confirmation runs folded in, samples/s their median),
-    under the memory limit the search ran with (a trial over it is told `oom`, as the
-    landscape's replay would)."""
+    with the memory limit the search ran under as the landscape's device memory (its
+    trials over that limit were told `oom` by the search)."""
     summary_path = out / "gpt2-search" / "summary.json"
     if not summary_path.is_file():
         return None
@@ -351,7 +351,9 @@ def main() -> int:
                     f"{','.join(GPU_BOXES)} (a second call that redoes some)")
     ap.add_argument("--step", help=argparse.SUPPRESS)  # internal: run one step in-process
     args = ap.parse_args()
-    wanted = set(GPU_BOXES) if args.only is None else set(args.only.split(","))
+    wanted = set(GPU_BOXES) if args.only is None else {s for s in args.only.split(",") if s}
+    if not wanted:
+        ap.error(f"--only: name one step or more of {', '.join(GPU_BOXES)}")
     if wanted - set(GPU_BOXES):
         ap.error(f"--only: {', '.join(sorted(wanted - set(GPU_BOXES)))} is no step; the "
                  f"steps are {', '.join(GPU_BOXES)}")

@@ -264,14 +264,18 @@ def test_time_is_held_back_for_confirmation_only_once_there_is_something_to_conf
         reserve[0] = confirm.cost_seconds(confirm.contenders(history, 16), 3)
         return reserve[0]
 
-    limits = Limits(max_trials=20, deadline=time.time() + 58, reserve=held)
+    limits = Limits(max_trials=20, deadline=time.time() + 30, reserve=held)
     assert not limits.exhausted([19.96, 6.76], 0) and reserve[0] == 0  # nothing at target
     history.append(rec(42, 8, 2, "model", 7.72, 2.06))  # best; the baseline's top beside it
-    assert not limits.exhausted([19.96, 6.76, 7.72], 0)
+    costs = [19.96, 6.76, 7.72]
+    # 54.5 s for the confirmation, and the next trial's 7.7 s (the median) before it.
+    assert not Limits(deadline=time.time() + 66, reserve=held).exhausted(costs, 0)
     assert reserve[0] == pytest.approx(3 * (7.72 + 2.06 + 6.76 + 1.62))
-    assert Limits(deadline=time.time() + 50, reserve=held).exhausted([7.72], 0)
+    assert Limits(deadline=time.time() + 60, reserve=held).exhausted(costs, 0)
+    assert Limits(deadline=time.time() + 66, reserve=held).exhausted(costs, 1)  # in flight
+    # On two GPUs no faster than the costlier contender's three runs one after another.
     assert confirm.cost_seconds(confirm.contenders(history, 16), 3, capacity=2) == (
-        pytest.approx(reserve[0] / 2))  # two at a time on two GPUs
+        pytest.approx(3 * (7.72 + 2.06)))
 
 
 def test_a_loss_logged_summed_over_micro_batches_is_compared_at_its_scale():
@@ -282,14 +286,33 @@ def test_a_loss_logged_summed_over_micro_batches_is_compared_at_its_scale():
     history = [_rec(0, "fp32", fp32, batch=16)]
     summed = _rec(1, "bf16", [1.2656, 2.9688, 3.3516, 1.8125, 1.6016, 1.3945], batch=8)
     numerics.review(summed, history, 16, 1, 0.05)
-    assert summed.outcome.ok and summed.outcome.extra["loss_scale"] == 2
+    assert summed.outcome.ok and summed.outcome.extra["loss_accumulation_scale"] == 2
     # Twice the loss where the accumulation is the same is no logging quirk.
     doubled = _rec(2, "bf16", [2 * x for x in fp32], batch=16)
     numerics.review(doubled, history, 16, 1, 0.05)
-    assert doubled.outcome.status == "nan" and "loss_scale" not in doubled.outcome.extra
+    assert doubled.outcome.status == "nan"
+    assert "loss_accumulation_scale" not in doubled.outcome.extra
     # Scaled, and still off: the message says at which scale it was read.
     off = _rec(3, "bf16", [1.2656, 2.9688, 3.3516, 1.8125, 1.6016, 9.0], batch=8)
     numerics.review(off, history, 16, 1, 0.05)
     assert off.outcome.status == "nan"
     assert "step 6's loss 4.5 (logged 2x, as a sum over micro-batches) is outside" in (
         off.outcome.error)
+
+
+def test_an_accumulation_near_the_references_is_not_read_as_a_summed_loss():
+    """From a review: a 5/4 accumulation ratio is within 25% of 1, so an ordinary loss
+    would have been read as logged 1.25x and rejected."""
+    ref = Record(TrialConfig.of(5, 4), Outcome("ok", extra={"losses": [6.0, 5.5, 5.0]}),
+                 "model", 0)
+    same = Record(TrialConfig.of(4, 5, precision="bf16"),
+                  Outcome("ok", extra={"losses": [6.0, 5.5, 5.0]}), "model", 1)
+    assert numerics.accumulation_scale(same, ref) == 1
+    numerics.review(same, [ref], 20, 1, 0.05)
+    assert same.outcome.ok
+    # A reference that logged its two micro-batches summed, against a trial of one.
+    summed = Record(TrialConfig.of(4, 2), Outcome("ok", extra={"losses": [1.26, 1.5]}),
+                    "model", 2)
+    whole = Record(TrialConfig.of(8, 1, precision="bf16"),
+                   Outcome("ok", extra={"losses": [0.64, 0.74]}), "model", 3)
+    assert numerics.accumulation_scale(whole, summed) == 0.5

@@ -424,6 +424,20 @@ def test_a_confirmation_cut_short_says_how_many_runs_it_made() -> None:
     assert fact.detail.endswith("· one confirmation run")
     text = render_markdown(summary)
     assert "were to run 3 more times each (5 of those runs are missing" in text
+    # Two contenders measured once each: their ratio is a speedup, with no interval.
+    summary.confirmation.rows[1].samples_per_second.append(47.1)
+    from autotune.records import Outcome, Record
+    from autotune.search import confirm
+
+    history = list(summary.trials) + [
+        Record(r.config, Outcome("ok", samples_per_second=sps), confirm.REASON, 900 + i)
+        for i, (r, sps) in enumerate([(best, 124.1), (base, 47.1)])]
+    c = confirm.summarise(history, 3, 8, summary.per_rank_target)
+    assert c.speedup == pytest.approx(124.1 / 47.1) and c.speedup_low is None
+    summary.confirmation = c
+    fact = next(f for f in headline(summary) if f.label == "Speedup vs baseline")
+    assert "no interval: the winner or the baseline made fewer than two" in fact.detail
+    assert fact.value == f"{124.1 / 47.1:.2f}×"
     summary.confirmation.rows[0].samples_per_second += [124.0, 125.0]
     fact = next(f for f in headline(summary) if f.label == "Throughput")
     assert fact.detail.endswith("· median of 3 confirmation runs")

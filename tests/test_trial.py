@@ -95,7 +95,7 @@ def test_a_classifier_logs_its_loss_summed_over_micro_batches_and_is_still_revie
     ref = Record(TrialConfig(8, 1), whole, "baseline", 0)
     rec = Record(TrialConfig.of(4, 2, precision="bf16"), split, "model", 1)
     numerics.review(rec, [ref], 8, 1, 0.05)
-    assert rec.outcome.ok and rec.outcome.extra["loss_scale"] == 2
+    assert rec.outcome.ok and rec.outcome.extra["loss_accumulation_scale"] == 2
 
 
 def test_model_error_keeps_the_tail(tiny_spec):

@@ -173,8 +173,11 @@ def _speedup_fact(summary: Summary, base: Record | None) -> Fact:
         return Fact("Speedup vs baseline", DASH, "no baseline trial succeeded")
     value = DASH if speedup is None else f"{speedup:.2f}×"
     c = summary.confirmation
-    if c is not None and c.speedup_low is not None and c.repeats < 2:
+    if c is not None and c.speedup is not None and c.repeats < 2:
         how = "one confirmation run each: no interval (search.confirm_repeats 3 gives one)"
+    elif c is not None and c.speedup is not None and c.speedup_low is None:
+        how = ("no interval: the winner or the baseline made fewer than two confirmation "
+               "runs (the search's time ran out or runs failed)")
     elif c is not None and c.speedup_low is not None:
         value += f" ({c.speedup_low:.2f}–{c.speedup_high:.2f})"
         how = "90% interval over the confirmation runs"

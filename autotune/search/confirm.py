@@ -60,12 +60,13 @@ def cost_seconds(picked: Sequence[tuple[str, Record]], repeats: int,
                  capacity: int = 1) -> float:
     """About how long confirming `picked` takes: each contender's search trial again (its
     start-up and warm-up as they were, its timed steps STEPS_FACTOR times), `repeats` times,
-    `capacity` at a time. On an H200 this prices a GPT-2 search's six runs at 54 s; they
-    took 53 s. The 18 median trials held back before were 130 s, which ended that 120 s
-    search at its first trial past the baseline's probes."""
-    once = sum((r.outcome.wall_seconds or 0.0)
-               + (r.outcome.timed_seconds or 0.0) * (STEPS_FACTOR - 1) for _, r in picked)
-    return repeats * once / max(1, capacity)
+    `capacity` at a time, but no less than the costliest contender's repeats one after
+    another (the baseline's wait for each other). On an H200 this prices a GPT-2 search's
+    six runs at 54 s; they took 53 s. The 18 median trials held back before were 130 s,
+    which ended that 120 s search at its first trial past the baseline's probes."""
+    each = [(r.outcome.wall_seconds or 0.0)
+            + (r.outcome.timed_seconds or 0.0) * (STEPS_FACTOR - 1) for _, r in picked]
+    return repeats * max(sum(each) / max(1, capacity), max(each, default=0.0))
 
 
 def long_run_baseline(history: Sequence[Record], base: TrialConfig) -> TrialConfig:
@@ -160,5 +161,6 @@ def summarise(history: Sequence[Record], repeats: int, steps: int, per_rank: int
     speedup = low = high = None
     if base is not None:
         speedup = (winner.median or 0.0) / (base.median or 1.0)
-        low, high = _interval(winner.samples_per_second, base.samples_per_second, seed)
+        if min(len(winner.samples_per_second), len(base.samples_per_second)) > 1:
+            low, high = _interval(winner.samples_per_second, base.samples_per_second, seed)
     return Confirmation(repeats, steps, rows, winner.config, speedup, low, high)

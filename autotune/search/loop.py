@@ -44,6 +44,8 @@ class Limits:
         if self.max_trials is not None and len(costs) + in_flight >= self.max_trials:
             return True
         reserve = self.reserve() if self.reserve is not None else 0.0
+        if reserve and costs:  # the next trial and those in flight end before it starts
+            reserve += (in_flight + 1) * statistics.median(costs)
         if self.deadline is not None and time.time() + reserve >= self.deadline:
             return True
         # Trials in flight will cost about the median each; the next, up to the costliest.

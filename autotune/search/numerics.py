@@ -28,7 +28,9 @@ REFERENCE_PRECISIONS = ("fp32", "tf32", "bf16")
 # How close a first step's loss ratio must be to the accumulation ratio to be read as a
 # loss logged summed over micro-batches (dropout alone moved first steps 8% on an H200).
 ACCUMULATION_MATCH = 0.25
-# Student's t, two-sided 95%, by degrees of freedom (the steps compared less one).
+# Student's t, two-sided 95%, by degrees of freedom (the steps compared less one), the
+# last standing for more. With two or three steps it is wide: the range check then
+# carries the review.
 _T95 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23, 2.20, 2.18)
 
 
@@ -48,7 +50,7 @@ def reference(history: Sequence[Record], target: int, world_size: int) -> Record
 class Drift:
     """A trial's losses against the reference's, relative to the reference's mean loss."""
 
-    mean: float  # the mean paired difference
+    mean: float  # |the mean paired difference|, a share of the reference's mean loss
     noise: float  # half the 95% interval of that mean (0 for one step)
     outside: tuple[int, float] | None  # the first step whose loss leaves the range
 
@@ -86,11 +88,14 @@ def accumulation_scale(record: Record, ref: Record) -> float:
     `num_items_in_batch`: on an H200 its b8x2 trials logged twice the b16x1 loss at
     step 1 (1.27 against 0.62) and were rejected for it."""
     ratio = (record.config.gradient_accumulation_steps
-             / ref.config.gradient_accumulation_steps)
+             / max(1, ref.config.gradient_accumulation_steps))
     first, ref_first = record.outcome.extra["losses"][0], ref.outcome.extra["losses"][0]
-    if ratio == 1 or not ref_first:
+    if ratio == 1 or not ref_first or not first / ref_first > 0:
         return 1.0
-    return ratio if abs(first / ref_first / ratio - 1) <= ACCUMULATION_MATCH else 1.0
+    seen = math.log(first / ref_first)
+    # Nearer the ratio than 1 (an accumulation of 5 against 4 is no sum), and close to it.
+    near = abs(seen - math.log(ratio)) < abs(seen)
+    return ratio if near and abs(first / ref_first / ratio - 1) <= ACCUMULATION_MATCH else 1.0
 
 
 def review(record: Record, history: Sequence[Record], target: int, world_size: int,
@@ -107,11 +112,12 @@ def review(record: Record, history: Sequence[Record], target: int, world_size: i
     d = drift([x / scale for x in o.extra["losses"]], ref_losses, tolerance)
     o.extra["loss_drift"], o.extra["loss_drift_noise"] = d.mean, d.noise
     if scale != 1:
-        o.extra["loss_scale"] = scale
+        o.extra["loss_accumulation_scale"] = scale
     if not d.past(tolerance):
         return
     o.status = NAN
-    prec, n, steps = ref.config.precision, ref.number, len(o.extra["losses"])
+    prec, n = ref.config.precision, ref.number
+    steps = min(len(o.extra["losses"]), len(ref_losses))  # the steps compared
     if d.outside is not None:
         step, loss = d.outside
         seen = ref_losses[:steps]
