@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import importlib
 import json
 import os
@@ -37,9 +36,6 @@ PACKAGES = ("torch", "transformers", "accelerate", "deepspeed", "bitsandbytes", 
 # The seeds' figures for BERT-large, seq 512, vanilla batch 4 fp32 (two guides, two GPUs).
 SEED_BERT = [("seed 1 (vanilla, bs 4, fp32)", 12.5, 12.9), ("seed 2 (vanilla, bs 4, fp32)",
                                                             8.86, 14.9)]
-LANDSCAPE_FIELDS = ["per_device_train_batch_size", "gradient_accumulation_steps", "precision",
-                    "optim", "gradient_checkpointing", "zero_stage", "offload", "status",
-                    "samples_per_second", "peak_memory_gib", "seconds"]
 
 # (name, seconds) in order of value. On a GPU they sum to 500 s, which with the wheels'
 # install, versions, pip check and the report fits 9 minutes; each box is also cut to
@@ -287,57 +283,41 @@ def memory_lines(log: Path) -> list[str]:
 
 def landscape(out: Path, rehearse: bool) -> Path | None:
     """The search's measured trials in the shared landscape format: one row per config at
-    the target effective batch (its confirmation runs folded in, samples/s their median),
-    with the memory limit the search ran under as the landscape's device memory (its
-    trials over that limit were told `oom` by the search)."""
-    summary_path = out / "gpt2-search" / "summary.json"
-    if not summary_path.is_file():
+    the target effective batch (the baseline's probes train other batches), its
+    confirmation runs folded in as the median, with the memory limit the search ran under
+    as the landscape's device memory (its trials over that limit were told `oom`)."""
+    from autotune.bench.landscape import landscape_row, write_landscape
+    from autotune.errors import AutotuneError
+    from autotune.records import LOST
+    from autotune.summary import at_target, load_summary
+
+    try:
+        summary = load_summary(out / "gpt2-search")
+    except AutotuneError:
         return None
-    summary = json.loads(summary_path.read_text())
-    device = summary.get("device", {})
+    runs: dict = {}
+    measured = [r for r in summary.trials if r.outcome.ran and r.outcome.status != LOST]
+    for r in at_target(measured, summary.per_rank_target):
+        runs.setdefault(r.config, []).append(r)  # the search's own trial first
+    rows = []
+    for config, records in runs.items():
+        ok = [r.outcome.samples_per_second for r in records
+              if r.outcome.ok and r.outcome.samples_per_second]
+        rows.append(landscape_row(config, records[0].outcome,
+                                  statistics.median(ok) if ok else None))
+    device = summary.device
     name = ("cpu-rehearsal-" if rehearse else "") + "gpt2-" + str(
         device.get("name", "device")).lower().replace(" ", "-")
-    folder = out / "landscape" / name
-    folder.mkdir(parents=True, exist_ok=True)
-    shape = summary.get("model") or {}
-    limit = summary.get("memory_limit_bytes") or device.get("memory_bytes") or 0
-    meta = {"description": f"measured: autotune search of {summary.get('spec_path', 'gpt2')}"
-                           f" on {device.get('name')}, by benchmarks/gpu_proof.sh",
-            "simulated": False, "model": shape,
-            "device": {"name": device.get("name"), "memory_gib": limit / 2**30,
+    meta = {"description": f"measured: the autotune search of benchmarks/gpu_proof.sh on "
+                           f"{device.get('name')}", "simulated": False,
+            "model": summary.model,
+            "device": {"name": device.get("name"),
+                       "memory_gib": summary.memory_limit_bytes / 2**30,
                        "device_memory_gib": (device.get("memory_bytes") or 0) / 2**30,
                        "count": device.get("count", 1)},
-            "world_size": summary.get("world_size", 1),
-            "target_effective_batch_size": summary.get("target_batch_size")}
-    (folder / "meta.json").write_text(json.dumps(meta, indent=2))
-    rows: dict[str, dict] = {}
-    speeds: dict[str, list[float]] = {}
-    for t in summary.get("trials", []):
-        o, c = t.get("outcome", {}), t.get("config", {})
-        if o.get("status") in ("pruned", "lost", None):
-            continue  # never measured
-        if (c.get("per_device_train_batch_size", 0) * c.get("gradient_accumulation_steps", 0)
-                * meta["world_size"] != meta["target_effective_batch_size"]):
-            continue  # the baseline's probes: another effective batch, not in the space
-        key = json.dumps(c, sort_keys=True)
-        if key not in rows:  # the search's own trial comes first
-            rows[key] = c | {"gradient_checkpointing": str(c.get("gradient_checkpointing"))
-                             .lower(), "status": o.get("status"),
-                             "peak_memory_gib": round((o.get("peak_memory_bytes") or 0)
-                                                      / 2**30, 3),
-                             "seconds": round(o.get("wall_seconds") or 0, 1)}
-        if o.get("status") == "ok" and o.get("samples_per_second"):
-            speeds.setdefault(key, []).append(o["samples_per_second"])
-        elif o.get("samples_per_second") and key not in speeds:
-            rows[key].setdefault("samples_per_second", round(o["samples_per_second"], 3))
-    with (folder / "trials.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, LANDSCAPE_FIELDS, extrasaction="ignore")
-        w.writeheader()
-        for key, row in rows.items():
-            if key in speeds:
-                row["samples_per_second"] = round(statistics.median(speeds[key]), 3)
-            w.writerow(row)
-    return folder
+            "world_size": summary.world_size,
+            "target_effective_batch_size": summary.target_batch_size}
+    return write_landscape(out / "landscape" / name, meta, rows)
 
 
 def main() -> int:

@@ -14,12 +14,11 @@ a search works against.
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import statistics
 import time
 from pathlib import Path
 
+from autotune.bench.landscape import landscape_row, write_landscape
 from autotune.plan.device import GiB, local_device, memory_limit, node_cpus
 from autotune.plan.shape import model_shape
 from autotune.records import OK
@@ -27,10 +26,6 @@ from autotune.space import build_space
 from autotune.spec import load_spec
 from autotune.trials.launch import run_trial
 from autotune.trials.protocol import make_request
-
-FIELDS = ["per_device_train_batch_size", "gradient_accumulation_steps", "precision", "optim",
-          "gradient_checkpointing", "zero_stage", "offload", "status", "samples_per_second",
-          "peak_memory_gib", "seconds"]
 
 
 def main() -> None:
@@ -56,20 +51,10 @@ def main() -> None:
     for i, config in enumerate(space.candidates):
         out = run(config)
         peak = (out.peak_memory_bytes or 0) / GiB
-        rows.append(config.to_dict() | {
-            "gradient_checkpointing": str(config.gradient_checkpointing).lower(),
-            "status": out.status, "samples_per_second": round(out.samples_per_second or 0, 4)
-            if out.status == OK else 0.0, "peak_memory_gib": round(peak, 4),
-            "seconds": round(out.wall_seconds or 0.0, 2)})
+        rows.append(landscape_row(config, out))
         print(f"{i + 1}/{len(space.candidates)} {config.label():45s} {out.status:5s} "
               f"{out.samples_per_second or 0:7.1f} samples/s {peak:6.3f} GiB "
               f"{out.wall_seconds or 0:5.1f} s", flush=True)
-    folder = Path(args.out)
-    folder.mkdir(parents=True, exist_ok=True)
-    with (folder / "trials.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, FIELDS)
-        w.writeheader()
-        w.writerows({k: r[k] for k in FIELDS} for r in rows)
     meta = {"description": f"measured: every config of {Path(args.space).name} for "
                            f"{Path(args.spec).name} on {device.name} ({node_cpus()} cores), "
                            "one trial each, by benchmarks/measure_landscape.py",
@@ -80,7 +65,7 @@ def main() -> None:
             "device": {"name": device.name, "kind": device.kind,
                        "memory_gib": round(limit / GiB, 4), "count": 1},
             "world_size": spec.world_size, "target_effective_batch_size": spec.target_batch_size}
-    (folder / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    folder = write_landscape(Path(args.out), meta, rows)
     print(f"{len(rows)} configs in {time.time() - started:.0f} s -> {folder}")
     if args.repeat_best:
         ok = sorted((r for r in rows if r["status"] == OK),

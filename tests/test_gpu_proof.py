@@ -114,9 +114,9 @@ def test_the_landscape_folds_confirmation_runs_into_one_row_per_config(tmp_path)
     folder = gpu_proof.landscape(tmp_path, rehearse=False)
     rows = list(csv.DictReader((folder / "trials.csv").open()))
     assert [(r["per_device_train_batch_size"], r["status"]) for r in rows] == [("32", "ok")]
-    assert float(rows[0]["samples_per_second"]) == 124.612  # median of its 4 runs
+    assert float(rows[0]["samples_per_second"]) == 124.6115  # median of its 4 runs
     meta = json.loads((folder / "meta.json").read_text())
     assert meta["device"]["memory_gib"] == 40 and meta["simulated"] is False
     from autotune.bench.landscape import load_landscape
 
-    assert load_landscape(folder).best()[1].samples_per_second == 124.612
+    assert load_landscape(folder).best()[1].samples_per_second == 124.6115

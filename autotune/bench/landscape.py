@@ -1,7 +1,8 @@
 """Tuning landscapes: one search space measured exhaustively (see shared/landscapes/README.md).
 
 Columns are read through the knob table: a knob a landscape has no column for takes its
-baseline value, and columns that are no knob (a future addition) are ignored.
+baseline value, and columns that are no knob (a future addition) are ignored. Written
+here too (`landscape_row`, `write_landscape`), for the benchmarks that measure one.
 """
 
 from __future__ import annotations
@@ -16,6 +17,11 @@ from autotune.errors import AutotuneError, SpecError
 from autotune.plan.device import DeviceSpec, GiB, named_device
 from autotune.plan.shape import ModelShape
 from autotune.records import OK, Outcome
+
+# trials.csv's columns, as the shared landscapes have them.
+FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "precision", "optim",
+          "gradient_checkpointing", "zero_stage", "offload", "status", "samples_per_second",
+          "peak_memory_gib", "seconds")
 
 
 @dataclass
@@ -72,3 +78,28 @@ def load_landscape(path: str | Path) -> Landscape:
     return Landscape(path.name, meta, ModelShape.from_landscape_meta(meta),
                      _device(meta["device"]), int(meta.get("world_size", 1)),
                      int(meta["target_effective_batch_size"]), table)
+
+
+def landscape_row(config: TrialConfig, outcome: Outcome,
+                  samples_per_second: float | None = None) -> dict:
+    """One trials.csv row: `config` measured as `outcome`, with `samples_per_second` in
+    place of the outcome's where given (the median of its repeats, say). Only a trial
+    that ran to the end has a throughput; the loader reads no other's."""
+    sps = outcome.samples_per_second if samples_per_second is None else samples_per_second
+    row = {k: v for k, v in config.to_dict().items() if k in FIELDS}
+    return row | {"gradient_checkpointing": str(config.gradient_checkpointing).lower(),
+                  "status": outcome.status,
+                  "samples_per_second": round(sps or 0.0, 4) if outcome.status == OK else 0.0,
+                  "peak_memory_gib": round((outcome.peak_memory_bytes or 0) / GiB, 4),
+                  "seconds": round(outcome.wall_seconds or 0.0, 2)}
+
+
+def write_landscape(folder: Path, meta: dict, rows: list[dict]) -> Path:
+    """`folder`/meta.json and trials.csv in the shared format."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / "trials.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+    (folder / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return folder

@@ -61,7 +61,7 @@ def cost_seconds(picked: Sequence[tuple[str, Record]], repeats: int,
     """About how long confirming `picked` takes: each contender's search trial again (its
     start-up and warm-up as they were, its timed steps STEPS_FACTOR times), `repeats` times,
     `capacity` at a time, but no less than the costliest contender's repeats one after
-    another (the baseline's wait for each other). On an H200 this prices a GPT-2 search's
+    another (a baseline's repeats wait for each other). On an H200 this prices a GPT-2 search's
     six runs at 54 s; they took 53 s. The 18 median trials held back before were 130 s,
     which ended that 120 s search at its first trial past the baseline's probes."""
     each = [(r.outcome.wall_seconds or 0.0)
