@@ -154,6 +154,29 @@ def test_a_baseline_chain_config_is_the_reference_never_the_winner():
     assert c.winner == searched[2].config and c.speedup < 1  # said as it is
 
 
+def test_a_baseline_that_trains_the_target_and_confirms_fastest_is_the_winner():
+    """Found in CI: a baseline at the target (b16x1 for 16) confirmed faster than the
+    search's best. It is the winner, at a speedup of exactly 1, not one bootstrapped from
+    its own runs drawn twice, and the report says the baseline held."""
+    from autotune.outputs.report import headline
+    from autotune.summary import Summary
+
+    searched = [_rec(0, "fp32", [], batch=16, reason="baseline", sps=10.0),
+                _rec(1, "fp32", [], batch=8, sps=10.4)]
+    assert [role for role, _ in confirm.contenders(searched, 16)] == ["best", "baseline"]
+    history = list(searched) + [
+        Record(searched[n].config, Outcome("ok", samples_per_second=sps), confirm.REASON,
+               10 + i) for i, (n, sps) in enumerate([(1, 9.8), (0, 10.3), (1, 9.9), (0, 10.1)])]
+    c = confirm.summarise(history, 2, 8, 16)
+    assert c.winner == searched[0].config
+    assert (c.speedup, c.speedup_low, c.speedup_high) == (1.0, 1.0, 1.0)
+    summary = Summary(model={}, device={}, memory_limit_bytes=2**30, target_batch_size=16,
+                      world_size=1, seq_len=8, trials=history, confirmation=c)
+    assert summary.best.config == searched[0].config
+    fact = next(f for f in headline(summary) if f.label == "Speedup vs baseline")
+    assert fact.value == "1.00×" and "the baseline confirmed fastest" in fact.detail
+
+
 def test_a_budget_spent_on_the_baseline_probes_has_no_winner(tmp_path):
     """Found by a review: `--trials 3` went to the baseline's probes (b15x1, b22x1, an
     OOM at b28x1 for a target of 32), and b15x1 was exported as the winner, training 15

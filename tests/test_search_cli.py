@@ -311,14 +311,16 @@ def test_tpe_sampler_runs_a_real_search_that_optuna_shows_running(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["search"]["sampler"] == "tpe"
     # Confirmation: the contenders ran twice more each, from their exported files, and the
-    # winner is the best median among the contenders (the baseline is the reference: its
-    # auto_find chain may train a smaller effective batch), with an interval on the speedup
-    # around the median ratio.
+    # winner is the best median among the configs that train the target: the baseline too
+    # where it does (its auto_find chain may move it below; here 4GiB fits b16x1, and on a
+    # busy CI machine it once confirmed fastest), with an interval on the speedup around
+    # the median ratio.
     c = summary["confirmation"]
     assert c and all(len(row["samples_per_second"]) == 2 for row in c["configs"])
     assert {row["role"] for row in c["configs"]} >= {"baseline"}
-    winner = max((row for row in c["configs"] if row["role"] != "baseline"),
-                 key=lambda row: row["median"])
+    at_target = [row for row in c["configs"] if row["config"]["per_device_train_batch_size"]
+                 * row["config"]["gradient_accumulation_steps"] == 16]
+    winner = max(at_target, key=lambda row: row["median"])
     assert c["winner"] == winner["config"] == summary["best"]["config"]
     assert c["speedup_low"] <= c["speedup"] <= c["speedup_high"]
     assert (out / "confirm").is_dir() and any((out / "confirm").rglob("training_args.json"))

@@ -173,7 +173,10 @@ def _speedup_fact(summary: Summary, base: Record | None) -> Fact:
         return Fact("Speedup vs baseline", DASH, "no baseline trial succeeded")
     value = DASH if speedup is None else f"{speedup:.2f}×"
     c = summary.confirmation
-    if c is not None and c.speedup is not None and c.repeats < 2:
+    if c is not None and c.winner is not None and c.winner == base.config:
+        value = "1.00×"
+        how = "the baseline confirmed fastest: no config it tried beat Trainer's defaults"
+    elif c is not None and c.speedup is not None and c.repeats < 2:
         how = "one confirmation run each: no interval (search.confirm_repeats 3 gives one)"
     elif c is not None and c.speedup is not None and c.speedup_low is None:
         how = ("no interval: the winner or the baseline made fewer than two confirmation "

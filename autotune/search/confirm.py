@@ -159,7 +159,9 @@ def summarise(history: Sequence[Record], repeats: int, steps: int, per_rank: int
     winner = max(contending, key=lambda row: row.median or 0.0)
     base = next((row for row in measured if row.role == "baseline"), None)
     speedup = low = high = None
-    if base is not None:
+    if base is winner:  # the baseline trains the target and confirmed fastest: exactly 1
+        speedup = low = high = 1.0
+    elif base is not None:
         speedup = (winner.median or 0.0) / (base.median or 1.0)
         if min(len(winner.samples_per_second), len(base.samples_per_second)) > 1:
             low, high = _interval(winner.samples_per_second, base.samples_per_second, seed)
