@@ -198,7 +198,24 @@ def _growth(extra: dict) -> str:
     return head + "".join(f"\n        {r['bytes'] / 2**20:8.0f} MiB in {r['segments']:3d} on "
                           f"{r['stream']:>14s}  {r['where']}"
                           + (f" ({r['freed'] / 2**20:.0f} MiB freed later)"
-                             if r.get("freed") else "") for r in rows)
+                             if r.get("freed") else "") for r in rows) + _large(extra)
+
+
+def _large(extra: dict) -> str:
+    """Each large segment grown: its request and what the cache held just before (the
+    free blocks it would have fit in, the frees still waiting on another stream)."""
+    rows = extra.get("large_segments")
+    if not isinstance(rows, list) or not rows:
+        return ""
+
+    def mib(values: list) -> str:
+        return "[" + ", ".join(f"{v / 2**20:.1f}" for v in values) + "]"
+
+    return "\n      large segments (free blocks on the stream just before, MiB):" + "".join(
+        f"\n        #{r['event']} {r['segment'] / 2**20:.0f} MiB on {r['stream']} for "
+        f"{_mib(r['request'])}: largest free {r['largest_free'] / 2**20:.1f}, >=1 GiB "
+        f"{mib(r['free_at_least_1gib'])}, free waiting {mib(r['pending'])}; after "
+        f"{r['after']}" for r in rows)
 
 
 def _by_stream(held: object) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from autotune.trials.gpu_memory import reserved_by_stream, segment_growth
+from autotune.trials.gpu_memory import large_segments, reserved_by_stream, segment_growth
 
 SITE = "/venv/lib/python3.12/site-packages"
 TORCH = {"filename": f"{SITE}/torch/nn/functional.py", "line": 10, "name": "gelu"}
@@ -68,3 +68,38 @@ def test_a_frame_is_named_from_the_import_root_it_was_loaded_from(monkeypatch):
     rows = segment_growth([{"action": "segment_alloc", "addr": 1, "size": 1 << 20,
                             "stream": 0, "frames": [TORCH, carried]}])
     assert rows[0]["where"] == "deepspeed/runtime/zero/stage_1_and_2.py:3266 setup_buckets"
+
+
+def test_a_large_segment_says_what_the_cache_held_when_it_was_grown():
+    """The H200 grew a 1572 MiB segment in the backward where the replay reused the
+    forward's freed block: each large segment's row says what was free on its stream just
+    before (a fit would name a rule the replay lacks) and what was still waiting to be
+    freed (a block used on another stream), and what allocation came last."""
+    mib = 1 << 20
+    logits = 1646821376  # 8 x 1024 x 50257 fp32, the block of a 1572 MiB segment
+    events = [
+        {"action": "segment_alloc", "addr": 0, "size": 1572 * mib, "stream": 0},
+        {"action": "alloc", "addr": 0, "size": logits, "stream": 0, "frames": [MODEL]},
+        {"action": "segment_alloc", "addr": 4096 * mib, "size": 20 * mib, "stream": 0},
+        {"action": "alloc", "addr": 4096 * mib, "size": 2 * mib, "stream": 0},
+        {"action": "free_requested", "addr": 0, "size": logits, "stream": 0},
+        {"action": "free_completed", "addr": 0, "size": logits, "stream": 0},
+        {"action": "segment_alloc", "addr": 8192 * mib, "size": 1572 * mib, "stream": 0},
+        {"action": "alloc", "addr": 8192 * mib, "size": logits, "stream": 0},
+        {"action": "free_requested", "addr": 8192 * mib, "size": logits, "stream": 0},
+        {"action": "segment_alloc", "addr": 16384 * mib, "size": 1572 * mib, "stream": 7},
+        {"action": "segment_alloc", "addr": 20480 * mib, "size": 1572 * mib, "stream": 0},
+        {"action": "alloc", "addr": 20480 * mib, "size": logits, "stream": 0}]
+    rows = large_segments(events)
+    assert [r["event"] for r in rows] == [0, 6, 9, 10]  # the 20 MiB segment is not large
+    first, fit, other, waiting = rows
+    assert first["largest_free"] == 0 and first["request"] == logits
+    # The freed block was there, whole (the 1572 MiB segment with its 1.5 MiB tail merged):
+    assert fit["free_at_least_1gib"] == [1572 * mib] and fit["pending"] == []
+    assert fit["largest_free"] == 1572 * mib
+    assert fit["after"] == "transformers/models/gpt2/modeling_gpt2.py:99 forward"
+    assert other["stream"] == "0x7" and other["largest_free"] == 0  # no segment there yet
+    # Now the second block's free waits (another stream used it): it is no free block.
+    assert waiting["pending"] == [logits] and waiting["free_at_least_1gib"] == [1572 * mib]
+    assert waiting["largest_free"] == 1572 * mib
+    assert large_segments(events, top=1) == rows[:1]

@@ -5,6 +5,7 @@ returns, so they are tested without a GPU."""
 
 from __future__ import annotations
 
+import bisect
 import os
 from typing import Any
 
@@ -102,7 +103,9 @@ def _segments(index: int, history: bool) -> dict[str, Any]:
         extra["reserved_by_stream"] = reserved_by_stream(snapshot["segments"], index)
         if history:
             traces = snapshot["device_traces"][index]
-            extra |= {"segment_growth": segment_growth(traces), "history_events": len(traces),
+            extra |= {"segment_growth": segment_growth(traces),
+                      "large_segments": large_segments(traces),
+                      "history_events": len(traces),
                       # a full ring has dropped its oldest events: the first segments' among them
                       "history_full": len(traces) >= HISTORY_ENTRIES}
     except Exception as exc:  # noqa: BLE001
@@ -151,6 +154,79 @@ def segment_growth(traces: list[dict[str, Any]], top: int = 12) -> list[dict[str
                               **{k: sum(r[k] for r in rest) for k in
                                  ("bytes", "segments", "freed")}}]
     return rows
+
+
+def large_segments(traces: list[dict[str, Any]], min_bytes: int = 256 << 20,
+                   top: int = 8) -> list[dict[str, Any]]:
+    """For each new segment of at least `min_bytes` (the first `top`): the request that
+    grew it and what the cache held on that stream just before: its largest free block,
+    the free blocks the request would have fit in, and the blocks whose free was asked
+    for but not completed (a block used on another stream waits for that stream). The
+    ZeRO replay reuses a freed 1570 MiB block where the H200 grew a segment; this says
+    which allocator rule made the difference. `after`: the last allocation with a Python
+    frame before it (the backward's own allocations have none)."""
+    segments: dict[int, tuple[int, int]] = {}  # addr -> (size, stream)
+    blocks: dict[int, int] = {}  # addr -> size, allocated or waiting to be freed
+    pending: set[int] = set()
+    rows: list[dict[str, Any]] = []
+    after, asked = "start", None
+    for i, event in enumerate(traces):
+        action, addr, size = event.get("action"), event.get("addr"), int(event.get("size", 0))
+        if asked is not None and action == "alloc":
+            asked["request"] = size
+            asked = None
+        if action == "segment_alloc":
+            if size >= min_bytes and len(rows) < top:
+                stream = event.get("stream")
+                free = _free_blocks(segments, blocks, stream)
+                asked = {"event": i, "segment": size, "request": None,
+                         "stream": _stream_key(stream), "after": after,
+                         "largest_free": max(free, default=0),
+                         "free_at_least_1gib": sorted((f for f in free if f >= 1 << 30),
+                                                      reverse=True)[:4],
+                         "pending": sorted((blocks[a] for a in pending
+                                            if _in_stream(segments, a, stream)),
+                                           reverse=True)[:4]}
+                rows.append(asked)
+            segments[addr] = (size, event.get("stream"))
+        elif action == "segment_free":
+            segments.pop(addr, None)
+        elif action == "alloc":
+            blocks[addr] = size
+            frames = event.get("frames") or []
+            caller = next((f for f in frames if "/torch/" not in str(f.get("filename", ""))),
+                          None)
+            if caller is not None:
+                after = (f"{_short(caller.get('filename', '?'))}:{caller.get('line', '?')} "
+                         f"{caller.get('name', '?')}")
+        elif action == "free_requested":
+            pending.add(addr)
+        elif action == "free_completed":
+            pending.discard(addr)
+            blocks.pop(addr, None)
+    return rows
+
+
+def _in_stream(segments: dict[int, tuple[int, int]], addr: int, stream: object) -> bool:
+    return any(s == stream and a <= addr < a + n for a, (n, s) in segments.items())
+
+
+def _free_blocks(segments: dict[int, tuple[int, int]], blocks: dict[int, int],
+                 stream: object) -> list[int]:
+    """The free stretches of `stream`'s segments: what lies between their blocks."""
+    starts = sorted(blocks)
+    free = []
+    for base, (size, s) in segments.items():
+        if s != stream:
+            continue
+        at, end = base, base + size
+        for addr in starts[bisect.bisect_left(starts, base):bisect.bisect_left(starts, end)]:
+            if addr > at:
+                free.append(addr - at)
+            at = max(at, addr + blocks[addr])
+        if end > at:
+            free.append(end - at)
+    return free
 
 
 def _short(path: str) -> str:
