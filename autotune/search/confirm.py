@@ -57,16 +57,23 @@ def contenders(history: Sequence[Record], per_rank: int) -> list[tuple[str, Reco
 
 
 def cost_seconds(picked: Sequence[tuple[str, Record]], repeats: int,
-                 capacity: int = 1) -> float:
+                 capacity: int = 1, history: Sequence[Record] = ()) -> float:
     """About how long confirming `picked` takes: each contender's search trial again (its
-    start-up and warm-up as they were, its timed steps STEPS_FACTOR times), `repeats` times,
-    `capacity` at a time, but no less than the costliest contender's repeats one after
-    another (a baseline's repeats wait for each other). On an H200 this prices a GPT-2 search's
-    six runs at 54 s; they took 53 s. The 18 median trials held back before were 130 s,
-    which ended that 120 s search at its first trial past the baseline's probes."""
-    each = [(r.outcome.wall_seconds or 0.0)
-            + (r.outcome.timed_seconds or 0.0) * (STEPS_FACTOR - 1) for _, r in picked]
-    return repeats * max(sum(each) / max(1, capacity), max(each, default=0.0))
+    start-up and warm-up as they were, its timed steps STEPS_FACTOR times), as many times
+    as it still owes of `repeats` (a resumed study's earlier confirmation runs in
+    `history` count), `capacity` at a time, but no less than the costliest contender's
+    repeats one after another (a baseline's repeats wait for each other). On an H200
+    this prices a GPT-2 search's six runs at 54 s; they took 53 s. The 18 median trials
+    held back before were 130 s, which ended that 120 s search at its first trial past
+    the baseline's probes."""
+    owed = []
+    for role, r in picked:
+        config = long_run_baseline(history, r.config) if role == "baseline" else r.config
+        done = sum(1 for t in history if t.reason == REASON and t.config == config)
+        each = (r.outcome.wall_seconds or 0.0) + (r.outcome.timed_seconds or 0.0) * (
+            STEPS_FACTOR - 1)
+        owed.append(each * max(0, repeats - done))
+    return max(sum(owed) / max(1, capacity), max(owed, default=0.0))
 
 
 def long_run_baseline(history: Sequence[Record], base: TrialConfig) -> TrialConfig:

@@ -126,7 +126,7 @@ def _search(spec: Spec, shape: ModelShape | None, space_file: Space, device: Dev
     limits = Limits(max_trials=spec.search.n_trials, deadline=deadline,
                     reserve=lambda: confirm.cost_seconds(
                         confirm.contenders(history, spec.per_rank_batch), repeats,
-                        executor.capacity))
+                        executor.capacity, history))
 
     def recorded(record: Record) -> None:
         if on_record is not None:
