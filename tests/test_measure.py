@@ -319,7 +319,8 @@ def test_a_loss_logged_summed_over_micro_batches_is_compared_at_its_scale():
     rejected. The first step (same weights, same samples) shows the ratio."""
     fp32 = [0.61629, 0.76100, 2.13890, 1.27370, 0.73308, 0.84526]
     history = [_rec(0, "fp32", fp32, batch=16)]
-    summed = _rec(1, "bf16", [1.2656, 2.9688, 3.3516, 1.8125, 1.6016, 1.3945], batch=8)
+    summed = _rec(1, "bf16", [1.2656, 2.9688, 3.3516, 1.8125, 1.6016, 1.3945], batch=8,
+                  sps=12.0)
     numerics.review(summed, history, 16, 1, 0.05)
     assert summed.outcome.ok and summed.outcome.extra["loss_accumulation_scale"] == 2
     # Twice the loss where the accumulation is the same is no logging quirk.
@@ -327,6 +328,18 @@ def test_a_loss_logged_summed_over_micro_batches_is_compared_at_its_scale():
     numerics.review(doubled, history, 16, 1, 0.05)
     assert doubled.outcome.status == "nan"
     assert "loss_accumulation_scale" not in doubled.outcome.extra
+    # The report tells the user: the exported run sums its gradients too.
+    from autotune.outputs.report import headline
+    from autotune.summary import Summary
+
+    summary = Summary(model={}, device={}, memory_limit_bytes=2**30, target_batch_size=16,
+                      world_size=1, seq_len=8, trials=[*history, summed])
+    best = headline(summary)[0]
+    assert best.value == summed.config.label()
+    assert "summed over the 2 micro-batches" in best.detail
+    assert "summed" not in headline(Summary(model={}, device={}, memory_limit_bytes=2**30,
+                                            target_batch_size=16, world_size=1, seq_len=8,
+                                            trials=history))[0].detail
     # Scaled, and still off: the message says at which scale it was read.
     off = _rec(3, "bf16", [1.2656, 2.9688, 3.3516, 1.8125, 1.6016, 9.0], batch=8)
     numerics.review(off, history, 16, 1, 0.05)

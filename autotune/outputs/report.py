@@ -134,10 +134,15 @@ def _best_fact(summary: Summary) -> Fact:
     compiled = known(best.outcome.extra.get("compile_seconds"))
     paid = f" · compile {compiled:.0f} s, paid once" if compiled is not None else ""
     c = best.config
+    scale = known(best.outcome.extra.get("loss_accumulation_scale"))
+    summed = (f" · this model's loss and gradients are summed over the {scale:g} "
+              "micro-batches, not averaged (Trainer leaves them undivided where a model takes "
+              "loss kwargs it then ignores): max_grad_norm clips a gradient that many times "
+              "larger" if scale else "")
     return Fact("Best config", c.label(), f"trial #{best.number} · effective batch "
                 f"{c.samples_per_rank * summary.world_size} ({c.per_device_train_batch_size}"
                 f" × {c.gradient_accumulation_steps} accumulation × {summary.world_size} "
-                f"rank{'s' if summary.world_size > 1 else ''}){paid}")
+                f"rank{'s' if summary.world_size > 1 else ''}){paid}{summed}")
 
 
 def _throughput_fact(summary: Summary, best: Record | None) -> Fact:
