@@ -249,3 +249,29 @@ def test_a_trial_that_ends_at_once_is_not_waited_for_past_its_end():
         assert time.monotonic() - started < 5
     finally:
         server.close()
+
+
+def test_a_dead_launchers_trial_folders_are_swept_and_a_live_ones_never(tmp_path):
+    """A launcher SIGKILLed mid-trial leaves its folder (its TemporaryDirectory never
+    cleans up); the next trial removes such folders once their launcher is gone and they
+    went quiet, and never one whose launcher lives or that is still being written."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from autotune.trials.launch import ORPHAN_AFTER_S, TRIAL_DIR_PREFIX, sweep_orphans
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead, fresh, live, other = (tmp_path / f"{TRIAL_DIR_PREFIX}{name}" for name in (
+        f"{gone.pid}-abc", f"{gone.pid}-def", f"{os.getpid()}-ghi", "xyz123"))
+    for folder in (dead, fresh, live, other):
+        folder.mkdir()
+        (folder / "stderr.log").write_text("trial log")
+    old = time.time() - ORPHAN_AFTER_S - 60
+    for folder in (dead, live, other):
+        for p in (folder, folder / "stderr.log"):
+            os.utime(p, (old, old))
+    assert sweep_orphans(tmp_path) == [dead]
+    assert not dead.exists() and fresh.exists() and live.exists() and other.exists()

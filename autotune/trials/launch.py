@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -141,10 +142,50 @@ def run_trial(request: TrialRequest) -> Outcome:
     return outcome
 
 
+TRIAL_DIR_PREFIX = "autotune-trial-"
+# A trial folder is swept only this long after anything in it last changed, and only
+# where the process named in it is gone: a trial running in another PID namespace that
+# shares /tmp keeps writing its log and host watch.
+ORPHAN_AFTER_S = 3600
+
+
+def sweep_orphans(root: Path | None = None, now: float | None = None) -> list[Path]:
+    """Remove the trial folders of launchers that died without cleaning up (SIGKILL gives
+    `TemporaryDirectory` no chance): each is named after its launcher's PID. Another
+    search's folders, whose launcher lives, are never touched."""
+    root = Path(root or tempfile.gettempdir())
+    now = time.time() if now is None else now
+    removed = []
+    for folder in root.glob(f"{TRIAL_DIR_PREFIX}*-*"):
+        pid = folder.name[len(TRIAL_DIR_PREFIX):].split("-", 1)[0]
+        try:
+            if not pid.isdigit() or folder.stat().st_uid != os.getuid() or _alive(int(pid)):
+                continue
+            newest = max((p.stat().st_mtime for p in folder.rglob("*")),
+                         default=folder.stat().st_mtime)
+        except OSError:
+            continue
+        if now - newest >= ORPHAN_AFTER_S:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _run_trial(request: TrialRequest) -> Outcome:
     started = time.time()
     host_share = _host_share(request)
-    with tempfile.TemporaryDirectory(prefix="autotune-trial-") as tmp:
+    sweep_orphans()
+    with tempfile.TemporaryDirectory(prefix=f"{TRIAL_DIR_PREFIX}{os.getpid()}-") as tmp:
         tmpdir = Path(tmp)
         (tmpdir / "request.json").write_text(request.to_json())
         env = _environment(request.world_size, request.cpu_threads)
