@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import psutil
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
@@ -45,16 +46,6 @@ STALE_SECONDS = 8 * HEARTBEAT_SECONDS  # no heartbeat for this long: the driver 
 
 def _json(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _create_or_load(storage: str, study_name: str,
@@ -272,7 +263,8 @@ class StudyLog:
         for t in self._trials([TrialState.RUNNING]):
             driver = t.system_attrs.get(DRIVER_KEY) or {}
             beat = float(t.system_attrs.get(HEARTBEAT_KEY) or 0.0)
-            dead_here = driver.get("host") == host and not _pid_alive(int(driver.get("pid", 0)))
+            dead_here = (driver.get("host") == host
+                         and not psutil.pid_exists(int(driver.get("pid", 0))))
             if dead_here or time.time() - beat > STALE_SECONDS:
                 self._set(t.number, {ABANDONED_KEY: "its driver stopped while it ran"})
                 self.study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)

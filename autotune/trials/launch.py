@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
 from autotune.config import TrialConfig
 from autotune.records import CRASHED, ERROR, LOST, NAN, OOM, TIMEOUT, Outcome
 from autotune.trials import forkserver
@@ -159,7 +161,8 @@ def sweep_orphans(root: Path | None = None, now: float | None = None) -> list[Pa
     for folder in root.glob(f"{TRIAL_DIR_PREFIX}*-*"):
         pid = folder.name[len(TRIAL_DIR_PREFIX):].split("-", 1)[0]
         try:
-            if not pid.isdigit() or folder.stat().st_uid != os.getuid() or _alive(int(pid)):
+            mine = pid.isdigit() and folder.stat().st_uid == os.getuid()
+            if not mine or psutil.pid_exists(int(pid)):
                 continue
             newest = max((p.stat().st_mtime for p in folder.rglob("*")),
                          default=folder.stat().st_mtime)
@@ -169,16 +172,6 @@ def sweep_orphans(root: Path | None = None, now: float | None = None) -> list[Pa
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _run_trial(request: TrialRequest) -> Outcome:
