@@ -156,8 +156,8 @@ def segment_growth(traces: list[dict[str, Any]], top: int = 12) -> list[dict[str
     return rows
 
 
-def large_segments(traces: list[dict[str, Any]], min_bytes: int = 256 << 20,
-                   top: int = 8) -> list[dict[str, Any]]:
+def large_segments(traces: list[dict[str, Any]], min_bytes: int = 512 << 20,
+                   top: int = 12) -> list[dict[str, Any]]:
     """For each new segment of at least `min_bytes` (the first `top`): the request that
     grew it and what the cache held on that stream just before: its largest free block,
     the free blocks the request would have fit in, and the blocks whose free was asked
