@@ -86,6 +86,12 @@ class Confirmation:
     def row(self, config: TrialConfig) -> ConfirmedConfig | None:
         return next((r for r in self.rows if r.config == config), None)
 
+    @property
+    def baseline_won(self) -> bool:
+        """The baseline trained the target and confirmed fastest: the speedup is 1."""
+        row = self.row(self.winner) if self.winner else None
+        return row is not None and row.role == "baseline"
+
     def to_dict(self) -> dict[str, Any]:
         return {"repeats": self.repeats, "steps": self.steps,
                 "configs": [r.to_dict() for r in self.rows],

@@ -205,17 +205,23 @@ def _large(extra: dict) -> str:
     """Each large segment grown: its request and what the cache held just before (the
     free blocks it would have fit in, the frees still waiting on another stream)."""
     rows = extra.get("large_segments")
+    if isinstance(rows, str):
+        return f"\n      large segments: {rows}"
     if not isinstance(rows, list) or not rows:
         return ""
 
     def mib(values: list) -> str:
         return "[" + ", ".join(f"{v / 2**20:.1f}" for v in values) + "]"
 
-    return "\n      large segments (free blocks on the stream just before, MiB):" + "".join(
-        f"\n        #{r['event']} {r['segment'] / 2**20:.0f} MiB on {r['stream']} for "
-        f"{_mib(r['request'])}: largest free {r['largest_free'] / 2**20:.1f}, >=1 GiB "
-        f"{mib(r['free_at_least_1gib'])}, free waiting {mib(r['pending'])}; after "
-        f"{r['after']}" for r in rows)
+    lost = " (the ring was full: blocks of older segments unknown)" if extra.get(
+        "history_full") else ""
+    return (f"\n      large segments (free blocks on the stream just before, MiB){lost}:"
+            + "".join(
+                f"\n        #{r['event']} {r['segment'] / 2**20:.0f} MiB on {r['stream']} for "
+                + (f"{r['request'] / 2**20:.1f} MiB: it fit in {mib(r['fits'])}"
+                   if r["request"] is not None else "an allocation not recorded")
+                + f", largest free {r['largest_free'] / 2**20:.1f}, free waiting "
+                f"{mib(r['pending'])}; after {r['after']}" for r in rows))
 
 
 def _by_stream(held: object) -> str:

@@ -105,7 +105,7 @@ def test_the_gpu_note_prints_the_zero_replay_and_what_lies_outside_the_allocator
                                           "setup_buckets"}],
              "large_segments": [{"event": 812, "segment": 1572 << 20, "request": 1646821376,
                                  "stream": "default", "largest_free": 1572 << 20,
-                                 "free_at_least_1gib": [1572 << 20], "pending": [],
+                                 "fits": [1572 << 20], "pending": [],
                                  "after": "transformers/trainer.py:2090 training_step"}]}
     note = bench._allocator_note(extra, config, shape, named_device("H100-80GB"))
     assert "allocator replay: allocated" in note
@@ -115,8 +115,8 @@ def test_the_gpu_note_prints_the_zero_replay_and_what_lies_outside_the_allocator
     assert "reserved by stream default 1020 + 0x5a1f00 80 MiB" in note  # the model's first
     assert "segments grown (5210 allocator events kept):" in note
     assert "954 MiB in   1 on        default  deepspeed/runtime/zero/stage_1_and_2.py:3266" in note
-    assert ("#812 1572 MiB on default for 1571 MiB: largest free 1572.0, >=1 GiB [1572.0], "
-            "free waiting []; after transformers/trainer.py:2090 training_step") in note
+    assert ("#812 1572 MiB on default for 1570.5 MiB: it fit in [1572.0], largest free "
+            "1572.0, free waiting []; after transformers/trainer.py:2090 training_step") in note
     peaks = zero_replay.replayed_peaks(shape.hf_config, 256, 8, 2, 2, "optimizer")
     assert peaks is not None and f"reserved {peaks[1] / 2**20:.0f} MiB" in note
     # Without offload the fp32 master partition and the 16-bit gradients stay on the device.

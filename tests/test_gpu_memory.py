@@ -73,10 +73,11 @@ def test_a_frame_is_named_from_the_import_root_it_was_loaded_from(monkeypatch):
 def test_a_large_segment_says_what_the_cache_held_when_it_was_grown():
     """The H200 grew a 1572 MiB segment in the backward where the replay reused the
     forward's freed block: each large segment's row says what was free on its stream just
-    before (a fit would name a rule the replay lacks) and what was still waiting to be
-    freed (a block used on another stream), and what allocation came last."""
+    before and which of those blocks its request fit in (a fit names a rule the replay
+    lacks), what was still waiting to be freed (a block used on another stream), and what
+    allocation came last."""
     mib = 1 << 20
-    logits = 1646821376  # 8 x 1024 x 50257 fp32, the block of a 1572 MiB segment
+    logits = 1646821376  # 8 x 1024 x 50257 fp32: 1570.5 MiB, in a 1572 MiB segment
     events = [
         {"action": "segment_alloc", "addr": 0, "size": 1572 * mib, "stream": 0},
         {"action": "alloc", "addr": 0, "size": logits, "stream": 0, "frames": [MODEL]},
@@ -89,17 +90,38 @@ def test_a_large_segment_says_what_the_cache_held_when_it_was_grown():
         {"action": "free_requested", "addr": 8192 * mib, "size": logits, "stream": 0},
         {"action": "segment_alloc", "addr": 16384 * mib, "size": 1572 * mib, "stream": 7},
         {"action": "segment_alloc", "addr": 20480 * mib, "size": 1572 * mib, "stream": 0},
-        {"action": "alloc", "addr": 20480 * mib, "size": logits, "stream": 0}]
+        {"action": "alloc", "addr": 20480 * mib, "size": logits, "stream": 0},
+        # A 600 MiB segment whose own allocation the history lacks: the next one, elsewhere,
+        # is no request of it.
+        {"action": "segment_alloc", "addr": 30000 * mib, "size": 600 * mib, "stream": 0},
+        {"action": "alloc", "addr": 4098 * mib, "size": 2 * mib, "stream": 0}]
     rows = large_segments(events)
-    assert [r["event"] for r in rows] == [0, 6, 9, 10]  # the 20 MiB segment is not large
-    first, fit, other, waiting = rows
-    assert first["largest_free"] == 0 and first["request"] == logits
-    # The freed block was there, whole (the 1572 MiB segment with its 1.5 MiB tail merged):
-    assert fit["free_at_least_1gib"] == [1572 * mib] and fit["pending"] == []
+    assert [r["event"] for r in rows] == [0, 6, 9, 10, 12]  # 20 MiB is not large
+    first, fit, other, waiting, unrecorded = rows
+    assert first["largest_free"] == 0 and first["request"] == logits and first["fits"] == []
+    # The freed block was there, whole (its 1.5 MiB tail merged back), and it fit:
+    assert fit["fits"] == [1572 * mib] and fit["pending"] == []
     assert fit["largest_free"] == 1572 * mib
     assert fit["after"] == "transformers/models/gpt2/modeling_gpt2.py:99 forward"
     assert other["stream"] == "0x7" and other["largest_free"] == 0  # no segment there yet
+    assert other["request"] is None  # the next event is another segment's
     # Now the second block's free waits (another stream used it): it is no free block.
-    assert waiting["pending"] == [logits] and waiting["free_at_least_1gib"] == [1572 * mib]
-    assert waiting["largest_free"] == 1572 * mib
+    assert waiting["pending"] == [logits] and waiting["fits"] == [1572 * mib]
+    assert unrecorded["request"] is None and unrecorded["fits"] is None
+    # What is free at the end: segment 0 whole, the unrecorded 600 MiB segment, the
+    # 20 MiB segment's 16 MiB, and the 1.5 MiB left of the last 1572 MiB segment (over
+    # 1 MiB: the allocator split it off).
+    probe = [*events, {"action": "segment_alloc", "addr": 1 << 50, "size": 1 << 30,
+                       "stream": 0},
+             {"action": "alloc", "addr": 1 << 50, "size": 1 << 20, "stream": 0}]
+    assert large_segments(probe)[-1]["fits"] == [1572 * mib, 600 * mib, 16 * mib,
+                                                 1572 * mib - 1646821376]
+    # A block that leaves 1 MiB or less keeps it as its tail: that is no free block.
+    tails = [{"action": "segment_alloc", "addr": 0, "size": 600 * mib, "stream": 0},
+             {"action": "alloc", "addr": 0, "size": 600 * mib - mib // 2, "stream": 0},
+             {"action": "segment_alloc", "addr": 1000 * mib, "size": 600 * mib, "stream": 0},
+             {"action": "alloc", "addr": 1000 * mib, "size": 598 * mib, "stream": 0},
+             {"action": "segment_alloc", "addr": 5000 * mib, "size": 1 << 30, "stream": 0},
+             {"action": "alloc", "addr": 5000 * mib, "size": 512, "stream": 0}]
+    assert large_segments(tails)[-1]["fits"] == [2 * mib]
     assert large_segments(events, top=1) == rows[:1]

@@ -340,6 +340,15 @@ def test_a_loss_logged_summed_over_micro_batches_is_compared_at_its_scale():
     assert "summed" not in headline(Summary(model={}, device={}, memory_limit_bytes=2**30,
                                             target_batch_size=16, world_size=1, seq_len=8,
                                             trials=history))[0].detail
+    # The model sums (a fact of the study): the best's own accumulation is what it sums
+    # over, and a best without accumulation has nothing to sum.
+    quad = _rec(4, "bf16", [], batch=4, sps=14.0)
+    summary.trials = [*history, summed, quad]
+    assert "summed over the 4 micro-batches" in headline(summary)[0].detail
+    whole = _rec(5, "bf16", [], batch=16, sps=15.0)
+    summary.trials = [*history, summed, quad, whole]
+    assert headline(summary)[0].value == whole.config.label()
+    assert "summed" not in headline(summary)[0].detail
     # Scaled, and still off: the message says at which scale it was read.
     off = _rec(3, "bf16", [1.2656, 2.9688, 3.3516, 1.8125, 1.6016, 9.0], batch=8)
     numerics.review(off, history, 16, 1, 0.05)

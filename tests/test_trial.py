@@ -264,14 +264,19 @@ def test_a_dead_launchers_trial_folders_are_swept_and_a_live_ones_never(tmp_path
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    dead, fresh, live, other = (tmp_path / f"{TRIAL_DIR_PREFIX}{name}" for name in (
-        f"{gone.pid}-abc", f"{gone.pid}-def", f"{os.getpid()}-ghi", "xyz123"))
-    for folder in (dead, fresh, live, other):
+    dead, fresh, live, other, huge = (tmp_path / f"{TRIAL_DIR_PREFIX}{name}" for name in (
+        f"{gone.pid}-abc", f"{gone.pid}-def", f"{os.getpid()}-ghi", "xyz-123",
+        "99999999999999999999-jkl"))
+    for folder in (dead, fresh, live, other, huge):
         folder.mkdir()
         (folder / "stderr.log").write_text("trial log")
+    link = tmp_path / f"{TRIAL_DIR_PREFIX}{gone.pid}-lnk"
+    link.symlink_to(live)  # a link is no trial folder: neither it nor what it points to goes
     old = time.time() - ORPHAN_AFTER_S - 60
-    for folder in (dead, live, other):
+    for folder in (dead, live, other, huge):
         for p in (folder, folder / "stderr.log"):
             os.utime(p, (old, old))
+    os.utime(fresh, (old, old))  # its log is fresh: it may be a live trial's elsewhere
     assert sweep_orphans(tmp_path) == [dead]
-    assert not dead.exists() and fresh.exists() and live.exists() and other.exists()
+    assert not dead.exists()
+    assert all(p.exists() for p in (fresh, live, other, huge, link))

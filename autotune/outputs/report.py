@@ -134,11 +134,13 @@ def _best_fact(summary: Summary) -> Fact:
     compiled = known(best.outcome.extra.get("compile_seconds"))
     paid = f" · compile {compiled:.0f} s, paid once" if compiled is not None else ""
     c = best.config
-    scale = known(best.outcome.extra.get("loss_accumulation_scale"))
-    summed = (f" · this model's loss and gradients are summed over the {scale:g} "
-              "micro-batches, not averaged (Trainer leaves them undivided where a model takes "
-              "loss kwargs it then ignores): max_grad_norm clips a gradient that many times "
-              "larger" if scale else "")
+    # The review saw some trial log its loss at its accumulation's ratio: the model sums.
+    sums = any("loss_accumulation_scale" in t.outcome.extra for t in summary.trials)
+    ga = c.gradient_accumulation_steps
+    summed = (f" · this model's loss and gradients are summed over the {ga} micro-batches, "
+              "not averaged (Trainer leaves them undivided where a model takes loss kwargs "
+              "it then ignores): max_grad_norm clips a gradient that many times larger"
+              if sums and ga > 1 else "")
     return Fact("Best config", c.label(), f"trial #{best.number} · effective batch "
                 f"{c.samples_per_rank * summary.world_size} ({c.per_device_train_batch_size}"
                 f" × {c.gradient_accumulation_steps} accumulation × {summary.world_size} "
@@ -178,8 +180,7 @@ def _speedup_fact(summary: Summary, base: Record | None) -> Fact:
         return Fact("Speedup vs baseline", DASH, "no baseline trial succeeded")
     value = DASH if speedup is None else f"{speedup:.2f}×"
     c = summary.confirmation
-    if c is not None and c.winner is not None and c.winner == base.config:
-        value = "1.00×"
+    if c is not None and c.baseline_won:
         how = "the baseline confirmed fastest: no config it tried beat Trainer's defaults"
     elif c is not None and c.speedup is not None and c.repeats < 2:
         how = "one confirmation run each: no interval (search.confirm_repeats 3 gives one)"

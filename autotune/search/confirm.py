@@ -68,12 +68,21 @@ def cost_seconds(picked: Sequence[tuple[str, Record]], repeats: int,
     the baseline's probes."""
     owed = []
     for role, r in picked:
-        config = long_run_baseline(history, r.config) if role == "baseline" else r.config
-        done = sum(1 for t in history if t.reason == REASON and t.config == config)
+        done = len(confirmation_runs(history, confirmed_config(history, role, r)))
         each = (r.outcome.wall_seconds or 0.0) + (r.outcome.timed_seconds or 0.0) * (
             STEPS_FACTOR - 1)
         owed.append(each * max(0, repeats - done))
     return max(sum(owed) / max(1, capacity), max(owed, default=0.0))
+
+
+def confirmed_config(history: Sequence[Record], role: str, r: Record) -> TrialConfig:
+    """The config a contender's confirmation runs train: its own, or for the baseline
+    the one its long run would reach (`long_run_baseline`)."""
+    return long_run_baseline(history, r.config) if role == "baseline" else r.config
+
+
+def confirmation_runs(history: Sequence[Record], config: TrialConfig) -> list[Record]:
+    return [t for t in history if t.reason == REASON and t.config == config]
 
 
 def long_run_baseline(history: Sequence[Record], base: TrialConfig) -> TrialConfig:
@@ -116,12 +125,10 @@ class ConfirmStrategy(Strategy):
             pending: Sequence[TrialConfig] = ()) -> Proposal | None:
         done, waiting = {}, set()
         for role, r in self.picked:
-            config = r.config
-            if role == "baseline":
-                config = long_run_baseline(history, r.config)
-                if any(c in auto_find_chain(r.config) for c in pending):
-                    waiting.add(config)  # a repeat in flight may yet move it down its chain
-            done[config] = sum(1 for t in history if t.reason == REASON and t.config == config)
+            config = confirmed_config(history, role, r)
+            if role == "baseline" and any(c in auto_find_chain(r.config) for c in pending):
+                waiting.add(config)  # a repeat in flight may yet move it down its chain
+            done[config] = len(confirmation_runs(history, config))
         for c in pending:
             if c in done:
                 done[c] += 1
@@ -149,8 +156,8 @@ def summarise(history: Sequence[Record], repeats: int, steps: int, per_rank: int
     picked = contenders(history, per_rank)
     rows = []
     for role, r in picked:
-        config = long_run_baseline(history, r.config) if role == "baseline" else r.config
-        runs = [t for t in history if t.reason == REASON and t.config == config]
+        config = confirmed_config(history, role, r)
+        runs = confirmation_runs(history, config)
         figures = [t.outcome.score for t in runs
                    if t.outcome.ok and t.outcome.score]
         rows.append(ConfirmedConfig(role, config, r.number if config == r.config else None,

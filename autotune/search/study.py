@@ -264,7 +264,7 @@ class StudyLog:
             driver = t.system_attrs.get(DRIVER_KEY) or {}
             beat = float(t.system_attrs.get(HEARTBEAT_KEY) or 0.0)
             dead_here = (driver.get("host") == host
-                         and not psutil.pid_exists(int(driver.get("pid", 0))))
+                         and not psutil.pid_exists(int(driver.get("pid") or -1)))
             if dead_here or time.time() - beat > STALE_SECONDS:
                 self._set(t.number, {ABANDONED_KEY: "its driver stopped while it ran"})
                 self.study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)

@@ -12,6 +12,9 @@ from typing import Any
 # Allocation events the allocator's history keeps: a ring, whose oldest go first, and the
 # first segments with them (a trial's `history_full` says so).
 HISTORY_ENTRIES = 400_000
+# A large-pool block is split only where more than this would be left: a stretch this size
+# or less between blocks is a block's tail, not a free block (CUDACachingAllocator).
+SMALL_TAIL = 1 << 20
 
 
 def record_history(zero_stage: int) -> bool:
@@ -104,7 +107,7 @@ def _segments(index: int, history: bool) -> dict[str, Any]:
         if history:
             traces = snapshot["device_traces"][index]
             extra |= {"segment_growth": segment_growth(traces),
-                      "large_segments": large_segments(traces),
+                      "large_segments": _guarded(large_segments, traces),
                       "history_events": len(traces),
                       # a full ring has dropped its oldest events: the first segments' among them
                       "history_full": len(traces) >= HISTORY_ENTRIES}
@@ -156,6 +159,14 @@ def segment_growth(traces: list[dict[str, Any]], top: int = 12) -> list[dict[str
     return rows
 
 
+def _guarded(summary: Any, traces: list[dict[str, Any]]) -> Any:
+    """A summary of the history, or why there is none: never the other figures' loss."""
+    try:
+        return summary(traces)
+    except Exception as exc:  # noqa: BLE001 - a diagnosis
+        return f"unavailable: {type(exc).__name__}: {exc}"[:200]
+
+
 def large_segments(traces: list[dict[str, Any]], min_bytes: int = 512 << 20,
                    top: int = 12) -> list[dict[str, Any]]:
     """For each new segment of at least `min_bytes` (the first `top`): the request that
@@ -164,35 +175,44 @@ def large_segments(traces: list[dict[str, Any]], min_bytes: int = 512 << 20,
     for but not completed (a block used on another stream waits for that stream). The
     ZeRO replay reuses a freed 1570 MiB block where the H200 grew a segment; this says
     which allocator rule made the difference. `after`: the last allocation with a Python
-    frame before it (the backward's own allocations have none)."""
-    segments: dict[int, tuple[int, int]] = {}  # addr -> (size, stream)
+    frame before it (the backward's own allocations have none).
+
+    Rebuilt from the history: allocations are rounded to 512 bytes as the allocator
+    rounds them, and a stretch of 1 MiB or less between blocks of a large segment is
+    taken for a block's unsplit tail, not a free block; a free block beside such a tail
+    reads up to 1 MiB larger than it is. Segments grown before the history
+    began (a full ring) are unknown, so free blocks may be missed; under expandable
+    segments torch records no `segment_alloc`, and the list is empty."""
+    segments: dict[int, tuple[int, Any]] = {}  # addr -> (size, stream)
     blocks: dict[int, int] = {}  # addr -> size, allocated or waiting to be freed
     pending: set[int] = set()
     rows: list[dict[str, Any]] = []
-    after, asked = "start", None
+    after, asked, free_then = "start", None, []
     for i, event in enumerate(traces):
         action, addr, size = event.get("action"), event.get("addr"), int(event.get("size", 0))
-        if asked is not None and action == "alloc":
-            asked["request"] = size
+        if asked is not None:  # the segment's own allocation comes next, inside it
+            base = asked.pop("_addr")
+            if action == "alloc" and base <= addr < base + asked["segment"]:
+                asked["request"] = size
+                asked["fits"] = sorted((f for f in free_then if f >= _rounded(size)),
+                                       reverse=True)[:4]
             asked = None
         if action == "segment_alloc":
             if size >= min_bytes and len(rows) < top:
                 stream = event.get("stream")
-                free = _free_blocks(segments, blocks, stream)
-                asked = {"event": i, "segment": size, "request": None,
+                free_then = _free_blocks(segments, blocks, stream)
+                asked = {"event": i, "segment": size, "request": None, "fits": None,
                          "stream": _stream_key(stream), "after": after,
-                         "largest_free": max(free, default=0),
-                         "free_at_least_1gib": sorted((f for f in free if f >= 1 << 30),
-                                                      reverse=True)[:4],
-                         "pending": sorted((blocks[a] for a in pending
+                         "largest_free": max(free_then, default=0),
+                         "pending": sorted((blocks.get(a, 0) for a in pending
                                             if _in_stream(segments, a, stream)),
-                                           reverse=True)[:4]}
+                                           reverse=True)[:4], "_addr": addr}
                 rows.append(asked)
             segments[addr] = (size, event.get("stream"))
         elif action == "segment_free":
             segments.pop(addr, None)
         elif action == "alloc":
-            blocks[addr] = size
+            blocks[addr] = _rounded(size)
             frames = event.get("frames") or []
             caller = next((f for f in frames if "/torch/" not in str(f.get("filename", ""))),
                           None)
@@ -204,16 +224,23 @@ def large_segments(traces: list[dict[str, Any]], min_bytes: int = 512 << 20,
         elif action == "free_completed":
             pending.discard(addr)
             blocks.pop(addr, None)
+    if asked is not None:
+        asked.pop("_addr")
     return rows
 
 
-def _in_stream(segments: dict[int, tuple[int, int]], addr: int, stream: object) -> bool:
+def _rounded(size: int) -> int:
+    return -(-size // 512) * 512
+
+
+def _in_stream(segments: dict[int, tuple[int, Any]], addr: int, stream: object) -> bool:
     return any(s == stream and a <= addr < a + n for a, (n, s) in segments.items())
 
 
-def _free_blocks(segments: dict[int, tuple[int, int]], blocks: dict[int, int],
+def _free_blocks(segments: dict[int, tuple[int, Any]], blocks: dict[int, int],
                  stream: object) -> list[int]:
-    """The free stretches of `stream`'s segments: what lies between their blocks."""
+    """The free blocks of `stream`'s segments: what lies between their blocks, but for the
+    unsplit tails (1 MiB or less) a large-pool block keeps."""
     starts = sorted(blocks)
     free = []
     for base, (size, s) in segments.items():
@@ -221,10 +248,10 @@ def _free_blocks(segments: dict[int, tuple[int, int]], blocks: dict[int, int],
             continue
         at, end = base, base + size
         for addr in starts[bisect.bisect_left(starts, base):bisect.bisect_left(starts, end)]:
-            if addr > at:
+            if addr - at > SMALL_TAIL:
                 free.append(addr - at)
             at = max(at, addr + blocks[addr])
-        if end > at:
+        if end - at > SMALL_TAIL:
             free.append(end - at)
     return free
 

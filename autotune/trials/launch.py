@@ -16,6 +16,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -145,31 +146,33 @@ def run_trial(request: TrialRequest) -> Outcome:
 
 
 TRIAL_DIR_PREFIX = "autotune-trial-"
-# A trial folder is swept only this long after anything in it last changed, and only
-# where the process named in it is gone: a trial running in another PID namespace that
-# shares /tmp keeps writing its log and host watch.
+# A trial folder is swept only this long after it and everything in it last changed, and
+# only where the process named in it is gone: a trial in another PID namespace that
+# shares /tmp writes its folder as it starts and its log as it trains.
 ORPHAN_AFTER_S = 3600
 
 
 def sweep_orphans(root: Path | None = None, now: float | None = None) -> list[Path]:
     """Remove the trial folders of launchers that died without cleaning up (SIGKILL gives
     `TemporaryDirectory` no chance): each is named after its launcher's PID. Another
-    search's folders, whose launcher lives, are never touched."""
+    search's folders, whose launcher lives, are never touched; nothing here fails a trial."""
     root = Path(root or tempfile.gettempdir())
     now = time.time() if now is None else now
     removed = []
     for folder in root.glob(f"{TRIAL_DIR_PREFIX}*-*"):
-        pid = folder.name[len(TRIAL_DIR_PREFIX):].split("-", 1)[0]
+        pid = re.fullmatch(r"(\d{1,9})-.*", folder.name[len(TRIAL_DIR_PREFIX):])
         try:
-            mine = pid.isdigit() and folder.stat().st_uid == os.getuid()
-            if not mine or psutil.pid_exists(int(pid)):
+            st = folder.lstat()
+            if (pid is None or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid()
+                    or psutil.pid_exists(int(pid.group(1)))):
                 continue
-            newest = max((p.stat().st_mtime for p in folder.rglob("*")),
-                         default=folder.stat().st_mtime)
-        except OSError:
-            continue
-        if now - newest >= ORPHAN_AFTER_S:
+            newest = max((p.lstat().st_mtime for p in folder.rglob("*")), default=0.0)
+            if now - max(newest, st.st_mtime) < ORPHAN_AFTER_S:
+                continue
             shutil.rmtree(folder, ignore_errors=True)
+        except Exception:  # noqa: BLE001, S112 - housekeeping: a folder left is no failure
+            continue
+        if not folder.exists():
             removed.append(folder)
     return removed
 
