@@ -84,7 +84,8 @@ def test_accelerate_config_carries_the_sharding_backend(tmp_path):
     with its sharding strategy, plain data parallelism."""
     ds = _accelerate_config(TrialConfig.of(4, 2, zero_stage=3), tmp_path / "ds", world=2)
     assert ds.distributed_type == "DEEPSPEED" and ds.num_processes == 2
-    assert ds.deepspeed_config["deepspeed_config_file"] == "ds_config.json"
+    assert ds.deepspeed_config["deepspeed_config_file"] == str(
+        (tmp_path / "ds" / "ds_config.json").resolve())
     fsdp = _accelerate_config(TrialConfig.of(4, 2, fsdp="full_shard+offload",
                                              precision="bf16"), tmp_path / "fsdp", world=2)
     assert fsdp.distributed_type == "FSDP" and fsdp.mixed_precision == "bf16"
@@ -96,10 +97,12 @@ def test_accelerate_config_carries_the_sharding_backend(tmp_path):
 
 @pytest.mark.slow
 def test_accelerate_launch_trains_two_steps_from_the_exports(tmp_path):
-    """`accelerate launch --config_file accelerate_config.yaml`. On CPU accelerate runs one
-    process (its multi-CPU path needs MPI); several ranks are what the GPU export is for,
-    and the loader test above reads those."""
-    export_config(TrialConfig.of(2, 4), tmp_path / "x", on_cpu=True, seed=0)
+    """`accelerate launch --config_file x/accelerate_config.yaml`, from another folder, with
+    ZeRO-1: the config names ds_config.json by its absolute path (a relative one failed
+    outside x/ with a JSON error). On CPU accelerate runs one process (its multi-CPU path
+    needs MPI); several ranks are what the GPU export is for, and the loader test above
+    reads those."""
+    export_config(TrialConfig.of(2, 4, zero_stage=1), tmp_path / "x", on_cpu=True, seed=0)
     accelerate = str(Path(sys.executable).with_name("accelerate"))
     proc = subprocess.run([accelerate, "launch", "--config_file",
                            str(tmp_path / "x" / "accelerate_config.yaml"),

@@ -45,7 +45,9 @@ def export_config(config: TrialConfig, output: Path, *, on_cpu: bool, seed: int,
     training_args.json carries the DeepSpeed config inline, so
     `TrainingArguments(**json.load(open(path)))` works from any working directory;
     ds_config.json holds the same dict for the `deepspeed` launcher and accelerate;
-    accelerate_config.yaml is for `accelerate launch --config_file`; lora_config.json,
+    accelerate_config.yaml is for `accelerate launch --config_file` (it names
+    ds_config.json by its absolute path: accelerate reads it from the launching folder, so
+    a relative one worked only from `output`); lora_config.json,
     under LoRA, is `peft.LoraConfig(**kwargs)`; model_kwargs.json, where the winner
     changes how the model is loaded (its attention kernel), is `from_pretrained`'s."""
     from autotune.trials.lora import lora_config_kwargs
@@ -53,7 +55,8 @@ def export_config(config: TrialConfig, output: Path, *, on_cpu: bool, seed: int,
     output.mkdir(parents=True, exist_ok=True)
     write_atomically(output / ACCELERATE_FILE, yaml.safe_dump(
         accelerate_config(config, world_size=world_size, on_cpu=on_cpu,
-                          deepspeed_file=DEEPSPEED_FILE), sort_keys=False))
+                          deepspeed_file=str((output / DEEPSPEED_FILE).resolve())),
+        sort_keys=False))
     model_path, loading = output / MODEL_KWARGS_FILE, model_kwargs(config)
     if loading:
         write_atomically(model_path, json.dumps(loading, indent=2) + "\n")
