@@ -254,6 +254,31 @@ class SearchSpec(_Strict):
         parse_duration(v)
         return v
 
+    @field_validator("storage")
+    @classmethod
+    def _storage(cls, v: str | None) -> str | None:
+        """A database URL whose driver is here: caught now, not as a SQLAlchemy traceback
+        when the study opens."""
+        if v is None:
+            return v
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+        try:
+            url = make_url(v)
+        except ArgumentError:
+            raise ValueError(f"{v!r} is not a database URL, like sqlite:///study.db or "
+                             "postgresql://user:password@host/db") from None
+        try:
+            url.get_dialect().import_dbapi()
+        except NoSuchModuleError:
+            raise ValueError(f"{url.drivername!r} is no database SQLAlchemy knows (sqlite, "
+                             "postgresql, mysql, ...)") from None
+        except ImportError as exc:
+            raise ValueError(f"the {url.drivername} driver is not installed ({exc.name}): "
+                             "pip install it, or use sqlite:///study.db") from None
+        return v
+
 
 class MeasureSpec(_Strict):
     warmup_steps: int = Field(2, ge=0)
@@ -327,7 +352,9 @@ def _format_error(err: ValidationError) -> str:
                          "against the keys in README.md")
         elif e["type"] == "literal_error":
             lines.append(f"{where}: {e['input']!r} is not allowed; {msg}")
-        elif "input" in e and not isinstance(e["input"], dict) and repr(e["input"]) not in msg:
+        # Pydantic's own messages never quote the value ("greater than 0" is no echo of 0).
+        elif "input" in e and not isinstance(e["input"], dict) and (
+                e["type"] != "value_error" or repr(e["input"]) not in msg):
             lines.append(f"{where}: {e['input']!r}: {msg}")
         else:
             lines.append(f"{where}: {msg}")

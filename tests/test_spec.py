@@ -47,6 +47,11 @@ def _cli(tmp_path, spec: dict, *args: str):
     (GOOD | {"search": {"timeout": "30mm"}}, ["search.timeout", "30mm"]),
     (GOOD | {"search": {"trial_timeout": "1h30"}}, ["search.trial_timeout", "1h30"]),
     (GOOD | {"search": {"timeout": 0}}, ["search.timeout", "no time"]),
+    # Found by a newcomer run: a bad storage URL was a SQLAlchemy traceback (exit 1), and a
+    # zero target's message left out the value.
+    (GOOD | {"search": {"storage": "notaurl"}}, ["search.storage", "notaurl", "sqlite:///"]),
+    (GOOD | {"search": {"storage": "nosuchdb://x"}}, ["search.storage", "nosuchdb"]),
+    (GOOD | {"target_batch_size": 0}, ["target_batch_size: 0: ", "greater than 0"]),
 ])
 def test_bad_spec_fails_naming_the_field(tmp_path, spec, words):
     result = _cli(tmp_path, spec)
