@@ -218,6 +218,28 @@ def test_a_request_no_node_can_place_fails_at_once(open_cluster, tiny_spec):
     assert time.time() - started < 60
 
 
+def test_an_address_where_nothing_listens_fails_at_once_in_one_line(tiny_spec, tmp_path):
+    """Found by a newcomer run: `--address 127.0.0.1:1` was still retrying (Ray's own
+    warnings, naming another IP) after 150 s. Nothing listening there is one line, exit 2,
+    in seconds."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    spec = tmp_path / "model.yaml"
+    spec.write_text(yaml.safe_dump(tiny_spec))
+    started = time.time()
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+        proc = subprocess.run([sys.executable, "-m", "autotune", "search", str(spec),
+                               "--address", address], capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+        assert f"nothing answers at 127.0.0.1:{port}" in proc.stdout + proc.stderr
+        assert "Traceback" not in proc.stdout + proc.stderr
+    assert time.time() - started < 100
+
+
 def test_a_head_that_fails_to_start_a_client_server_is_named_with_its_reason():
     # Ray Client's own words when the head's proxy cannot start this client's server
     # (ray/util/client/worker.py): the head's traceback follows the first line.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -159,6 +160,11 @@ class RayExecutor(Executor):
             logging.getLogger(RAY_AUTH_LOGGER).setLevel(logging.ERROR)
         else:
             init["address"] = self.address
+            unreachable = _unreachable(self.address)
+            if unreachable:  # Ray would retry it for minutes, saying little
+                raise ClusterError(f"--address {self.address}: nothing answers at "
+                                   f"{unreachable}; is `ray start --head` running there, "
+                                   "and is the address host:port or ray://host:port?")
         for attempt in range(1, CLIENT_INIT_ATTEMPTS + 1):
             try:
                 with (driver_work(f"autotune search (pid {os.getpid()}) starting Ray",
@@ -355,6 +361,23 @@ def _reason(exc: Exception) -> str:
     if _client_server_failed(exc) and len(lines) > 1:
         return f"{lines[0]} {lines[-1]}"
     return lines[0]
+
+
+REACH_TIMEOUT_S = 5.0
+
+
+def _unreachable(address: str) -> str | None:
+    """Why nothing can answer at a `host:port` or `ray://host:port` address (a refused or
+    timed-out TCP connection, an unknown host), or None where something listens or the
+    address is not of that form (`auto`, Ray's own lookup)."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return None
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), REACH_TIMEOUT_S):
+            return None
+    except OSError as exc:
+        return f"{host}:{port} ({exc.strerror or type(exc).__name__})"
 
 
 def _connection_error(address: str | None, exc: Exception, attempts: int = 1) -> str:
