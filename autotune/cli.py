@@ -158,7 +158,7 @@ class SearchView:
             self.pruned += 1
             self.progress.update(self.task, pruned=f"{self.pruned} pruned by prediction")
             return
-        if record.reason != "confirm":
+        if not record.confirming:
             self.progress.advance(self.task)
         if o.ok and (o.samples_per_second or 0) > self.best:
             self.best = o.samples_per_second or 0.0

@@ -71,6 +71,10 @@ class Outcome:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
+# The reason of a confirmation run: the one fact that sets such runs apart from the search's.
+CONFIRM_REASON = "confirm"
+
+
 @dataclass
 class Record:
     """One trial of a search: the config, why it was chosen, what happened, and its
@@ -80,6 +84,12 @@ class Record:
     outcome: Outcome
     reason: str = ""
     number: int | None = None
+
+    @property
+    def confirming(self) -> bool:
+        """A confirmation run (a contender measured again after the search), not one of
+        the search's trials: search.n_trials does not count it."""
+        return self.reason == CONFIRM_REASON
 
     @property
     def throughput(self) -> float | None:

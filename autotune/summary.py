@@ -135,7 +135,7 @@ class Summary:
     @property
     def searched(self) -> list[Record]:
         """The search's trials, without the confirmation's repeats."""
-        return [t for t in self.trials if t.reason != "confirm"]
+        return [t for t in self.trials if not t.confirming]
 
     @property
     def best(self) -> Record | None:

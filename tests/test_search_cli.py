@@ -163,13 +163,17 @@ def test_search_end_to_end_then_resume(tmp_path):
     study = optuna.load_study(study_name=name, storage=storage)
     before = [(t.number, t.user_attrs["config"]) for t in study.trials
               if "outcome" in t.user_attrs]  # finished records
+    before_ran = sum(1 for t in study.trials if "outcome" in t.user_attrs
+                     and t.user_attrs["outcome"]["status"] != "pruned")
     in_flight = [t.user_attrs["config"] for t in study.trials if "abandoned" in t.user_attrs]
     assert len(before) >= 3 and len(in_flight) <= 2  # at most the two slots
 
-    # 2) the same command again resumes: earlier trials kept, none rerun
+    # 2) the same command again resumes: earlier trials kept, none rerun, and it says so
     proc = _cli("search", str(spec), "--trials", "10")
     text = proc.communicate(timeout=900)[0]
     assert proc.returncode == 0, text
+    said = " ".join(text.split())  # as one line, however the terminal wrapped it
+    assert f"resuming study {name} in " in said and f"{before_ran} trials ran before" in said
     trials = _trials(out)
     # No config ran twice. (A config pruned on a prediction may run later, once the
     # calibrated model says it fits: a prune is not a run.)
@@ -206,6 +210,18 @@ def test_search_end_to_end_then_resume(tmp_path):
         / summary["baseline"]["outcome"]["samples_per_second"])
     assert (out / "training_args.json").exists() and (out / "report.md").exists()
     assert "samples/s" in text
+
+    # 4) once more, with no trial left to run (found by a newcomer run: the old result was
+    # shown as if new): it says the study has its trials, runs none and shows the result.
+    proc = _cli("search", str(spec), "--trials", str(len(ran)))
+    again = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 0, again
+    said = " ".join(again.split())
+    assert f"{len(ran)} trials ran before" in said and "no new trial runs" in said
+    def by_number(records: list[dict]) -> list[dict]:
+        return sorted(records, key=lambda t: t["number"])
+
+    assert by_number(_trials(out)) == by_number(trials)  # the same records, none added
 
 
 def test_search_with_memory_model_prunes_instead_of_running_oom(tmp_path):

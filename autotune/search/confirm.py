@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from autotune.config import TrialConfig, auto_find_chain
-from autotune.records import Record
+from autotune.records import CONFIRM_REASON, Record
 from autotune.search.strategies.base import Proposal, SearchContext, Strategy
 from autotune.summary import Confirmation, ConfirmedConfig, at_target
 
 if TYPE_CHECKING:
     from autotune.spec import Spec
 
-REASON = "confirm"
+REASON = CONFIRM_REASON
 RUNNER_UP_WITHIN = 0.05  # single measurements this close to the best may be the best
 MAX_RUNNER_UPS = 2
 STEPS_FACTOR = 2  # confirmation trials time this many times the search's steps

@@ -70,7 +70,10 @@ def drive(
     so a caller keeps what finished even when the loop is interrupted. `review` may
     reject a finished trial's outcome before the study is told (numerics)."""
     history = log.history() if history is None else history
-    costs = [r.outcome.wall_seconds or 0.0 for r in history if r.outcome.ran]
+    # What ran so far, for the limits: a resumed study's confirmation runs are not trials
+    # of the search (search.n_trials counts those), nor priced like them.
+    costs = [r.outcome.wall_seconds or 0.0 for r in history
+             if r.outcome.ran and not r.confirming]
     in_flight: dict[int, tuple[int, Proposal]] = {}  # ticket -> (trial number, proposal)
     claimed: list[TrialConfig] = []  # configs another driver took first
     asking, pruned_in_a_row = True, 0

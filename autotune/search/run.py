@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
@@ -58,6 +59,9 @@ def fingerprint(spec: Spec, device: DeviceSpec, space: Space) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
 
 
+logger = logging.getLogger(__name__)
+
+
 def run_search(
     spec_or_path: str | Path | dict | Spec,
     *,
@@ -92,6 +96,21 @@ def run_search(
             executor.close()
 
 
+def _say_resumed(history: list[Record], study_name: str, storage: str,
+                 n_trials: int) -> None:
+    """A search that finds its study already run says so: a rerun of a finished search
+    otherwise shows the old result as if it were new."""
+    if not history:
+        return
+    ran = sum(1 for r in history if r.outcome.ran and not r.confirming)
+    where = storage.removeprefix("sqlite:///")
+    note = f"resuming study {study_name} in {where}: {ran} trials ran before"
+    if ran >= n_trials:
+        note += (f"; search.n_trials {n_trials} is reached, so no new trial runs (raise "
+                 "--trials to search on, or give another --output for a new search)")
+    logger.warning(note)
+
+
 def _search(spec: Spec, shape: ModelShape | None, space_file: Space, device: DeviceSpec,
             executor: Executor, started: float,
             on_start: Callable[[Proposal], None] | None,
@@ -121,6 +140,7 @@ def _search(spec: Spec, shape: ModelShape | None, space_file: Space, device: Dev
     deadline = started + parse_duration(spec.search.timeout)
     repeats = spec.search.confirm_repeats
     history = log.history()
+    _say_resumed(history, study_name, storage, spec.search.n_trials)
     # The confirmation's trials are paid from the same time budget: the search leaves room
     # for the repeats of the contenders it has so far, priced at their own trials' times.
     limits = Limits(max_trials=spec.search.n_trials, deadline=deadline,
