@@ -49,10 +49,6 @@ def _make_console(stderr: bool = False) -> Console:
 
 console = _make_console()
 err_console = _make_console(stderr=True)
-# bitsandbytes (imported through transformers and PEFT) warns on every import, on a CPU
-# with AVX512-BF16, that a 4-bit inference kernel is missing: autotune uses its 8-bit
-# optimizers only, so that line would be noise at the top of every command.
-logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 
 @contextlib.contextmanager
@@ -193,8 +189,8 @@ def search(
 ) -> None:
     """Run (or resume) a search and write the winner's files."""
     from autotune.outputs.report import render_summary
-    from autotune.search.run import run_search
     from autotune.spec import load_spec
+    from autotune.tuning.run import run_search
 
     _show_warnings()
     with _noting_interrupts() as interrupts:
@@ -294,7 +290,7 @@ def report(
 
     try:
         if "://" in source:
-            from autotune.search.study import summary_from_storage
+            from autotune.tuning.study import summary_from_storage
 
             summary = summary_from_storage(source, study_name)
             folder = output or Path("autotune-report")

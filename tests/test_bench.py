@@ -83,9 +83,9 @@ def test_bf16_unavailable_on_v100_is_never_run(tmp_path):
                                          bf16_errors=True))
     from autotune.bench.bench import choices, context
     from autotune.bench.replay import ReplayExecutor
-    from autotune.search.loop import Limits, drive
-    from autotune.search.strategies.registry import make_strategy
-    from autotune.search.study import StudyLog
+    from autotune.tuning.loop import Limits, drive
+    from autotune.tuning.strategies.registry import make_strategy
+    from autotune.tuning.study import StudyLog
 
     ctx = context(land, 0)
     log = StudyLog.in_memory(choices(ctx.candidates), ctx.memory_limit_bytes)
@@ -172,9 +172,9 @@ def test_parallel_replay_fills_the_workers_and_never_runs_a_config_twice(tmp_pat
     assert sum(1 for w in walls if w <= walls[0]) >= 2  # the first trials ran side by side
     from autotune.bench.bench import choices, context
     from autotune.bench.replay import ReplayExecutor
-    from autotune.search.loop import Limits, drive
-    from autotune.search.strategies.registry import make_strategy
-    from autotune.search.study import StudyLog
+    from autotune.tuning.loop import Limits, drive
+    from autotune.tuning.strategies.registry import make_strategy
+    from autotune.tuning.study import StudyLog
 
     ctx = context(land, 0)
     log = StudyLog.in_memory(choices(ctx.candidates), ctx.memory_limit_bytes)

@@ -55,7 +55,7 @@ def test_a_new_row_reaches_trials_exports_summary_and_report(tmp_path, tiny_spec
              "dataloader_num_workers": [1]}
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
     tiny_spec["search"] |= {"space": str(tmp_path / "space.yaml"), "n_trials": 2}
-    from autotune.search.run import run_search
+    from autotune.tuning.run import run_search
 
     with knobs.added(PERSIST):
         result = run_search(tiny_spec)

@@ -13,13 +13,13 @@ import torch
 from autotune.config import TrialConfig
 from autotune.plan.device import DeviceSpec, named_device
 from autotune.records import Outcome, Record
-from autotune.search import confirm, numerics
-from autotune.search.run import fingerprint
 from autotune.space import Space, build_space
 from autotune.spec import load_spec
 from autotune.trials.launch import _classify
 from autotune.trials.worker import _parameters
 from autotune.trials.worker import numerics as trial_numerics
+from autotune.tuning import confirm, numerics
+from autotune.tuning.run import fingerprint
 
 INF = math.inf
 
@@ -67,7 +67,7 @@ def test_fingerprint_covers_device_space_model_and_versions(monkeypatch):
     smaller = Space(space.batch_sizes, space.values | {"precision": ["fp32"]})
     assert key != fingerprint(spec, a100, smaller)  # the space file's contents changed
     assert key != fingerprint(load_spec(spec, **{"target_batch_size": 16}), a100, space)
-    import autotune.search.run as run
+    import autotune.tuning.run as run
 
     real = run._versions()  # another torch (or transformers, DeepSpeed...) measures apart
     monkeypatch.setattr(run, "_versions", lambda: real | {"torch": "0.0.0"})
@@ -230,8 +230,8 @@ def test_a_baseline_that_runs_out_of_memory_in_a_longer_run_moves_down_its_chain
     """Found in the committed example: the baseline b25x1 fit its short probe, then two of
     its three longer confirmation runs ran out of memory, and the interval was drawn from
     one figure. The long run's auto_find_batch_size would retry at 0.9x: so does this."""
-    from autotune.search.strategies.base import SearchContext
     from autotune.summary import Summary
+    from autotune.tuning.strategies.base import SearchContext
     from tests.conftest import TINY_SPEC
 
     base = TrialConfig.of(16, 1)
@@ -272,7 +272,7 @@ def test_time_is_held_back_for_confirmation_only_once_there_is_something_to_conf
     where the contenders' own times price their six runs at 54 s (they took 53 s)."""
     import time
 
-    from autotune.search.loop import Limits
+    from autotune.tuning.loop import Limits
 
     def rec(n, batch, accum, reason, wall, timed):
         r = Record(TrialConfig.of(batch, accum), Outcome("ok", samples_per_second=10.0 + n,

@@ -427,7 +427,7 @@ def test_a_confirmation_cut_short_says_how_many_runs_it_made() -> None:
     # Two contenders measured once each: their ratio is a speedup, with no interval.
     summary.confirmation.rows[1].samples_per_second.append(47.1)
     from autotune.records import Outcome, Record
-    from autotune.search import confirm
+    from autotune.tuning import confirm
 
     history = list(summary.trials) + [
         Record(r.config, Outcome("ok", samples_per_second=sps), confirm.REASON, 900 + i)

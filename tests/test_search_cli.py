@@ -82,7 +82,7 @@ def test_a_ctrl_c_inside_a_storage_commit_still_says_how_to_resume(tmp_path, mon
     from typer.testing import CliRunner
 
     import autotune.cli as cli
-    import autotune.search.run as run
+    import autotune.tuning.run as run
 
     def interrupted_in_a_commit(*args, **kwargs):
         try:
@@ -114,7 +114,7 @@ def test_a_ctrl_c_that_a_library_swallows_still_stops_the_search(tmp_path, monke
     from typer.testing import CliRunner
 
     import autotune.cli as cli
-    import autotune.search.run as run
+    import autotune.tuning.run as run
     from autotune.config import TrialConfig
     from autotune.records import Outcome, Record
 
@@ -341,3 +341,25 @@ def test_tpe_sampler_runs_a_real_search_that_optuna_shows_running(tmp_path):
     assert c["speedup_low"] <= c["speedup"] <= c["speedup_high"]
     assert (out / "confirm").is_dir() and any((out / "confirm").rglob("training_args.json"))
     assert "## Confirmation" in (out / "report.md").read_text()
+
+
+def test_the_api_shows_each_trial_and_warns_when_there_is_no_winner(tmp_path, capsys):
+    """Found by a newcomer run: `autotune.search(...)` printed nothing while it ran and
+    returned best=None without a word when no config succeeded. Here every config is
+    predicted over a 30 MiB budget: the smallest runs anyway, runs out, and the call says
+    so on stderr and warns. Then a second call: the engine's package was named
+    autotune.search too, and its first import replaced the function, so a second call
+    failed as a module call (it is autotune.tuning now)."""
+    import autotune
+    from tests.conftest import TINY_SPEC
+
+    spec = TINY_SPEC | {"output": str(tmp_path / "out"), "hardware": {"memory_budget": "30MiB"}}
+    with pytest.warns(UserWarning, match="no winner: no trial succeeded"):
+        result = autotune.search(spec, n_trials=2, **{"search.confirm_repeats": 0})
+    assert result.best is None
+    ran = [t for t in result.trials if t.outcome.ran]
+    err = capsys.readouterr().err
+    assert ran and all(f"autotune: trial {t.number} {t.config.label()}" in err for t in ran)
+    assert "gemm_4bit" not in err  # bitsandbytes' import noise stays out of the API too
+    quiet = autotune.search(spec, n_trials=2, progress=False)  # resumed: nothing new runs
+    assert quiet.best is None and "autotune: trial" not in capsys.readouterr().err

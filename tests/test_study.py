@@ -12,9 +12,9 @@ from optuna.trial import TrialState
 from autotune.config import BATCH, TrialConfig
 from autotune.plan.device import DeviceSpec
 from autotune.records import Outcome
-from autotune.search.strategies.base import Proposal, SearchContext
-from autotune.search.strategies.samplers import SamplerStrategy, make_sampler
-from autotune.search.study import ABANDONED_KEY, DRIVER_KEY, StudyLog
+from autotune.tuning.strategies.base import Proposal, SearchContext
+from autotune.tuning.strategies.samplers import SamplerStrategy, make_sampler
+from autotune.tuning.study import ABANDONED_KEY, DRIVER_KEY, StudyLog
 
 CPU = DeviceSpec("cpu", "cpu", 16 * 2**30)
 CONFIGS = [TrialConfig.of(b, 16 // b, precision=p) for b in (4, 8, 16) for p in ("fp32", "bf16")]
@@ -89,7 +89,7 @@ def test_a_config_pruned_on_a_prediction_may_still_run_later(tmp_path):
 def test_a_resumed_search_first_runs_what_was_left_in_flight():
     """Found with two trials in flight at Ctrl-C: the resumed strategy re-ran one and never
     chose the other again. A resume owes each a run, under the reason it was asked for."""
-    from autotune.search.strategies.base import Resume, Strategy
+    from autotune.tuning.strategies.base import Resume, Strategy
 
     log = StudyLog.in_memory(CHOICES, 2**30)
     done = Proposal(CONFIGS[4], "baseline")
@@ -114,7 +114,7 @@ def test_a_resumed_search_first_runs_what_was_left_in_flight():
 
 OPENER = """
 import sys, time
-from autotune.search.study import StudyLog
+from autotune.tuning.study import StudyLog
 start = float(sys.argv[2])
 while time.time() < start:
     pass

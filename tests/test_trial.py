@@ -80,7 +80,7 @@ def test_a_classifier_logs_its_loss_summed_over_micro_batches_and_is_still_revie
     numerics review then rejected every accumulated config). The review reads it at that
     scale."""
     from autotune.records import Record
-    from autotune.search import numerics
+    from autotune.tuning import numerics
 
     tiny_spec["model"] = {"config": {"model_type": "bert", "num_hidden_layers": 2,
                                      "hidden_size": 64, "num_attention_heads": 2,

@@ -24,10 +24,10 @@ from autotune.config import BATCH, Family, TrialConfig, halving_batches
 from autotune.errors import SpecError
 from autotune.knobs import device_rule
 from autotune.plan.calibration import MemoryModel
-from autotune.search.loop import Limits, drive
-from autotune.search.strategies.base import SearchContext
-from autotune.search.strategies.registry import BENCH_STRATEGIES, make_strategy, sampler_for
-from autotune.search.study import StudyLog
+from autotune.tuning.loop import Limits, drive
+from autotune.tuning.strategies.base import SearchContext
+from autotune.tuning.strategies.registry import BENCH_STRATEGIES, make_strategy, sampler_for
+from autotune.tuning.study import StudyLog
 
 DEFAULT_BUDGET_FRACTION = 0.03
 

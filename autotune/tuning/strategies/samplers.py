@@ -18,12 +18,12 @@ import optuna
 from autotune.config import ACCUMULATION, BATCH, TrialConfig, accumulation
 from autotune.errors import SpecError
 from autotune.records import Record
-from autotune.search.strategies.base import Proposal, SearchContext, Strategy
-from autotune.search.strategies.baseline import BaselineProbe
-from autotune.search.strategies.memory_gate import MemoryGate
+from autotune.tuning.strategies.base import Proposal, SearchContext, Strategy
+from autotune.tuning.strategies.baseline import BaselineProbe
+from autotune.tuning.strategies.memory_gate import MemoryGate
 
 if TYPE_CHECKING:
-    from autotune.search.study import StudyLog
+    from autotune.tuning.study import StudyLog
 
 SAMPLERS = ("tpe", "gp", "random")
 MAX_ASKS = 200  # proposals that are no trial before the sampler is taken to be done

@@ -17,8 +17,8 @@ import numpy as np
 
 from autotune.config import TrialConfig, auto_find_chain
 from autotune.records import CONFIRM_REASON, Record
-from autotune.search.strategies.base import Proposal, SearchContext, Strategy
 from autotune.summary import Confirmation, ConfirmedConfig, at_target
+from autotune.tuning.strategies.base import Proposal, SearchContext, Strategy
 
 if TYPE_CHECKING:
     from autotune.spec import Spec

@@ -27,7 +27,7 @@ from optuna.trial import FrozenTrial, TrialState, create_trial
 from autotune.config import TrialConfig
 from autotune.errors import AutotuneError, SpecError
 from autotune.records import LOST, OK, OOM, PRUNED, Outcome, Record
-from autotune.search.strategies.base import Proposal
+from autotune.tuning.strategies.base import Proposal
 
 FINGERPRINT_KEY = "spec_fingerprint"
 SUMMARY_KEY = "autotune_summary"

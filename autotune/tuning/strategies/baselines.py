@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from autotune.config import Family, TrialConfig, halving_batches
 from autotune.records import Record
-from autotune.search.strategies.base import Proposal, SearchContext, Strategy
+from autotune.tuning.strategies.base import Proposal, SearchContext, Strategy
 
 
 class HalvingStrategy(Strategy):

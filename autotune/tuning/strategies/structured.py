@@ -26,10 +26,10 @@ import numpy as np
 
 from autotune.config import Family, TrialConfig
 from autotune.records import FAILED, Record
-from autotune.search.strategies.base import Proposal, SearchContext, Strategy
-from autotune.search.strategies.baseline import BaselineProbe
-from autotune.search.strategies.memory_gate import MemoryGate
-from autotune.search.strategies.surrogate import ThroughputModel, expected_improvement
+from autotune.tuning.strategies.base import Proposal, SearchContext, Strategy
+from autotune.tuning.strategies.baseline import BaselineProbe
+from autotune.tuning.strategies.memory_gate import MemoryGate
+from autotune.tuning.strategies.surrogate import ThroughputModel, expected_improvement
 
 MIN_GAIN = 0.01  # expected relative gain below which another trial is not worth it: half
 # the 2% noise floor of one short measurement (surrogate.NOISE_FLOOR): a trial could not

@@ -19,21 +19,21 @@ from autotune.errors import SetupError, SpecError
 from autotune.plan.calibration import MemoryModel
 from autotune.plan.device import DeviceSpec, local_device, memory_limit
 from autotune.plan.shape import ModelShape, model_shape
-from autotune.search import confirm, numerics
-from autotune.search.loop import Limits, drive
-from autotune.search.result import SearchResult
-from autotune.search.strategies.base import Resume, SearchContext
-from autotune.search.strategies.baseline import baseline_chain
-from autotune.search.strategies.registry import make_strategy, sampler_for
-from autotune.search.study import StudyLog
 from autotune.space import Space, build_space, load_space
 from autotune.spec import Spec, load_spec, parse_duration
 from autotune.summary import Summary
 from autotune.trials.executor import Executor, RayExecutor
+from autotune.tuning import confirm, numerics
+from autotune.tuning.loop import Limits, drive
+from autotune.tuning.result import SearchResult
+from autotune.tuning.strategies.base import Resume, SearchContext
+from autotune.tuning.strategies.baseline import baseline_chain
+from autotune.tuning.strategies.registry import make_strategy, sampler_for
+from autotune.tuning.study import StudyLog
 
 if TYPE_CHECKING:
     from autotune.records import Record
-    from autotune.search.strategies.base import Proposal
+    from autotune.tuning.strategies.base import Proposal
 
 # Libraries whose version changes what a trial measures.
 MEASURING_LIBRARIES = ("torch", "transformers", "accelerate", "deepspeed", "bitsandbytes")

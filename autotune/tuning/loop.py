@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from autotune.records import Record
-from autotune.search.study import HEARTBEAT_SECONDS
+from autotune.tuning.study import HEARTBEAT_SECONDS
 
 if TYPE_CHECKING:
     from autotune.config import TrialConfig
-    from autotune.search.strategies.base import Proposal, Strategy
-    from autotune.search.study import StudyLog
     from autotune.trials.executor import Executor
+    from autotune.tuning.strategies.base import Proposal, Strategy
+    from autotune.tuning.study import StudyLog
 
 # Proposals in a row that were pruned on a prediction before the loop takes the strategy
 # to be going nowhere (an Optuna sampler can keep proposing what does not fit).

@@ -5,15 +5,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from autotune.errors import SpecError
-from autotune.search.strategies.base import SearchContext, Strategy
-from autotune.search.strategies.baselines import DeepSpeedStyleStrategy, HalvingStrategy
-from autotune.search.strategies.samplers import SAMPLERS, SamplerStrategy, make_sampler
-from autotune.search.strategies.structured import AutotuneStrategy
+from autotune.tuning.strategies.base import SearchContext, Strategy
+from autotune.tuning.strategies.baselines import DeepSpeedStyleStrategy, HalvingStrategy
+from autotune.tuning.strategies.samplers import SAMPLERS, SamplerStrategy, make_sampler
+from autotune.tuning.strategies.structured import AutotuneStrategy
 
 if TYPE_CHECKING:
     import optuna
 
-    from autotune.search.study import StudyLog
+    from autotune.tuning.study import StudyLog
 
 # The bench's line-up: the tuner, Optuna's samplers as a user would run them (raw space,
 # no memory model), and two fixed plans people use today.

@@ -13,7 +13,7 @@ from autotune.plan.calibration import MemoryModel
 from autotune.plan.memory import GiB
 from autotune.plan.shape import ModelShape
 from autotune.records import Record
-from autotune.search.strategies.base import SearchContext
+from autotune.tuning.strategies.base import SearchContext
 
 # Headroom kept below the limit: a share of the limit for what no model sees, plus the
 # calibrated model's own error estimate (10% until measured families say otherwise) on the

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 
 from autotune.config import Family, TrialConfig, auto_find_chain, halving_batches
 from autotune.records import FAILED, PRUNED, Record
-from autotune.search.strategies.base import Proposal, SearchContext
-from autotune.search.strategies.memory_gate import MemoryGate
+from autotune.tuning.strategies.base import Proposal, SearchContext
+from autotune.tuning.strategies.memory_gate import MemoryGate
 
 REASON = "baseline"
 # Walk up while the calibrated prediction is at most this share of the limit: a batch
