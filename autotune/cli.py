@@ -161,7 +161,8 @@ class SearchView:
             self.progress.update(self.task, best=f"best {self.best:.1f} samples/s")
         style = self.STYLES.get(o.status, "red")
         cells = (str(record.number), record.config.label(), record.reason,
-                 f"[{style}]{o.status}[/]", _fmt(o.samples_per_second),
+                 f"[{style}]{o.status}[/]",
+                 _fmt(None if o.is_oom else o.samples_per_second),
                  _gib(o.peak_memory_bytes), _fmt(o.wall_seconds))
         if self.live:
             self.table.add_row(*cells[:-1], cells[-1] + _waited(o))

@@ -165,7 +165,7 @@ def test_markdown_headline_table_and_files(tmp_path: Path) -> None:
     rows = [ln for ln in text.splitlines() if re.match(r"\| \d+ \|", ln)]
     assert len(rows) == 12 and rows[0].startswith("| 3 |")  # fastest first
     assert "ValueError: last line" in text and "\\|" in text  # error tail, pipes escaped
-    assert "&lt;script&gt;" in text and "<script>" not in text
+    assert "&lt;script>" in text and "<script>" not in text  # < read as HTML; > as it is
 
 
 def test_deepspeed_export_gives_the_flag(tmp_path: Path) -> None:

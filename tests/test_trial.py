@@ -280,3 +280,13 @@ def test_a_dead_launchers_trial_folders_are_swept_and_a_live_ones_never(tmp_path
     assert sweep_orphans(tmp_path) == [dead]
     assert not dead.exists()
     assert all(p.exists() for p in (fresh, live, other, huge, link))
+
+
+def test_an_exceeded_budget_is_said_with_the_digits_that_tell_the_two_apart():
+    """Found by a newcomer run: "0.59 GiB > 0.59 GiB"."""
+    from autotune.trials.worker import exceeded
+
+    gib = 2**30
+    assert exceeded(int(1.5 * gib), gib) == "1.50 GiB > 1.00 GiB"
+    assert exceeded(int(0.5904 * gib), int(0.5900 * gib)) == "0.5904 GiB > 0.5900 GiB"
+    assert exceeded(600 * 2**20 + 1, 600 * 2**20) == "629145601 bytes > 629145600 bytes"

@@ -249,12 +249,13 @@ def trial_row(t: Record, shown: list[knobs.Knob] | None = None) -> list[tuple[st
     """(shown text, sort key) per column; the key is None for a missing figure."""
     c, o = t.config, t.outcome
     shown = list(knobs.table()) if shown is None else shown
+    sps = None if o.is_oom else o.samples_per_second  # an OOM's steps ran on what did not fit
     return [(str(t.number), t.number),
             (str(c.per_device_train_batch_size), c.per_device_train_batch_size),
             (str(c.gradient_accumulation_steps), c.gradient_accumulation_steps),
             *(_knob_cell(getattr(c, k.name)) for k in shown),
             (o.status, o.status),
-            (fmt_num(o.samples_per_second), known(o.samples_per_second)),
+            (fmt_num(sps), known(sps)),
             (fmt_bytes(o.peak_memory_bytes), known(o.peak_memory_bytes)),
             (fmt_bytes(o.predicted_memory_bytes), known(o.predicted_memory_bytes)),
             (fmt_num(o.median_step, 3), o.median_step), (t.reason, t.reason),
@@ -297,8 +298,10 @@ def exports_of(summary: Summary) -> list[tuple[str, str]]:
 # --- Markdown ---------------------------------------------------------------------------
 
 def _md_cell(text: str) -> str:
-    """Literal text in a table cell: HTML escaped, pipes escaped, newlines as <br>."""
-    return html.escape(text, quote=False).replace("|", "\\|").replace("\n", "<br>") or " "
+    """Literal text in a table cell: what Markdown would read as HTML (& and <) escaped,
+    pipes escaped, newlines as <br>; a > stays as it is."""
+    text = text.replace("&", "&amp;").replace("<", "&lt;")
+    return text.replace("|", "\\|").replace("\n", "<br>") or " "
 
 
 def render_markdown(summary: Summary) -> str:

@@ -78,8 +78,8 @@ class HostWatch(threading.Thread):
                 write_result(self.path, Outcome(
                     OOM, peak_memory_bytes=grown, wall_seconds=time.time() - self.started,
                     shape=self.shape,
-                    error=f"memory budget exceeded: {grown / 2**30:.2f} GiB > "
-                          f"{self.budget / 2**30:.2f} GiB (host RSS growth)"))
+                    error=f"memory budget exceeded: {exceeded(grown, self.budget)} "
+                          "(host RSS growth)"))
                 os._exit(0 if _world() == 1 else 1)
             time.sleep(pause)
 
@@ -170,6 +170,16 @@ def _step_timer(sync, warmup: int, memory=None):
 
 def _finite(v) -> bool:
     return not isinstance(v, int | float) or math.isfinite(v)
+
+
+def exceeded(used: int, limit: int) -> str:
+    """`used GiB > limit GiB`, with the digits it takes for the two to differ (a peak
+    just over 0.59 GiB read "0.59 GiB > 0.59 GiB")."""
+    for digits in (2, 3, 4):
+        a, b = f"{used / 2**30:.{digits}f}", f"{limit / 2**30:.{digits}f}"
+        if a != b:
+            return f"{a} GiB > {b} GiB"
+    return f"{used} bytes > {limit} bytes"
 
 
 def numerics(log_history: list[dict], precision: str) -> tuple[str | None, int]:
@@ -278,8 +288,8 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
         outcome.peak_memory_bytes = max(0, _peak_rss() - base_rss)
     if budget and (outcome.peak_memory_bytes or 0) > budget and outcome.ok:
         outcome.status = OOM
-        outcome.error = (f"memory budget exceeded: peak {outcome.peak_memory_bytes / 2**30:.2f}"
-                         f" GiB > {budget / 2**30:.2f} GiB")
+        outcome.error = ("memory budget exceeded: peak "
+                         f"{exceeded(outcome.peak_memory_bytes or 0, budget)}")
     if outcome.ok:
         mfu = model_flops_utilisation(outcome, shape, local_device(), cfg.precision, world)
         if mfu is not None:
