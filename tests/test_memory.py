@@ -339,8 +339,17 @@ def test_estimate_plans_for_a_device_that_is_not_here(tmp_path):
     assert {r.config.precision for r in v100.rows} == {"fp32", "fp16"}  # no bf16/tf32 there
     fits = {r.config: r.fits for r in v100.rows}
     assert fits[cfg(1, "fp16")] and not fits[cfg(64, "fp32")]
+    assert v100.limit_from == "the device's memory"
     small = autotune.estimate(_bert_spec(tmp_path), device="V100-16GB", memory="4GiB")
-    assert small.limit_bytes == 4 * GiB
+    assert small.limit_bytes == 4 * GiB and small.limit_from == "--memory"
+    # Found by a newcomer run: the spec's own budget (for its machine) looked ignored;
+    # the plan says where its limit came from, and that --memory sets one.
+    from autotune.spec import load_spec
+
+    budgeted = load_spec(_bert_spec(tmp_path), **{"hardware.memory_budget": "600MiB"})
+    planned = autotune.estimate(budgeted, device="V100-16GB")
+    assert planned.limit_bytes == v100.limit_bytes
+    assert "hardware.memory_budget 600MiB is for its own machine" in planned.limit_from
     assert sum(r.fits for r in small.rows) < sum(r.fits for r in v100.rows)
     picked = v100.largest_fitting()
     assert len({r.config.family for r in picked}) == len(picked)

@@ -36,6 +36,7 @@ class EstimateResult:
     limit_bytes: int
     rows: list[EstimateRow]
     pruned_by_rules: dict[str, str]
+    limit_from: str = "the device's memory"  # where the limit came from, said beside it
 
     def largest_fitting(self) -> list[EstimateRow]:
         """Per family, the largest batch predicted to fit (or the smallest batch when none
@@ -66,20 +67,29 @@ def estimate(spec_or_path: Any, *, device: str | None = None,
     if shape is None:
         raise SpecError("model: estimate needs an architecture (model.config or "
                         "model.name_or_path); a bare model.factory has none to read")
-    budget = None if device else spec.hardware.budget_bytes()  # a plan uses the device's
+    # A plan for a named device uses that device's memory: the spec's budget is for the
+    # machine the search runs on (a CPU's 600MiB says nothing of an A100).
+    budget = None if device else spec.hardware.budget_bytes()
+    limit_from = "hardware.memory_budget" if budget else "the device's memory"
+    if device and spec.hardware.budget_bytes():
+        limit_from += (f"; the spec's hardware.memory_budget {spec.hardware.memory_budget} "
+                       "is for its own machine: --memory sets one for this plan")
     if memory is not None:
         try:
             budget = parse_bytes(memory)
         except ValueError as exc:
             raise SpecError(f"--memory: {memory!r} is not a size like 40GiB or 512MB") from exc
+        limit_from = "--memory"
     limit = memory_limit(dev, budget)
+    if budget and limit < budget:
+        limit_from += ", capped at the device's"
     space = build_space(spec, dev)
     model = MemoryModel(shape, dev, spec.world_size)
     rows = []
     for cfg in space.candidates:
         est = model.predict(cfg)
         rows.append(EstimateRow(cfg, est, est.total_bytes <= limit))
-    return EstimateResult(shape, dev, int(limit), rows, space.pruned)
+    return EstimateResult(shape, dev, int(limit), rows, space.pruned, limit_from)
 
 
 _SHORT = {"weights": "weights", "gradients": "grads", "optimizer": "optim",
@@ -101,7 +111,8 @@ def render_estimate(result: EstimateResult, console: Console, *, all_rows: bool 
     console.print(f"[bold]{s.name}[/]: {s.num_parameters / 1e6:,.1f}M parameters, "
                   f"{s.num_layers} layers, hidden {s.hidden_size}, seq {s.seq_len}, "
                   f"attention {s.attn_implementation}")
-    console.print(f"device {result.device.name}, limit {_gib(result.limit_bytes)} GiB per rank")
+    console.print(f"device {result.device.name}, limit {_gib(result.limit_bytes)} GiB per rank "
+                  f"({result.limit_from})", highlight=False, soft_wrap=True)
     rows = result.rows if all_rows else result.largest_fitting()
     title = "every config" if all_rows else "largest batch predicted to fit, per family"
     # Below COMPONENTS_WIDTH columns the components would squeeze the labels to nothing:
