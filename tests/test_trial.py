@@ -260,7 +260,12 @@ def test_a_dead_launchers_trial_folders_are_swept_and_a_live_ones_never(tmp_path
     import sys
     import time
 
-    from autotune.trials.launch import ORPHAN_AFTER_S, TRIAL_DIR_PREFIX, sweep_orphans
+    from autotune.trials.launch import (
+        LEGACY_AFTER_S,
+        ORPHAN_AFTER_S,
+        TRIAL_DIR_PREFIX,
+        sweep_orphans,
+    )
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
@@ -277,9 +282,15 @@ def test_a_dead_launchers_trial_folders_are_swept_and_a_live_ones_never(tmp_path
         for p in (folder, folder / "stderr.log"):
             os.utime(p, (old, old))
     os.utime(fresh, (old, old))  # its log is fresh: it may be a live trial's elsewhere
-    assert sweep_orphans(tmp_path) == [dead]
-    assert not dead.exists()
-    assert all(p.exists() for p in (fresh, live, other, huge, link))
+    # Earlier versions named no PID: such a folder goes after a day's quiet, not an hour's.
+    legacy, recent = (tmp_path / f"{TRIAL_DIR_PREFIX}{name}" for name in ("ab3d_9xy",
+                                                                          "zz12q7_k"))
+    for folder, age in ((legacy, LEGACY_AFTER_S + 60), (recent, ORPHAN_AFTER_S + 60)):
+        folder.mkdir()
+        os.utime(folder, (time.time() - age, time.time() - age))
+    assert sorted(sweep_orphans(tmp_path)) == sorted([dead, legacy])
+    assert not dead.exists() and not legacy.exists()
+    assert all(p.exists() for p in (fresh, live, other, huge, link, recent))
 
 
 def test_an_exceeded_budget_is_said_with_the_digits_that_tell_the_two_apart():

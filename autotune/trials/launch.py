@@ -150,24 +150,33 @@ TRIAL_DIR_PREFIX = "autotune-trial-"
 # only where the process named in it is gone: a trial in another PID namespace that
 # shares /tmp writes its folder as it starts and its log as it trains.
 ORPHAN_AFTER_S = 3600
+# Folders of versions that named no PID (tempfile's 8 random characters): their launcher
+# cannot be asked, so only a day's quiet says they are left over.
+LEGACY_NAME = re.compile(r"[a-z0-9_]{8}")
+LEGACY_AFTER_S = 24 * 3600
 
 
 def sweep_orphans(root: Path | None = None, now: float | None = None) -> list[Path]:
     """Remove the trial folders of launchers that died without cleaning up (SIGKILL gives
-    `TemporaryDirectory` no chance): each is named after its launcher's PID. Another
-    search's folders, whose launcher lives, are never touched; nothing here fails a trial."""
+    `TemporaryDirectory` no chance): each is named after its launcher's PID, and goes once
+    that process is gone and the folder has been quiet an hour (those of earlier versions,
+    named without a PID, after a day). Another search's folders, whose launcher lives, are
+    never touched; nothing here fails a trial."""
     root = Path(root or tempfile.gettempdir())
     now = time.time() if now is None else now
     removed = []
-    for folder in root.glob(f"{TRIAL_DIR_PREFIX}*-*"):
-        pid = re.fullmatch(r"(\d{1,9})-.*", folder.name[len(TRIAL_DIR_PREFIX):])
+    for folder in root.glob(f"{TRIAL_DIR_PREFIX}*"):
+        name = folder.name[len(TRIAL_DIR_PREFIX):]
+        pid = re.fullmatch(r"(\d{1,9})-.*", name)
+        quiet = ORPHAN_AFTER_S if pid else LEGACY_AFTER_S
         try:
             st = folder.lstat()
-            if (pid is None or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid()
-                    or psutil.pid_exists(int(pid.group(1)))):
+            if (not (pid or LEGACY_NAME.fullmatch(name)) or not stat.S_ISDIR(st.st_mode)
+                    or st.st_uid != os.getuid()
+                    or (pid and psutil.pid_exists(int(pid.group(1))))):
                 continue
             newest = max((p.lstat().st_mtime for p in folder.rglob("*")), default=0.0)
-            if now - max(newest, st.st_mtime) < ORPHAN_AFTER_S:
+            if now - max(newest, st.st_mtime) < quiet:
                 continue
             shutil.rmtree(folder, ignore_errors=True)
         except Exception:  # noqa: BLE001, S112 - housekeeping: a folder left is no failure
