@@ -192,3 +192,19 @@ def test_parallel_replay_fills_the_workers_and_never_runs_a_config_twice(tmp_pat
                     Limits(budget_seconds=0.5 * land.grid_seconds()))
     ran = [r.config for r in history if r.outcome.ran]
     assert len(ran) == len(set(ran)) and most[0] == 4
+
+
+def test_a_budget_too_thin_to_judge_is_said_with_one_that_is_not():
+    """Found by a newcomer run: the bench's default 3% of the measured CPU landscape's
+    grid is under two trials, and autotune read as losing to the baselines; the bench
+    now says the budget is too thin there and which would do."""
+    from autotune.bench.bench import thin_budget_note
+    from autotune.bench.landscape import load_landscape
+
+    land = load_landscape(Path(__file__).resolve().parents[1] / "benchmarks" / "landscapes"
+                          / "cpu-tiny-gpt2-2core")
+    note = thin_budget_note(land, 0.03)
+    assert note and "too few to tell strategies apart" in note
+    suggested = float(note.rsplit("--budget-fraction ", 1)[1])
+    assert thin_budget_note(land, suggested) is None
+    assert thin_budget_note(land, 0.3) is None

@@ -294,6 +294,24 @@ def render_verdicts(verdict_rows: list[dict[str, Any]], console) -> None:
     console.print(table)
 
 
+# A budget under this many median trials cannot tell strategies apart: each barely runs
+# its first trials (3% of a 50-config grid is about one).
+THIN_BUDGET_TRIALS = 5
+
+
+def thin_budget_note(land: Landscape, fraction: float) -> str | None:
+    """A line saying the budget is too thin to judge on `land`, and what would not be."""
+    costs = sorted(o.wall_seconds or 0.0 for o in land.table.values())
+    median = costs[len(costs) // 2] if costs else 0.0
+    trials = fraction * land.grid_seconds() / median if median else float("inf")
+    if trials >= THIN_BUDGET_TRIALS:
+        return None
+    enough = min(1.0, THIN_BUDGET_TRIALS * 2 * median / max(land.grid_seconds(), 1e-9))
+    return (f"{land.name}: --budget-fraction {fraction:g} buys about {trials:.1f} median "
+            f"trials of its {len(costs)} configs, too few to tell strategies apart; "
+            f"try --budget-fraction {enough:.2g}")
+
+
 def bench_main(landscapes: Sequence[str], budget_fraction: float | None, repeats: int,
                json_path: str | None, console, workers: Sequence[int] = (1,),
                strategies: Sequence[str] | None = None) -> int:
@@ -314,6 +332,10 @@ def bench_main(landscapes: Sequence[str], budget_fraction: float | None, repeats
                             progress=lambda r: bar.advance(task))
     rows = summarise(records)
     render(rows, console, fraction)
+    for path in landscapes:
+        note = thin_budget_note(load_landscape(path), fraction)
+        if note:
+            console.print(f"[yellow]{note}[/]", highlight=False)
     render_workers(rows, console)
     render_verdicts(verdicts(records, rows), console)
     console.print(f"[dim]{len(records)} replayed searches in "
