@@ -136,6 +136,19 @@ def test_confirmation_picks_the_winner_on_medians_with_an_interval():
     assert c.speedup == pytest.approx(14.1 / 10.0)
     assert c.speedup_low <= c.speedup <= c.speedup_high
     assert c.speedup_low > 1.3
+    # An interval that holds 1 is no confirmed gain, and the report says so (a newcomer's
+    # busy machine gave "2.18× (0.34–3.48)").
+    from autotune.outputs.report import headline
+    from autotune.summary import Confirmation, Summary
+
+    def speedup_detail(confirmation) -> str:
+        summary = Summary(model={}, device={}, memory_limit_bytes=2**30, target_batch_size=16,
+                          world_size=1, seq_len=8, trials=history, confirmation=confirmation)
+        return next(f for f in headline(summary) if f.label == "Speedup vs baseline").detail
+
+    assert "too noisy" not in speedup_detail(c)
+    noisy = Confirmation(c.repeats, c.steps, c.rows, c.winner, 2.18, 0.34, 3.48)
+    assert "it holds 1, so the runs were too noisy to confirm a gain" in speedup_detail(noisy)
 
 
 def test_a_baseline_chain_config_is_the_reference_never_the_winner():

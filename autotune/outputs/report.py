@@ -190,6 +190,9 @@ def _speedup_fact(summary: Summary, base: Record | None) -> Fact:
     elif c is not None and c.speedup_low is not None:
         value += f" ({c.speedup_low:.2f}–{c.speedup_high:.2f})"
         how = "90% interval over the confirmation runs"
+        if c.speedup_low <= 1 <= (c.speedup_high or 0):
+            how += (": it holds 1, so the runs were too noisy to confirm a gain (raise "
+                    "search.confirm_repeats or measure.steps, on a quieter machine)")
     else:
         how = "single trials, not confirmed"
     effective = base.config.samples_per_rank * summary.world_size
