@@ -186,10 +186,19 @@ def sweep_orphans(root: Path | None = None, now: float | None = None) -> list[Pa
     return removed
 
 
+_swept: list[bool] = []  # this process swept already: once is enough, not every trial
+
+
+def _sweep_once() -> None:
+    if not _swept:
+        _swept.append(True)
+        sweep_orphans()
+
+
 def _run_trial(request: TrialRequest) -> Outcome:
     started = time.time()
     host_share = _host_share(request)
-    sweep_orphans()
+    _sweep_once()
     with tempfile.TemporaryDirectory(prefix=f"{TRIAL_DIR_PREFIX}{os.getpid()}-") as tmp:
         tmpdir = Path(tmp)
         (tmpdir / "request.json").write_text(request.to_json())

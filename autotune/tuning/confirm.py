@@ -36,7 +36,7 @@ def contenders(history: Sequence[Record], per_rank: int) -> list[tuple[str, Reco
     MAX_RUNNER_UPS within RUNNER_UP_WITHIN of it, and the baseline. `per_rank`: the
     target effective batch per rank; none where no config at the target succeeded (the
     baseline's chain below its top is the reference, never a contender)."""
-    searched = [r for r in history if r.reason != REASON]
+    searched = [r for r in history if not r.confirming]
     ok = sorted((r for r in searched if r.outcome.ok),
                 key=lambda r: -(r.outcome.score or 0.0))
     eligible = at_target(ok, per_rank)
@@ -82,7 +82,7 @@ def confirmed_config(history: Sequence[Record], role: str, r: Record) -> TrialCo
 
 
 def confirmation_runs(history: Sequence[Record], config: TrialConfig) -> list[Record]:
-    return [t for t in history if t.reason == REASON and t.config == config]
+    return [t for t in history if t.confirming and t.config == config]
 
 
 def long_run_baseline(history: Sequence[Record], base: TrialConfig) -> TrialConfig:
@@ -91,7 +91,7 @@ def long_run_baseline(history: Sequence[Record], base: TrialConfig) -> TrialConf
     runs out of memory moves the baseline down that chain, accumulation unchanged."""
     chain = auto_find_chain(base)
     for c in chain:
-        if not any(r.reason == REASON and r.config == c and r.outcome.is_oom for r in history):
+        if not any(r.confirming and r.config == c and r.outcome.is_oom for r in history):
             return c
     return chain[-1]
 
