@@ -187,7 +187,7 @@ def large_segments(traces: list[dict[str, Any]], min_bytes: int = 512 << 20,
     blocks: dict[int, int] = {}  # addr -> size, allocated or waiting to be freed
     pending: set[int] = set()
     rows: list[dict[str, Any]] = []
-    after, asked, free_then = "start", None, []
+    caller, asked, free_then = None, None, []
     for i, event in enumerate(traces):
         action, addr, size = event.get("action"), event.get("addr"), int(event.get("size", 0))
         if asked is not None:  # the segment's own allocation comes next, inside it
@@ -201,6 +201,9 @@ def large_segments(traces: list[dict[str, Any]], min_bytes: int = 512 << 20,
             if size >= min_bytes and len(rows) < top:
                 stream = event.get("stream")
                 free_then = _free_blocks(segments, blocks, stream)
+                after = "start" if caller is None else (
+                    f"{_short(caller.get('filename', '?'))}:{caller.get('line', '?')} "
+                    f"{caller.get('name', '?')}")
                 asked = {"event": i, "segment": size, "request": None, "fits": None,
                          "stream": _stream_key(stream), "after": after,
                          "largest_free": max(free_then, default=0),
@@ -215,10 +218,7 @@ def large_segments(traces: list[dict[str, Any]], min_bytes: int = 512 << 20,
             blocks[addr] = _rounded(size)
             frames = event.get("frames") or []
             caller = next((f for f in frames if "/torch/" not in str(f.get("filename", ""))),
-                          None)
-            if caller is not None:
-                after = (f"{_short(caller.get('filename', '?'))}:{caller.get('line', '?')} "
-                         f"{caller.get('name', '?')}")
+                          caller)  # named where a row is made: most allocations make none
         elif action == "free_requested":
             pending.add(addr)
         elif action == "free_completed":
