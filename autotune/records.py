@@ -92,6 +92,12 @@ class Record:
         return self.reason == CONFIRM_REASON
 
     @property
+    def counted(self) -> bool:
+        """One of the trials search.n_trials counts: it ran (was not pruned on a
+        prediction) and is no confirmation run."""
+        return self.outcome.ran and not self.confirming
+
+    @property
     def throughput(self) -> float | None:
         return self.outcome.samples_per_second if self.outcome.ok else None
 

@@ -220,8 +220,8 @@ class Summary:
             "confirmation": self.confirmation.to_dict() if self.confirmation else None,
             "trials": [t.to_dict() for t in self.trials],
             "pruned_by_rules": self.pruned_by_rules,
-            "search": self.search | {"trials_run": len([t for t in self.searched
-                                                        if t.outcome.ran]), "ooms": self.ooms},
+            "search": self.search | {"trials_run": sum(t.counted for t in self.trials),
+                                     "ooms": self.ooms},
             "exports": self.exports, "projection": self.projection,
         }
 

@@ -224,7 +224,7 @@ def _projection_fact(summary: Summary, best: Record | None, base: Record | None)
 
 def _search_fact(summary: Summary) -> Fact:
     wall = fmt_seconds(summary.search.get("wall_seconds"))
-    searched = [t for t in summary.searched if t.outcome.ran]
+    searched = [t for t in summary.trials if t.counted]
     again = len(summary.ran) - len(searched)
     ooms = sum(t.outcome.is_oom for t in searched)
     return Fact("Search", f"{len(searched)} trials", f"{ooms} OOM · {wall} wall"

@@ -102,7 +102,7 @@ def _say_resumed(history: list[Record], study_name: str, storage: str,
     otherwise shows the old result as if it were new."""
     if not history:
         return
-    ran = sum(1 for r in history if r.outcome.ran and not r.confirming)
+    ran = sum(r.counted for r in history)
     where = storage.removeprefix("sqlite:///")
     note = f"resuming study {study_name} in {where}: {ran} trials ran before"
     if ran >= n_trials:
