@@ -115,3 +115,41 @@ def test_the_allocator_replay_keeps_torchs_rules_and_pools_per_stream():
     assert replay.reserved == 262 * MiB
     held = reserved_by_stream(torch.cuda.memory_snapshot(), torch.cuda.current_device())
     assert sorted(held.values()) == sorted(replay.reserved_by_stream.values()), held
+
+
+def test_a_block_used_on_another_stream_returns_only_once_its_event_has_completed():
+    """The rule behind offload's held buckets (zero_replay.held_buckets), held to this
+    GPU's allocator: a block `record_stream`ed for a busy stream leaves the allocated bytes
+    when freed, a request of its size meanwhile grows a segment, and once the stream is
+    done the next malloc reuses the block, as the replay's hold and release say."""
+    import torch
+
+    from autotune.plan.allocator import CachingAllocator
+
+    MiB = 2**20
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_allocated() == 0, "a tensor of another test is still alive"
+    base = torch.cuda.memory_reserved()
+    replay = CachingAllocator()
+    bucket = torch.empty(100 * MiB, dtype=torch.uint8, device="cuda")
+    replay.malloc("bucket", 100 * MiB)
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(2_000_000_000)  # about a second of the side stream's time
+        bucket.add_(1)
+    bucket.record_stream(side)
+    del bucket
+    replay.hold("bucket")
+    assert torch.cuda.memory_allocated() == replay.allocated == 0
+    logits = torch.empty(100 * MiB, dtype=torch.uint8, device="cuda")
+    replay.malloc("logits", 100 * MiB)
+    assert torch.cuda.memory_reserved() - base == replay.reserved == 200 * MiB
+    del logits
+    replay.free("logits")
+    side.synchronize()
+    replay.release()
+    again = [torch.empty(100 * MiB, dtype=torch.uint8, device="cuda") for _ in range(2)]
+    for i in range(2):
+        replay.malloc(("again", i), 100 * MiB)
+    assert torch.cuda.memory_reserved() - base == replay.reserved == 200 * MiB, again
