@@ -74,11 +74,11 @@ def held_buckets(stage: int, offload: str, cuda: bool) -> bool:
     (`_offload_gradient_safety_enabled`): `average_tensor` calls `record_stream` on the
     bucket for the reduction stream, so when the backward's epilogue frees the buckets
     their blocks return to the pool only once that stream's event has completed. On a GPU
-    that stream is then still copying the backward's last gradient (the tied embedding's,
-    to the host and, past the first micro-batch, back to add to it) while the host issues
-    the next micro-batch's forward, so `zero_events` returns the blocks where that forward
-    leaves its layers for the head: its layers cannot reuse them, its loss can. That is
-    what the H200 measured for ZeRO-2 + offload: the allocated peak the replay's (9301
+    that stream is presumably still copying the backward's last gradient (the tied
+    embedding's, to the host and, past the first micro-batch, back to add to it; the
+    earlier ones the host waited for) while the host issues the next micro-batch's
+    forward, so `zero_events` returns the blocks where that forward leaves its layers for
+    the head: its layers cannot reuse them, its loss can. That is what the H200 measured for ZeRO-2 + offload: the allocated peak the replay's (9301
     MiB against 9393), the reserved 12026 MiB where freeing them at once replays 10590,
     and two segments for the loss's fp32 gradients grown in the backward, as the replay
     grows them with this rule (its reserved peak: 12162). The rule's timing is the one
