@@ -182,7 +182,7 @@ def phases(events: list[Event], marks: Marks) -> list[tuple[str, int, int]]:
             sizes[key] = n
             live += n
             peak = max(peak, live)
-        elif kind in ("free", "hold"):  # a held block is no longer live
+        elif kind == "free":
             live -= sizes.pop(key, 0)
     return out
 

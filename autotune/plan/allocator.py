@@ -12,10 +12,7 @@ to 1 MiB from a small pool of 2 MiB segments; larger ones from 20 MiB segments w
 block split when the rest is over 1 MiB (at least 512 bytes in the small pool);
 neighbours merged on free; and a pool per CUDA stream: a block is cached for the stream
 that allocated it (use on another stream, `record_stream`, only delays its return), so a
-stream of DeepSpeed's (its reductions) keeps segments the model's stream cannot reuse. A
-block used on another stream is held when freed: its bytes leave the allocated count at
-once, but it returns to its pool only once that stream's event has completed, which the
-allocator checks at each later malloc; a replay says when with a "release" event. No
+stream of DeepSpeed's (its reductions) keeps segments the model's stream cannot reuse. No
 expandable segments, no `max_split_size_mb`, and no segment is ever released: where
 cudaMalloc fails, torch frees every stream's unused cached segments and retries, so near
 the device's limit the replayed peak overstates what a trial needs (pools per stream hold
@@ -39,9 +36,7 @@ DDP_BUCKET = 25 << 20  # DDP's bucket_cap_mb default, which Trainer keeps
 # Micro-batches and steps replayed: past the second of each the allocator repeats itself.
 REPLAYED = 2
 
-# A traced step as the allocator sees it: ("alloc", key, bytes), ("free", key, 0), ("hold",
-# key, 0) for a free whose block waits on another stream's event, and ("release", None, 0)
-# once the held blocks' events have completed.
+# A traced step as the allocator sees it: ("alloc", key, bytes) or ("free", key, 0).
 Event = tuple[str, object, int]
 DEFAULT_STREAM = 0
 
@@ -68,7 +63,6 @@ class CachingAllocator:
         self.reserved = self.allocated = 0
         self.peak_reserved = self.peak_allocated = 0
         self.reserved_by_stream: dict[int, int] = {}
-        self._held: list[_Block] = []
 
     def malloc(self, key: object, nbytes: int, stream: int = DEFAULT_STREAM) -> None:
         if nbytes <= 0:
@@ -104,24 +98,6 @@ class CachingAllocator:
         if block is None:
             return
         self.allocated -= block.size
-        self._return(block)
-
-    def hold(self, key: object) -> None:
-        """`free` of a block used on another stream (`record_stream`): its bytes are no
-        longer allocated, but the block stays out of its pool until `release`."""
-        block = self._blocks.pop(key, None)
-        if block is not None:
-            self.allocated -= block.size
-            self._held.append(block)
-
-    def release(self) -> None:
-        """The held blocks back in their pools, merged with free neighbours, as
-        `process_events` returns them once their streams' events have completed."""
-        held, self._held = self._held, []
-        for block in held:
-            self._return(block)
-
-    def _return(self, block: _Block) -> None:
         block.free = True
         if block.prev is not None and block.prev.free:
             self._remove(block.prev)
@@ -167,10 +143,6 @@ def replay(events: Iterable[Event],
     for kind, key, nbytes in events:
         if kind == "alloc":
             allocator.malloc(key, nbytes, stream_of(key) if stream_of else DEFAULT_STREAM)
-        elif kind == "hold":
-            allocator.hold(key)
-        elif kind == "release":
-            allocator.release()
         else:
             allocator.free(key)
     return allocator
@@ -190,8 +162,6 @@ class TracedStep:
     batches: tuple[int, int]
     persistent: frozenset[int]  # keys of `first` alive at its end: the gradients
     embedding: tuple[bool, ...] = ()  # per trainable parameter: an nn.Embedding's
-    # where `first` and `later` leave the layers' forward for the head (0 where unknown)
-    heads: tuple[int, int] = (0, 0)
 
     def bytes_at(self, s1: int, s2: int, batch: int) -> int:
         """An event's bytes at `batch`, read off the line through its two traced sizes."""

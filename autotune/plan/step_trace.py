@@ -163,7 +163,6 @@ class _Deepen:
                     self.blocks.setdefault(region, []).append(key)
         self.position = {key: i for block in self.blocks.values()
                          for i, key in enumerate(block)}
-        self.head = 0  # where `events` leaves the layers' forward
 
     def template(self, j: int) -> int:
         return j if j < REPEATED else self.n - 1 if j == self.depth - 1 else REPEATED
@@ -208,8 +207,6 @@ class _Deepen:
                 for j in (order if phase == "f" else reversed(order)):
                     out.extend((kind, self.key(key, j), n) for kind, key, n, _ in segment)
             else:  # outside the layers; what it frees of the repeated layer, it frees per copy
-                if region == "mid" and not self.head:
-                    self.head = len(out)
                 for kind, key, n, _ in segment:
                     region = self.owner.get(key)
                     if isinstance(region, tuple) and region[1] == REPEATED:
@@ -236,22 +233,16 @@ class _Deepen:
                 raise LookupError(f"layers 1-{self.n - 1} allocate differently ({phase})")
 
 
-def _head(events: list[Labelled]) -> int:
-    """Where a micro-batch leaves its layers' forward for the head (0: it never does)."""
-    return next((i for i, event in enumerate(events) if event[3] == "mid"), 0)
-
-
 def _deepened(hf_config, task: str, seq_len: int, batch: int, mode: str, checkpointing: bool,
               attention: str, cuda: bool, depth: int):
-    """(params, trainable, first, later, persistent, heads) of the `depth`-layer model."""
+    """(params, trainable, first, later, persistent) of the `depth`-layer model."""
     n = min(depth, TRACED_LAYERS)
     params, trainable, first, later, persistent = _record(
         hf_config, task, seq_len, batch, mode, checkpointing, attention, cuda, n)
     if depth == n:
         plain = lambda evs: [(k, (key, 0), b) for k, key, b, _ in evs]  # noqa: E731
         return (tuple(b for b, _ in params), tuple(e for e, _ in trainable), plain(first),
-                plain(later), frozenset((k, 0) for k in persistent),
-                (_head(first), _head(later)))
+                plain(later), frozenset((k, 0) for k in persistent))
     deep_first, deep_later = _Deepen(first, n, depth), _Deepen(later, n, depth)
     deep_first.check(first)
     deep_later.check(later)
@@ -260,9 +251,8 @@ def _deepened(hf_config, task: str, seq_len: int, batch: int, mode: str, checkpo
     deep_persistent = frozenset(
         deep_first.key(k, j) for k in persistent
         for j in (deep_first.copies(owner[k][1]) if isinstance(owner[k], tuple) else [None]))
-    later_events = deep_later.events(later)
     return (_repeat(params, deep_first), _repeat(trainable, deep_first), first_events,
-            later_events, deep_persistent, (deep_first.head, deep_later.head))
+            deep_later.events(later), deep_persistent)
 
 
 def _repeat(items: tuple, deep: _Deepen) -> tuple:
@@ -292,9 +282,9 @@ def _trace_step_cached(config_json: str, task: str, seq_len: int, mode: str,
         depth = next(int(getattr(hf_config, k)) for k in _LAYER_KEYS
                      if getattr(hf_config, k, None) is not None)
         b1, b2 = BATCHES
-        params, per_param, f1, l1, persistent, heads = _deepened(
+        params, per_param, f1, l1, persistent = _deepened(
             hf_config, task, seq_len, b1, mode, checkpointing, attention, cuda, depth)
-        _, _, f2, l2, persistent2, _ = _deepened(
+        _, _, f2, l2, persistent2 = _deepened(
             hf_config, task, seq_len, b2, mode, checkpointing, attention, cuda, depth)
     except Exception as exc:
         log.info("the step of this model is not traced (%s: %s); no allocator replay",
@@ -310,7 +300,7 @@ def _trace_step_cached(config_json: str, task: str, seq_len: int, mode: str,
     if first is None or later is None or persistent != persistent2:
         return None
     return TracedStep(params, tuple(n for n, _ in per_param), first, later, BATCHES,
-                      persistent, tuple(emb for _, emb in per_param), heads)
+                      persistent, tuple(emb for _, emb in per_param))
 
 
 def trace_step(config: dict[str, Any], task: str, seq_len: int, mode: str,

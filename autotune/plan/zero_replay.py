@@ -67,31 +67,6 @@ def overlap_comm(stage: int) -> bool:
     return stage >= 2
 
 
-def held_buckets(stage: int, offload: str, cuda: bool) -> bool:
-    """Whether a micro-batch's freed reduction buckets wait for the reduction stream.
-
-    Under ZeRO-Offload DeepSpeed 0.19 guards its gradient copies to the host
-    (`_offload_gradient_safety_enabled`): `average_tensor` calls `record_stream` on the
-    bucket for the reduction stream, so when the backward's epilogue frees the buckets
-    their blocks return to the pool only once that stream's event has completed. On a GPU
-    that stream is presumably still copying the backward's last gradient (the tied
-    embedding's, to the host and, past the first micro-batch, back to add to it; the
-    earlier ones the host waited for) while the host issues the next micro-batch's
-    forward, so `zero_events` returns the blocks where that forward leaves its layers for
-    the head: its layers cannot reuse them, its loss can. That is what the H200 measured for ZeRO-2 + offload: the allocated peak the replay's (9301
-    MiB against 9393), the reserved 12026 MiB where freeing them at once replays 10590,
-    and two segments for the loss's fp32 gradients grown in the backward, as the replay
-    grows them with this rule (its reserved peak: 12162). The rule's timing is the one
-    the measurement pins (returned before the last layer: 10590; after the loss's
-    gradients: 13734), not one derived: the proof's memory step prints, per large
-    segment, the frees still pending, which tests it. Without overlap_comm (ZeRO-1) the
-    reduction runs on the default stream and `record_stream` on it is a no-op; a CPU has
-    no streams (DeepSpeed's CPU accelerator resolves data dependencies itself); and the
-    boundary's buckets are back before the next step, whose host-side optimizer waits
-    for the device (the gradient norms)."""
-    return cuda and offload != "none" and overlap_comm(stage)
-
-
 def bucket_buffers(stage: int) -> int:
     """DeepSpeed's reduction buffers of `reduce_bucket_size` elements: at stages 1-2 two
     under overlap_comm, else one; at stage 3 one per dtype, made with the optimizer and
@@ -116,8 +91,7 @@ def applies(shape: ModelShape, c: TrialConfig, world_size: int = 1) -> bool:
 def zero_events(step: TracedStep, batch: int, accumulation: int, stage: int, offload: str,
                 states_of: Callable[[int, bool], tuple[float, ...]],
                 step_temporary_bytes: float, bucket: int = DEFAULT_BUCKET,
-                steps: int = REPLAYED, marks: Marks | None = None,
-                cuda: bool = False) -> list[Event]:
+                steps: int = REPLAYED, marks: Marks | None = None) -> list[Event]:
     """A ZeRO-1/2 trial's device allocations on one rank, as stage_1_and_2.py makes them:
 
     - at initialize, the 16-bit weights flattened into one buffer (the parameters become
@@ -135,9 +109,7 @@ def zero_events(step: TracedStep, batch: int, accumulation: int, stage: int, off
       gradients and their fp32 copy, the optimizer's states (first step) and temporaries.
 
     Under overlap_comm the partition and offload's copies are made on DeepSpeed's
-    reduction stream (`on_reduction_stream` names them for the replay's pools). On a GPU
-    (`cuda`) under offload the buckets freed before the boundary are held until the next
-    micro-batch's head (`held_buckets`). One thing
+    reduction stream (`on_reduction_stream` names them for the replay's pools). One thing
     of Trainer it leaves out: the first step, whose two parameter groups keep the 16-bit
     flat gradients alive while the optimizer's states are made (up to 2 bytes per
     parameter more, below the backward's peak wherever the activations are not tiny).
@@ -145,21 +117,15 @@ def zero_events(step: TracedStep, batch: int, accumulation: int, stage: int, off
     """
     p, largest = sum(step.trainable), max(step.trainable)
     offloaded = offload != "none"
-    hold = held_buckets(stage, offload, cuda)
     events = _initialize(step, p, largest, offloaded)
     _mark(marks, "init", events)
-    held = False
     for s in range(steps):
         kept: list[Any] = []  # ZeRO-1's gradients, until the boundary
         for m in range(accumulation):
             boundary = m == accumulation - 1
             fresh = stage >= 2 or m == 0  # autograd creates the gradients afresh
             buckets = [("bucket", s, m, j) for j in range(bucket_buffers(stage))]
-            head = step.heads[0 if fresh else 1]
-            for i, (kind, key, s1, s2) in enumerate(step.first if fresh else step.later):
-                if held and i == head:
-                    events.append(("release", None, 0))
-                    held = False
+            for kind, key, s1, s2 in step.first if fresh else step.later:
                 size = step.bytes_at(s1, s2, batch) if kind == "alloc" else 0
                 events.append((kind, (s, m, key), size))
                 if kind == "alloc" and fresh and key in step.persistent:
@@ -173,8 +139,7 @@ def zero_events(step: TracedStep, batch: int, accumulation: int, stage: int, off
                 events += [("free", g, 0) for g in kept]
             events += _epilogue(s, m, boundary, stage, offloaded, p, largest)
             if stage >= 2 or boundary:
-                held = hold and not boundary
-                events += [("hold" if held else "free", ("bucket", s, m if stage >= 2 else 0, j), 0)
+                events += [("free", ("bucket", s, m if stage >= 2 else 0, j), 0)
                            for j in reversed(range(bucket_buffers(stage)))]
             _mark(marks, f"s{s}m{m} fwd+bwd", events)
             if not boundary:
@@ -247,8 +212,7 @@ def emulated(hf_config: dict[str, Any], seq: int, batch: int, accumulation: int,
         return None
     opt = optimizer(optim)
     return zero_events(step, batch, min(accumulation, REPLAYED), stage, offload, opt.states_of,
-                       opt.step_temporary_bytes if cuda else 0.0, bucket, marks=marks,
-                       cuda=cuda)
+                       opt.step_temporary_bytes if cuda else 0.0, bucket, marks=marks)
 
 
 def replayed(hf_config: dict[str, Any], seq: int, batch: int, accumulation: int, stage: int,
