@@ -76,17 +76,22 @@ def gpu_configs(target: int, quick: bool) -> list[TrialConfig]:
 
 
 def proof_configs(target: int, cuda: bool, first: bool) -> list[TrialConfig]:
-    """The GPU proof's memory step, about two minutes at 4 trials at a time on an H100
-    (none above 16 GiB, so four fit beside each other): on the first shape the ZeRO-1,
-    ZeRO-2 and (GPU) ZeRO-2 + offload rows the H100 file left unexplained beside plain
-    Trainer, whose notes then say where their memory is; two batches of the second."""
+    """The GPU proof's memory step, about two minutes at 4 trials at a time: on the first
+    shape the ZeRO-1, ZeRO-2 and (GPU) ZeRO-2 + offload rows, whose notes say where their
+    memory is, and ZeRO-2 + offload at batch 16: whether the offload row's excess (one
+    1572 MiB segment more than the replay grows at batch 8, the size of the loss's fp32
+    logits) doubles with the logits; two batches of the second shape. On a GPU the four of
+    the first shape take about 68 GiB together (the batch-16 row 25 GiB), inside an
+    H100's 80. On a CPU, plain Trainer at batches 4 and 8 instead of offload."""
     p = "bf16" if cuda else "fp32"
     c = lambda *a, **k: _c(target, *a, **k)  # noqa: E731
     if not first:
         return [c(4, p), c(8, p)]
     # The slowest first (CPU Adam: 87 s on the H100 file), so four at a time end together.
-    return ([c(8, p, z=2, off="optimizer")] if cuda else []) + [
-        c(8, p), c(8, p, z=1), c(8, p, z=2)] + ([] if cuda else [c(4, p)])
+    if cuda:
+        return [c(16, p, z=2, off="optimizer"), c(8, p, z=2, off="optimizer"),
+                c(8, p, z=1), c(8, p, z=2)]
+    return [c(8, p), c(8, p, z=1), c(8, p, z=2), c(4, p)]
 
 
 def spec_for(layers: int, embd: int, heads: int, seq: int, vocab: int, target: int) -> dict:
@@ -221,7 +226,15 @@ def _large(extra: dict) -> str:
                 + (f"{r['request'] / 2**20:.1f} MiB: it fit in {mib(r['fits'])}"
                    if r["request"] is not None else "an allocation not recorded")
                 + f", largest free {r['largest_free'] / 2**20:.1f}, free waiting "
-                f"{mib(r['pending'])}; after {r['after']}" for r in rows))
+                f"{mib(r['pending'])}; after {r['after']}" + _occupied(r) for r in rows))
+
+
+def _occupied(row: dict) -> str:
+    """What filled the stream's segments that were as large as the new one."""
+    return "".join(
+        f"\n          in its {seg['segment'] / 2**20:.0f} MiB segment: " + "; ".join(
+            f"{n / 2**20:.1f} MiB from {where}{' (free waiting)' if waits else ''}"
+            for n, where, waits in seg["blocks"]) for seg in row.get("occupied") or [])
 
 
 def _by_stream(held: object) -> str:

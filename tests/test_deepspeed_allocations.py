@@ -106,7 +106,11 @@ def test_the_gpu_note_prints_the_zero_replay_and_what_lies_outside_the_allocator
              "large_segments": [{"event": 812, "segment": 1572 << 20, "request": 1646821376,
                                  "stream": "default", "largest_free": 1572 << 20,
                                  "fits": [1572 << 20], "pending": [],
-                                 "after": "transformers/trainer.py:2090 training_step"}]}
+                                 "after": "transformers/trainer.py:2090 training_step",
+                                 "occupied": [{"segment": 1572 << 20, "blocks": [
+                                     [1 << 30, "deepspeed/runtime/zero/stage_1_and_2.py:3266 "
+                                               "setup_buckets", False],
+                                     [2 << 20, "a smaller block", True]]}]}]}
     note = bench._allocator_note(extra, config, shape, named_device("H100-80GB"))
     assert "allocator replay: allocated" in note
     assert "(by stream at the end: default " in note and " + reduction stream " in note
@@ -117,6 +121,9 @@ def test_the_gpu_note_prints_the_zero_replay_and_what_lies_outside_the_allocator
     assert "954 MiB in   1 on        default  deepspeed/runtime/zero/stage_1_and_2.py:3266" in note
     assert ("#812 1572 MiB on default for 1570.5 MiB: it fit in [1572.0], largest free "
             "1572.0, free waiting []; after transformers/trainer.py:2090 training_step") in note
+    assert ("\n          in its 1572 MiB segment: 1024.0 MiB from deepspeed/runtime/zero/"
+            "stage_1_and_2.py:3266 setup_buckets; 2.0 MiB from a smaller block (free "
+            "waiting)") in note
     peaks = zero_replay.replayed_peaks(shape.hf_config, 256, 8, 2, 2, "optimizer")
     assert peaks is not None and f"reserved {peaks[1] / 2**20:.0f} MiB" in note
     # Without offload the fp32 master partition and the 16-bit gradients stay on the device.

@@ -125,3 +125,31 @@ def test_a_large_segment_says_what_the_cache_held_when_it_was_grown():
              {"action": "alloc", "addr": 5000 * mib, "size": 512, "stream": 0}]
     assert large_segments(tails)[-1]["fits"] == [2 * mib]
     assert large_segments(events, top=1) == rows[:1]
+
+
+def test_a_large_segment_says_what_fills_the_segments_it_could_have_reused():
+    """The question the H200 left: the forward's fp32 logits freed their 1572 MiB segment,
+    yet the backward grew another. Each row names what then occupied the stream's
+    segments as large as the new one: here a reduction bucket carved from the logits'
+    segment, so the backward's request (made with no Python frame) found no room."""
+    mib = 1 << 20
+    logits = 1646821376
+    bucket = 1_000_000_000
+    events = [
+        {"action": "segment_alloc", "addr": 0, "size": 1572 * mib, "stream": 0},
+        {"action": "alloc", "addr": 0, "size": logits, "stream": 0, "frames": [TORCH, MODEL]},
+        {"action": "free_requested", "addr": 0, "size": logits, "stream": 0},
+        {"action": "free_completed", "addr": 0, "size": logits, "stream": 0},
+        {"action": "alloc", "addr": 0, "size": bucket, "stream": 0, "frames": [BUCKET]},
+        {"action": "alloc", "addr": 1200 * mib, "size": 2 * mib, "stream": 0},
+        {"action": "free_requested", "addr": 1200 * mib, "size": 2 * mib, "stream": 0},
+        {"action": "segment_alloc", "addr": 4096 * mib, "size": 1572 * mib, "stream": 0},
+        {"action": "alloc", "addr": 4096 * mib, "size": logits, "stream": 0}]
+    first, backward = large_segments(events)
+    assert first["occupied"] == []  # no segment of its size before it
+    held, = backward["occupied"]  # the new segment is not among them
+    assert held["segment"] == 1572 * mib
+    assert held["blocks"] == [
+        [bucket, "deepspeed/runtime/zero/stage_1_and_2.py:3266 setup_buckets", False],
+        [2 * mib, "a smaller block", True]]
+    assert backward["fits"] == [] and backward["pending"] == [2 * mib]

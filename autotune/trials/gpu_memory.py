@@ -175,7 +175,10 @@ def large_segments(traces: list[dict[str, Any]], min_bytes: int = 512 << 20,
     for but not completed (a block used on another stream waits for that stream). The
     ZeRO replay reuses a freed 1570 MiB block where the H200 grew a segment; this says
     which allocator rule made the difference. `after`: the last allocation with a Python
-    frame before it (the backward's own allocations have none).
+    frame before it (the backward's own allocations have none). `occupied`: the stream's
+    segments at least as large as the new one (the first four) and their largest blocks
+    then (size, where each was allocated, whether its free waits): what took the space a
+    reuse would have needed, such as the forward's freed fp32 logits' segment.
 
     Rebuilt from the history: allocations are rounded to 512 bytes as the allocator
     rounds them, and a stretch of 1 MiB or less between blocks of a large segment is
@@ -185,6 +188,7 @@ def large_segments(traces: list[dict[str, Any]], min_bytes: int = 512 << 20,
     segments torch records no `segment_alloc`, and the list is empty."""
     segments: dict[int, tuple[int, Any]] = {}  # addr -> (size, stream)
     blocks: dict[int, int] = {}  # addr -> size, allocated or waiting to be freed
+    where: dict[int, str] = {}  # addr -> the allocation's caller outside torch
     pending: set[int] = set()
     rows: list[dict[str, Any]] = []
     caller, asked, free_then = None, None, []
@@ -201,15 +205,16 @@ def large_segments(traces: list[dict[str, Any]], min_bytes: int = 512 << 20,
             if size >= min_bytes and len(rows) < top:
                 stream = event.get("stream")
                 free_then = _free_blocks(segments, blocks, stream)
-                after = "start" if caller is None else (
-                    f"{_short(caller.get('filename', '?'))}:{caller.get('line', '?')} "
-                    f"{caller.get('name', '?')}")
+                after = "start" if caller is None else _frame(caller)
                 asked = {"event": i, "segment": size, "request": None, "fits": None,
                          "stream": _stream_key(stream), "after": after,
                          "largest_free": max(free_then, default=0),
                          "pending": sorted((blocks.get(a, 0) for a in pending
                                             if _in_stream(segments, a, stream)),
-                                           reverse=True)[:4], "_addr": addr}
+                                           reverse=True)[:4],
+                         "occupied": _occupants(segments, blocks, where, pending, stream,
+                                                size),
+                         "_addr": addr}
                 rows.append(asked)
             segments[addr] = (size, event.get("stream"))
         elif action == "segment_free":
@@ -217,16 +222,42 @@ def large_segments(traces: list[dict[str, Any]], min_bytes: int = 512 << 20,
         elif action == "alloc":
             blocks[addr] = _rounded(size)
             frames = event.get("frames") or []
-            caller = next((f for f in frames if "/torch/" not in str(f.get("filename", ""))),
-                          caller)  # named where a row is made: most allocations make none
+            own = next((f for f in frames if "/torch/" not in str(f.get("filename", ""))),
+                       None)
+            caller = own or caller  # named where a row is made: most allocations make none
+            if size >= min_bytes // 8:  # only the blocks an `occupied` row can show
+                where[addr] = _frame(own) if own else "no Python frame"
         elif action == "free_requested":
             pending.add(addr)
         elif action == "free_completed":
             pending.discard(addr)
             blocks.pop(addr, None)
+            where.pop(addr, None)
     if asked is not None:
         asked.pop("_addr")
     return rows
+
+
+def _frame(frame: dict[str, Any]) -> str:
+    return (f"{_short(frame.get('filename', '?'))}:{frame.get('line', '?')} "
+            f"{frame.get('name', '?')}")
+
+
+def _occupants(segments: dict[int, tuple[int, Any]], blocks: dict[int, int],
+               where: dict[int, str], pending: set[int], stream: object,
+               size: int) -> list[dict[str, Any]]:
+    """The stream's segments of at least `size` bytes (the first four by address) with
+    their three largest blocks: [bytes, where allocated, free waiting]."""
+    starts = sorted(blocks)
+    out = []
+    for base in sorted(a for a, (n, s) in segments.items() if s == stream and n >= size)[:4]:
+        end = base + segments[base][0]
+        inside = starts[bisect.bisect_left(starts, base):bisect.bisect_left(starts, end)]
+        largest = sorted(inside, key=lambda a: blocks[a], reverse=True)[:3]
+        out.append({"segment": segments[base][0],
+                    "blocks": [[blocks[a], where.get(a, "a smaller block"), a in pending]
+                               for a in largest]})
+    return out
 
 
 def _rounded(size: int) -> int:
