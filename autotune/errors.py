@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class AutotuneError(Exception):
     """Root of the errors autotune raises for conditions a user can act on."""
@@ -32,3 +35,21 @@ class NoResultError(AutotuneError):
 
 class ClusterError(AutotuneError):
     """Ray could not be reached, or cannot place what the search asks for."""
+
+
+def not_allowed(value: object, allowed: Iterable[object], listed_in: str = "",
+                many: int = 20) -> str:
+    """"'x' is not allowed (did you mean 'y'?); allowed: ..." for a value outside a list.
+    For a name, the close match comes first, since a typo is the usual cause; a list
+    longer than `many` is named by where it is defined (`listed_in`: transformers'
+    optimizers, its model types) with its nearest few, since the whole of it buries the
+    one line that matters."""
+    names = [str(a) for a in allowed]
+    text = isinstance(value, str)
+    close = difflib.get_close_matches(value, names, n=1, cutoff=0.6) if text else []
+    said = f"{value!r} is not allowed" + (f" (did you mean {close[0]!r}?)" if close else "")
+    if len(names) > many and listed_in:
+        nearest = (difflib.get_close_matches(value, names, n=5, cutoff=0.0) if text
+                   else names[:5])
+        return f"{said}; allowed: the {len(names)} of {listed_in}, such as {', '.join(nearest)}"
+    return f"{said}; allowed: {', '.join(names)}"

@@ -88,6 +88,8 @@ class Knob:
     # value can): a Liger kernel for a model type it does not cover, packing synthetic
     # rows that have no padding.
     applies: Callable[[Spec], str | None] | None = None
+    # Where a long list of allowed values is defined, named in errors instead of the list
+    listed_in: str = ""
 
     def allowed(self) -> list:
         return list(self.values() if callable(self.values) else self.values)
@@ -159,7 +161,7 @@ def _optim_prior(name: str, device: DeviceSpec, world_size: int) -> float:
 
 OPTIM = Knob(
     "optim", trainer_optimizers, "adamw_torch", "optimizer", "optim", tag=str,
-    training_args=lambda o: {"optim": o},
+    training_args=lambda o: {"optim": o}, listed_in="transformers' OptimizerNames",
     rules=(
         Rule("optim={optim}", "{optim} is a GPU kernel; on CPU it measures nothing its plain "
              "version does not", lambda c, d: optimizer(c.optim).gpu_only and not d.is_cuda),

@@ -12,7 +12,7 @@ import yaml
 
 from autotune import knobs
 from autotune.config import BATCH, Family, TrialConfig
-from autotune.errors import SpecError
+from autotune.errors import SpecError, not_allowed
 
 if TYPE_CHECKING:
     from autotune.plan.device import DeviceSpec
@@ -48,11 +48,25 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _check_values(key: str, values: list, allowed: list, where: str) -> None:
+def _check_values(key: str, values: list, allowed: list, where: str,
+                  listed_in: str = "") -> None:
     for v in values:
         if v not in allowed:
-            raise SpecError(f"search space {where}: {key}: {v!r} is not allowed; allowed: "
-                            f"{', '.join(map(str, allowed))}")
+            raise SpecError(f"search space {where}: {key}: "
+                            f"{not_allowed(v, allowed, listed_in)}")
+
+
+def few_splits(per_rank: int) -> str | None:
+    """A note where a prime per-rank target leaves the search only the micro-batches 1 and
+    the whole target (accumulation is derived, so the effective batch never changes),
+    naming the nearest target with more splits; None otherwise."""
+    if per_rank < 5 or len(_divisors(per_rank)) > 2:
+        return None
+    near = max((n for n in range(per_rank - 3, per_rank + 4) if n > 0),
+               key=lambda n: (len(_divisors(n)), -abs(n - per_rank)))
+    return (f"target_batch_size gives {per_rank} samples per rank, a prime: the only "
+            f"micro-batches are 1 and {per_rank}, so there is little to tune; {near} would "
+            f"allow {len(_divisors(near))} ({', '.join(map(str, _divisors(near)))})")
 
 
 def _values(raw: dict, key: str, default: list, where: str) -> list:
@@ -90,8 +104,7 @@ def load_space(name_or_path: str, target_batch_size: int, world_size: int = 1) -
     allowed_keys = [BATCH, *knobs.names()]
     unknown = sorted(set(raw) - set(allowed_keys))
     if unknown:
-        raise SpecError(f"search space {path.name}: unknown key(s) {unknown}; "
-                        f"allowed: {', '.join(allowed_keys)}")
+        raise SpecError(f"search space {path.name}: key {not_allowed(unknown[0], allowed_keys)}")
     per_rank = target_batch_size // world_size
     batches = raw.get(BATCH, "auto")
     batches = (_divisors(per_rank) if batches == "auto"
@@ -105,7 +118,7 @@ def load_space(name_or_path: str, target_batch_size: int, world_size: int = 1) -
         except SpecError as exc:  # the knob's own message names it
             raise SpecError(f"search space {path.name}: {exc}; allowed: "
                             f"{', '.join(map(str, k.allowed()))}") from None
-        _check_values(k.name, parsed, k.allowed(), path.name)
+        _check_values(k.name, parsed, k.allowed(), path.name, k.listed_in)
         values[k.name] = list(dict.fromkeys(parsed))
     return Space(sorted(int(b) for b in batches), values, str(path))
 

@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from autotune.errors import SpecError
+from autotune.errors import SpecError, not_allowed
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3,
           "gb": 1000**3, "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2,
@@ -339,6 +339,19 @@ class Spec(_Strict):
         return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def _keys_at(loc: tuple) -> list[str]:
+    """The keys the spec allows at `loc` (a path of section names), or none where it does
+    not lead to a section."""
+    section: type[BaseModel] = Spec
+    for name in loc:
+        annotation = section.model_fields.get(str(name))
+        kind = annotation.annotation if annotation else None
+        if not (isinstance(kind, type) and issubclass(kind, BaseModel)):
+            return []
+        section = kind
+    return list(section.model_fields)
+
+
 def _format_error(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
@@ -348,10 +361,14 @@ def _format_error(err: ValidationError) -> str:
             lines.append(msg)
             continue
         if e["type"] == "extra_forbidden":
-            lines.append(f"{where}: unknown key (value {e['input']!r}); check the spelling "
-                         "against the keys in README.md")
+            keys = _keys_at(e["loc"][:-1])
+            lines.append(f"{where}: unknown key (value {e['input']!r})" + (
+                f"; the key {not_allowed(str(e['loc'][-1]), keys)}" if keys else
+                "; check the spelling against the keys in README.md"))
         elif e["type"] == "literal_error":
-            lines.append(f"{where}: {e['input']!r} is not allowed; {msg}")
+            options = re.findall(r"'([^']*)'", str(e.get("ctx", {}).get("expected", "")))
+            lines.append(f"{where}: " + (not_allowed(e["input"], options) if options
+                                          else f"{e['input']!r} is not allowed; {msg}"))
         # Pydantic's own messages never quote the value ("greater than 0" is no echo of 0).
         elif "input" in e and not isinstance(e["input"], dict) and (
                 e["type"] != "value_error" or repr(e["input"]) not in msg):

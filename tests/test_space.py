@@ -65,3 +65,16 @@ def test_fsdp_is_ruled_out_on_cpu_where_trainer_would_run_ddp(tmp_path):
     result = build_space(spec, CPU)
     assert {c.fsdp for c in result.candidates} == {"none"}
     assert "DDP" in result.pruned["fsdp=full_shard on CPU"]
+
+
+def test_a_prime_target_is_noted_with_a_nearby_one_that_splits():
+    """31 samples split only as 1 x 31 and 31 x 1: the search says so, and names the
+    nearest target with the most micro-batches to try."""
+    from autotune.space import few_splits
+
+    note = few_splits(31)
+    assert note is not None and "31 samples per rank, a prime" in note
+    assert "only micro-batches are 1 and 31" in note
+    assert "30 would allow 8 (1, 2, 3, 5, 6, 10, 15, 30)" in note
+    assert few_splits(32) is None and few_splits(12) is None
+    assert few_splits(3) is None  # too small a target for other splits to matter

@@ -52,6 +52,14 @@ def _cli(tmp_path, spec: dict, *args: str):
     (GOOD | {"search": {"storage": "notaurl"}}, ["search.storage", "notaurl", "sqlite:///"]),
     (GOOD | {"search": {"storage": "nosuchdb://x"}}, ["search.storage", "nosuchdb"]),
     (GOOD | {"target_batch_size": 0}, ["target_batch_size: 0: ", "greater than 0"]),
+    # A typo is named with the value it was probably meant to be, before the list.
+    (GOOD | {"search": {"n_trails": 3}}, ["search.n_trails", "did you mean 'n_trials'?",
+                                          "allowed: space, n_trials"]),
+    (GOOD | {"search": {"sampler": "tep"}}, ["search.sampler: 'tep' is not allowed (did you "
+                                             "mean 'tpe'?); allowed: autotune, tpe, gp"]),
+    (GOOD | {"model": {"config": {"model_type": "gtp2"}}},
+     ["model.config.model_type: 'gtp2' is not allowed (did you mean 'gpt2'?)",
+      "transformers.CONFIG_MAPPING"]),
 ])
 def test_bad_spec_fails_naming_the_field(tmp_path, spec, words):
     result = _cli(tmp_path, spec)
@@ -62,12 +70,34 @@ def test_bad_spec_fails_naming_the_field(tmp_path, spec, words):
 
 
 def test_unknown_optimizer_in_space_names_allowed_values(tmp_path):
+    """transformers' 40-odd optimizers are named by where they are listed and the nearest
+    few, a typo's likely meaning first; a space key's typo likewise."""
     space = tmp_path / "space.yaml"
-    space.write_text("optim: [adamw_torch, adamw_turbo]\n")
+    space.write_text("optim: [adamw_torch, adamw_torh]\n")
     result = _cli(tmp_path, GOOD | {"search": {"space": str(space)}})
     assert result.exit_code == 2
-    assert "optim" in result.output and "adamw_turbo" in result.output
-    assert "adamw_torch_fused" in result.output  # the allowed values are listed
+    assert ("optim: 'adamw_torh' is not allowed (did you mean 'adamw_torch'?); allowed: the "
+            in result.output)
+    assert "of transformers' OptimizerNames, such as adamw_torch" in result.output
+    space.write_text("optm: [adamw_torch]\n")
+    result = _cli(tmp_path, GOOD | {"search": {"space": str(space)}})
+    assert result.exit_code == 2
+    assert "key 'optm' is not allowed (did you mean 'optim'?); allowed: " in result.output
+    assert "per_device_train_batch_size" in result.output  # a short list is listed whole
+
+
+def test_a_value_outside_a_list_is_named_with_its_likely_meaning():
+    from autotune.errors import not_allowed
+
+    assert not_allowed("bf61", ["fp32", "bf16", "fp16"]) == (
+        "'bf61' is not allowed (did you mean 'bf16'?); allowed: fp32, bf16, fp16")
+    assert not_allowed("zzz", ["fp32", "bf16"]) == "'zzz' is not allowed; allowed: fp32, bf16"
+    assert not_allowed(5, [1, 2, 4, 8]) == "5 is not allowed; allowed: 1, 2, 4, 8"  # no guess
+    many = [f"name{i}" for i in range(30)]
+    assert not_allowed("name7x", many, "the registry") == (
+        "'name7x' is not allowed (did you mean 'name7'?); allowed: the 30 of the registry, "
+        "such as name7, name27, name17, name9, name8")
+    assert not_allowed("x", many).endswith("name28, name29")  # no source: listed whole
 
 
 @pytest.mark.parametrize(("text", "words"), [

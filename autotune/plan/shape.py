@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.errors import AutotuneError, SpecError
+from autotune.errors import AutotuneError, SpecError, not_allowed
 
 if TYPE_CHECKING:
     from autotune.spec import Spec
@@ -105,7 +105,11 @@ def load_hf_config(model: dict[str, Any]):
 
     if model.get("config"):
         cfg = dict(model["config"])
-        return transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+        kind = cfg.pop("model_type")
+        if kind not in transformers.CONFIG_MAPPING:
+            raise SpecError("model.config.model_type: " + not_allowed(
+                kind, sorted(transformers.CONFIG_MAPPING.keys()), "transformers.CONFIG_MAPPING"))
+        return transformers.AutoConfig.for_model(kind, **cfg)
     if model.get("name_or_path"):
         return transformers.AutoConfig.from_pretrained(str(Path(model["name_or_path"])
                                                            .expanduser()))

@@ -19,7 +19,7 @@ from autotune.errors import SetupError, SpecError
 from autotune.plan.calibration import MemoryModel
 from autotune.plan.device import DeviceSpec, local_device, memory_limit
 from autotune.plan.shape import ModelShape, model_shape
-from autotune.space import Space, build_space, load_space
+from autotune.space import Space, build_space, few_splits, load_space
 from autotune.spec import Spec, load_spec, parse_duration
 from autotune.summary import Summary
 from autotune.trials.executor import Executor, RayExecutor
@@ -119,6 +119,8 @@ def _search(spec: Spec, shape: ModelShape | None, space_file: Space, device: Dev
     if not space.candidates:
         raise SpecError("the search space has no config this device can run: "
                         + "; ".join(f"{k}: {v}" for k, v in space.pruned.items()))
+    if note := few_splits(spec.target_batch_size // spec.world_size):
+        logger.warning(note)
     output = Path(spec.output)
     output.mkdir(parents=True, exist_ok=True)
     limit = memory_limit(device, spec.hardware.budget_bytes(), parallel=executor.capacity)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import optuna
 
 from autotune.config import ACCUMULATION, BATCH, TrialConfig, accumulation
-from autotune.errors import SpecError
+from autotune.errors import SpecError, not_allowed
 from autotune.records import Record
 from autotune.tuning.strategies.base import Proposal, SearchContext, Strategy
 from autotune.tuning.strategies.baseline import BaselineProbe
@@ -38,8 +38,7 @@ def make_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
         return optuna.samplers.GPSampler(seed=seed)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
-    raise SpecError(f"search.sampler: {name!r} is not an Optuna sampler; allowed: "
-                    f"{', '.join(SAMPLERS)}")
+    raise SpecError(f"search.sampler: {not_allowed(name, SAMPLERS)}")
 
 
 class SamplerStrategy(Strategy):
