@@ -30,11 +30,13 @@ class _Misbehaving(GPT2LMHeadModel):
     action: str = "crash"
     bad_batch: int = 8
     hang_marker: str | None = None  # touched as it starts to hang
+    ballast: int = 0  # host bytes written just before it hangs
 
     def forward(self, input_ids=None, **kwargs):
         if input_ids is not None and input_ids.shape[0] == self.bad_batch:
             if self.action == "crash":
                 os.kill(os.getpid(), signal.SIGSEGV)
+            self._held = b"\x01" * self.ballast  # written, so resident: the RSS grows
             if self.hang_marker:
                 Path(self.hang_marker).touch()
             time.sleep(3600)  # hang
@@ -101,4 +103,5 @@ def stalls_the_first_time(config):
         model.bad_batch = -1  # never matches: a normal model
     else:
         model.action, model.bad_batch, model.hang_marker = "hang", 4, config.stall_marker
+        model.ballast = getattr(config, "stall_ballast", 0)
     return model

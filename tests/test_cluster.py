@@ -403,7 +403,10 @@ def test_a_gpu_trial_the_host_kills_is_lost_under_its_share_and_a_host_oom_at_it
     share of the host's RAM. Under it: `lost`. At it: an OOM of host memory, which the GPU
     memory model does not learn. The real launcher and worker run a GPU trial's request
     (no budget on the host, the node's RAM shared among `node_trials`); only the GPU is
-    missing, and a SIGKILL stands in for the kernel."""
+    missing, and a SIGKILL stands in for the kernel. The stalled trial holds 96 MiB more
+    than it started with, past its host watch's 64 MiB step (a tiny model alone may not
+    move the figure from its first reading, which can be at or under nothing: `lost` at
+    any share, as a loaded machine once showed)."""
     from autotune.config import Family
     from autotune.plan.calibration import MemoryModel
     from autotune.plan.device import named_device
@@ -413,7 +416,8 @@ def test_a_gpu_trial_the_host_kills_is_lost_under_its_share_and_a_host_oom_at_it
     from tests.conftest import trial_request
 
     tiny_spec["model"] = {"factory": "tests.factories:stalls_the_first_time", "config": {
-        **tiny_spec["model"]["config"], "stall_marker": str(tmp_path / "stalled")}}
+        **tiny_spec["model"]["config"], "stall_marker": str(tmp_path / "stalled"),
+        "stall_ballast": 96 << 20}}
     request = trial_request(tiny_spec, TrialConfig(4, 4))
     request.on_cpu, request.node_trials = False, node_trials  # as a GPU node sends it
 
