@@ -51,6 +51,14 @@ GRACE_S = 20  # a step is interrupted (Ctrl-C) this long before its box ends, th
 FINISH_S = 15  # kept back for the landscape and the report after the last step
 
 
+def boxes_for(wanted: set[str], boxes: dict[str, int]) -> dict[str, int]:
+    """Each asked-for step's box, with the time of the steps left out shared among them in
+    proportion: `--only memory` may take the whole call (its rows are no longer cut at
+    two minutes), and every box is still cut to what is left of the call."""
+    asked = sum(boxes[s] for s in wanted)
+    return {s: boxes[s] * sum(boxes.values()) // asked for s in wanted}
+
+
 def _bert_spec(rehearse: bool, out: Path) -> dict:
     """The seeds' benchmark: BERT-large for sequence classification, seq 512, dummy data,
     target batch 4 (the vanilla run's batch, accumulation 1)."""
@@ -363,7 +371,7 @@ def main() -> int:
         print("no CUDA device: run with --rehearse to prove the steps on CPU",
               file=sys.stderr)
         return 2
-    boxes = REHEARSAL_BOXES if args.rehearse else GPU_BOXES
+    boxes = boxes_for(wanted, REHEARSAL_BOXES if args.rehearse else GPU_BOXES)
     budget = args.budget if args.budget is not None else (None if args.rehearse
                                                           else GPU_BUDGET_S)
     t0 = float(os.environ.get("GPU_PROOF_T0") or started)

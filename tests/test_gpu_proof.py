@@ -102,6 +102,19 @@ def test_the_boxes_fit_the_call_with_the_install_as_an_h200_took_it():
     assert sum(gpu_proof.GPU_BOXES.values()) + 25 <= gpu_proof.GPU_BUDGET_S
 
 
+def test_steps_asked_for_alone_take_the_time_of_those_left_out():
+    """`--only memory` gets the call's steps' whole time (its offload rows at batches 8
+    and 16 ran about 90 s beside each other, close to its two-minute box); all the steps
+    keep their boxes; two share the rest in proportion."""
+    boxes = gpu_proof.GPU_BOXES
+    total = sum(boxes.values())
+    assert gpu_proof.boxes_for(set(boxes), boxes) == boxes
+    assert gpu_proof.boxes_for({"memory"}, boxes) == {"memory": total}
+    two = gpu_proof.boxes_for({"bert", "gpt2_search"}, boxes)
+    assert sum(two.values()) <= total and two["bert"] > boxes["bert"]
+    assert abs(two["bert"] / two["gpt2_search"] - boxes["bert"] / boxes["gpt2_search"]) < 0.01
+
+
 def test_the_landscape_folds_confirmation_runs_into_one_row_per_config(tmp_path):
     """The H200's GPT-2 search (reports/gpt2-h200): 10 measured runs of 4 configs, three
     of them the baseline's probes at other effective batches than the target's 64."""
