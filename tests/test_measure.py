@@ -12,7 +12,7 @@ import torch
 
 from autotune.config import TrialConfig
 from autotune.plan.device import DeviceSpec, named_device
-from autotune.records import Outcome, Record
+from autotune.records import CONFIRM_REASON, Outcome, Record
 from autotune.space import Space, build_space
 from autotune.spec import load_spec
 from autotune.trials.launch import _classify
@@ -130,7 +130,7 @@ def test_confirmation_picks_the_winner_on_medians_with_an_interval():
         for n in (1, 2, 0):
             r = searched[n] if n else searched[0]
             history.append(Record(r.config, Outcome("ok", samples_per_second=runs[n][rep]),
-                                  confirm.REASON, 10 + len(history)))
+                                  CONFIRM_REASON, 10 + len(history)))
     c = confirm.summarise(history, 3, 8, 16)
     assert c.winner == searched[2].config  # the single best measurement did not hold up
     assert c.speedup == pytest.approx(14.1 / 10.0)
@@ -161,7 +161,7 @@ def test_a_baseline_chain_config_is_the_reference_never_the_winner():
     roles = [(role, r.number) for role, r in confirm.contenders(searched, 16)]
     assert roles == [("best", 2), ("baseline", 0)]
     history = list(searched) + [
-        Record(searched[n].config, Outcome("ok", samples_per_second=sps), confirm.REASON,
+        Record(searched[n].config, Outcome("ok", samples_per_second=sps), CONFIRM_REASON,
                10 + i) for i, (n, sps) in enumerate([(2, 26.0), (0, 27.5), (2, 26.2)])]
     c = confirm.summarise(history, 2, 8, 16)
     assert c.winner == searched[2].config and c.speedup < 1  # said as it is
@@ -178,7 +178,7 @@ def test_a_baseline_that_trains_the_target_and_confirms_fastest_is_the_winner():
                 _rec(1, "fp32", [], batch=8, sps=10.4)]
     assert [role for role, _ in confirm.contenders(searched, 16)] == ["best", "baseline"]
     history = list(searched) + [
-        Record(searched[n].config, Outcome("ok", samples_per_second=sps), confirm.REASON,
+        Record(searched[n].config, Outcome("ok", samples_per_second=sps), CONFIRM_REASON,
                10 + i) for i, (n, sps) in enumerate([(1, 9.8), (0, 10.3), (1, 9.9), (0, 10.1)])]
     c = confirm.summarise(history, 2, 8, 16)
     assert c.winner == searched[0].config
@@ -225,7 +225,7 @@ def test_a_baseline_is_no_winner_in_place_of_contenders_whose_confirmation_faile
     searched = [_rec(0, "fp32", [], batch=14, reason="baseline", sps=20.0),
                 _rec(1, "fp32", [], batch=4, sps=24.0)]
     history = list(searched) + [
-        Record(c, o, confirm.REASON, 10 + i) for i, (c, o) in enumerate([
+        Record(c, o, CONFIRM_REASON, 10 + i) for i, (c, o) in enumerate([
             (searched[1].config, Outcome("oom")), (searched[0].config,
                                                    Outcome("ok", samples_per_second=19.0)),
             (searched[1].config, Outcome("oom")), (searched[0].config,
@@ -263,7 +263,7 @@ def test_a_baseline_that_runs_out_of_memory_in_a_longer_run_moves_down_its_chain
         asked.append(b)
         sps = figures[b].pop(0)
         outcome = Outcome("ok", samples_per_second=sps) if sps else Outcome("oom")
-        history.append(Record(proposal.config, outcome, confirm.REASON, len(history)))
+        history.append(Record(proposal.config, outcome, CONFIRM_REASON, len(history)))
     assert asked == [4, 16, 14, 4, 14]  # round-robin; the OOM moved the baseline to 14
     assert strategy.ask(history) is None
     assert (tmp_path / "b14x1-fp32-adamw_torch" / "training_args.json").exists()
@@ -314,13 +314,13 @@ def test_time_is_held_back_for_confirmation_only_once_there_is_something_to_conf
         pytest.approx(3 * (7.72 + 2.06)))
     # A resumed study: the confirmation runs an earlier session made are not paid again.
     done = [Record(TrialConfig.of(8, 2), Outcome("ok", samples_per_second=18.0),
-                   confirm.REASON, 50 + i) for i in range(2)]
+                   CONFIRM_REASON, 50 + i) for i in range(2)]
     done.append(Record(TrialConfig.of(14, 1), Outcome("ok", samples_per_second=11.0),
-                       confirm.REASON, 52))
+                       CONFIRM_REASON, 52))
     assert confirm.cost_seconds(confirm.contenders(history, 16), 3, history=history + done) == (
         pytest.approx(1 * (7.72 + 2.06) + 2 * (6.76 + 1.62)))
     more = [Record(TrialConfig.of(8, 2), Outcome("ok", samples_per_second=18.0),
-                   confirm.REASON, 60 + i) for i in range(3)]
+                   CONFIRM_REASON, 60 + i) for i in range(3)]
     assert confirm.cost_seconds(confirm.contenders(history, 16), 3,
                                 history=history + done + more) == pytest.approx(
         2 * (6.76 + 1.62))  # the best owes none; never less than nothing

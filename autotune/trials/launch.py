@@ -11,6 +11,7 @@ for every trial under AUTOTUNE_COLD_TRIALS=1.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import shutil
@@ -186,13 +187,10 @@ def sweep_orphans(root: Path | None = None, now: float | None = None) -> list[Pa
     return removed
 
 
-_swept: list[bool] = []  # this process swept already: once is enough, not every trial
-
-
+@functools.cache
 def _sweep_once() -> None:
-    if not _swept:
-        _swept.append(True)
-        sweep_orphans()
+    """`sweep_orphans` once per launching process: not before every trial."""
+    sweep_orphans()
 
 
 def _run_trial(request: TrialRequest) -> Outcome:

@@ -23,7 +23,6 @@ from autotune.tuning.strategies.base import Proposal, SearchContext, Strategy
 if TYPE_CHECKING:
     from autotune.spec import Spec
 
-REASON = CONFIRM_REASON
 RUNNER_UP_WITHIN = 0.05  # single measurements this close to the best may be the best
 MAX_RUNNER_UPS = 2
 STEPS_FACTOR = 2  # confirmation trials time this many times the search's steps
@@ -100,7 +99,7 @@ class ConfirmStrategy(Strategy):
     """Proposes the contenders round-robin until each has `repeats` confirmation trials
     (counting those of an earlier session of the study)."""
 
-    name = REASON
+    name = CONFIRM_REASON
 
     def __init__(self, ctx: SearchContext, spec: Spec, folder: Path,
                  picked: list[tuple[str, Record]], repeats: int, on_cpu: bool) -> None:
@@ -136,7 +135,7 @@ class ConfirmStrategy(Strategy):
         if not open_:
             return None
         config = min(open_, key=lambda c: open_[c])  # round-robin: interleaved repeats
-        return Proposal(config, REASON, repeat=True, overrides={
+        return Proposal(config, CONFIRM_REASON, repeat=True, overrides={
             "training_args": self._exported(config), "steps": self.steps})
 
 

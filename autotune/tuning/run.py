@@ -19,6 +19,7 @@ from autotune.errors import SetupError, SpecError
 from autotune.plan.calibration import MemoryModel
 from autotune.plan.device import DeviceSpec, local_device, memory_limit
 from autotune.plan.shape import ModelShape, model_shape
+from autotune.records import CONFIRM_REASON
 from autotune.space import Space, build_space, few_splits, load_space
 from autotune.spec import Spec, load_spec, parse_duration
 from autotune.summary import Summary
@@ -134,7 +135,7 @@ def _search(spec: Spec, shape: ModelShape | None, space_file: Space, device: Dev
                         limit, shape, spec.search.seed)
     ctx.baseline_chain = baseline_chain(ctx)
     strategy = make_strategy(spec.search.sampler, ctx, log)
-    owed = [(c, why) for c, why in log.abandoned() if why != confirm.REASON]
+    owed = [(c, why) for c, why in log.abandoned() if why != CONFIRM_REASON]
     if owed:
         strategy = Resume(strategy, owed)
     if isinstance(executor, RayExecutor):
