@@ -426,11 +426,11 @@ def test_a_confirmation_cut_short_says_how_many_runs_it_made() -> None:
     assert "were to run 3 more times each (5 of those runs are missing" in text
     # Two contenders measured once each: their ratio is a speedup, with no interval.
     summary.confirmation.rows[1].samples_per_second.append(47.1)
-    from autotune.records import Outcome, Record
+    from autotune.records import CONFIRM_REASON, Outcome, Record
     from autotune.tuning import confirm
 
     history = list(summary.trials) + [
-        Record(r.config, Outcome("ok", samples_per_second=sps), confirm.REASON, 900 + i)
+        Record(r.config, Outcome("ok", samples_per_second=sps), CONFIRM_REASON, 900 + i)
         for i, (r, sps) in enumerate([(best, 124.1), (base, 47.1)])]
     c = confirm.summarise(history, 3, 8, summary.per_rank_target)
     assert c.speedup == pytest.approx(124.1 / 47.1) and c.speedup_low is None
