@@ -227,7 +227,9 @@ def memory_step(rehearse: bool, out: Path) -> None:
     the rehearsal)."""
     cmd = [sys.executable, str(ROOT / "benchmarks" / "memory_accuracy.py"), "--proof",
            "--parallel", "2" if rehearse else "4"]  # CI proves the threaded path too
-    subprocess.run(cmd, check=True, cwd=ROOT)
+    # The ZeRO rows' allocator histories come back in the tarball, to replay against here.
+    env = os.environ | {"AUTOTUNE_MEMORY_TRACES": str(out / "allocator-traces")}
+    subprocess.run(cmd, check=True, cwd=ROOT, env=env)
 
 
 class _Report:

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import sys
 
-from autotune.trials.gpu_memory import large_segments, reserved_by_stream, segment_growth
+from autotune.trials.gpu_memory import (
+    large_segments,
+    load_trace,
+    reserved_by_stream,
+    save_trace,
+    segment_growth,
+)
 
 SITE = "/venv/lib/python3.12/site-packages"
 TORCH = {"filename": f"{SITE}/torch/nn/functional.py", "line": 10, "name": "gelu"}
@@ -30,6 +36,25 @@ def test_reserved_bytes_are_summed_per_streams_pool():
     assert reserved_by_stream(segments, 0) == {"default": 22 << 20, "0x55d0c0de": 64 << 20}
     assert reserved_by_stream(segments, 1) == {"default": 8 << 20}
     assert reserved_by_stream([], 0) == {}
+
+
+def test_a_saved_history_keeps_every_event_in_order_with_its_frames(tmp_path):
+    """The history as it comes back from a GPU: every event, with the innermost frame
+    outside torch and the innermost of all, under a file name made of the trial's label."""
+    events = [{"action": "segment_alloc", "addr": 1 << 30, "size": 954 << 20, "stream": 0,
+               "frames": [TORCH, BUCKET]},
+              {"action": "alloc", "addr": 1 << 30, "size": 1000, "stream": 0x7F00,
+               "frames": [BUCKET]},
+              {"action": "free_requested", "addr": 1 << 30, "size": 1000, "stream": 0,
+               "frames": []}]
+    path = save_trace(events, tmp_path / "traces", "b8x4 bf16 z2 off:optimizer")
+    assert path.name == "b8x4_bf16_z2_off_optimizer.jsonl.gz"
+    bucket = "deepspeed/runtime/zero/stage_1_and_2.py:3266 setup_buckets"
+    assert load_trace(path) == [
+        ["segment_alloc", 1 << 30, 954 << 20, "default", bucket,
+         "torch/nn/functional.py:10 gelu"],
+        ["alloc", 1 << 30, 1000, "0x7f00", bucket, bucket],
+        ["free_requested", 1 << 30, 1000, "default", None, None]]
 
 
 def test_segments_grown_are_summed_by_the_caller_outside_torch_and_stream():

@@ -6,7 +6,11 @@ returns, so they are tested without a GPU."""
 from __future__ import annotations
 
 import bisect
+import gzip
+import json
 import os
+import re
+from pathlib import Path
 from typing import Any
 
 # Allocation events the allocator's history keeps: a ring, whose oldest go first, and the
@@ -55,12 +59,13 @@ def reserved_by_stream(segments: list[dict[str, Any]], device: int) -> dict[str,
     return held
 
 
-def gpu_memory(index: int, history: bool = False) -> tuple[int, dict[str, Any]]:
+def gpu_memory(index: int, history: bool = False, name: str = "") -> tuple[int, dict[str, Any]]:
     """Allocator peak plus what the allocator does not see (CUDA context, cuBLAS
     workspaces, NCCL buffers), which NVML reports for the process. The GPU is found in
     NVML by its UUID: torch's index differs from NVML's when CUDA_VISIBLE_DEVICES remaps
     them. Where NVML cannot tell, the figure says "unavailable", never 0. With `history`
-    (record_history started it), where the allocator's segments were asked for too."""
+    (record_history started it), where the allocator's segments were asked for too, and
+    the history itself saved as `name` where AUTOTUNE_MEMORY_TRACES names a folder."""
     import torch
 
     reserved_peak = torch.cuda.max_memory_reserved()
@@ -73,7 +78,7 @@ def gpu_memory(index: int, history: bool = False) -> tuple[int, dict[str, Any]]:
         extra["pinned_host_peak"] = int(torch.cuda.host_memory_stats()["allocated_bytes.peak"])
     except Exception as exc:  # noqa: BLE001 - older torch: the device figures stand
         extra["pinned_host_peak"] = f"unavailable: {type(exc).__name__}"[:100]
-    extra |= _segments(index, history)
+    extra |= _segments(index, history, name)
     try:
         import pynvml
 
@@ -94,7 +99,7 @@ def gpu_memory(index: int, history: bool = False) -> tuple[int, dict[str, Any]]:
     return reserved_peak + overhead, extra
 
 
-def _segments(index: int, history: bool) -> dict[str, Any]:
+def _segments(index: int, history: bool, name: str = "") -> dict[str, Any]:
     """The cache's segments per stream's pool and, with `history`, where they were grown
     from (the history then stops). Figures beside the peak, never the trial's failure."""
     import torch
@@ -111,6 +116,10 @@ def _segments(index: int, history: bool) -> dict[str, Any]:
                       "history_events": len(traces),
                       # a full ring has dropped its oldest events: the first segments' among them
                       "history_full": len(traces) >= HISTORY_ENTRIES}
+            folder = os.environ.get("AUTOTUNE_MEMORY_TRACES")
+            if folder:
+                extra["trace_file"] = _guarded(
+                    lambda t: str(save_trace(t, Path(folder), name or str(os.getpid()))), traces)
     except Exception as exc:  # noqa: BLE001
         said = f"unavailable: {type(exc).__name__}: {exc}"[:200]
         extra = {"reserved_by_stream": said} | ({"segment_growth": said} if history else {})
@@ -118,6 +127,31 @@ def _segments(index: int, history: bool) -> dict[str, Any]:
         if history:
             torch.cuda.memory._record_memory_history(enabled=None)
     return extra
+
+
+def save_trace(traces: list[dict[str, Any]], folder: Path, name: str) -> Path:
+    """The allocator's history as gzipped JSON lines, one event each: [action, address,
+    bytes, stream, the innermost frame outside torch, the innermost frame]. What the
+    summaries above leave out (every block's place, in order), kept so a disagreement with
+    the replay can be followed event by event on a machine without a GPU
+    (benchmarks/allocator_trace.py), at about 1 MB per trial."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / (re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") + ".jsonl.gz")
+    with gzip.open(path, "wt") as f:
+        for event in traces:
+            frames = event.get("frames") or []
+            own = next((x for x in frames if "/torch/" not in str(x.get("filename", ""))), None)
+            f.write(json.dumps([event.get("action"), event.get("addr"),
+                                int(event.get("size", 0)), _stream_key(event.get("stream")),
+                                _frame(own) if own else None,
+                                _frame(frames[0]) if frames else None]) + "\n")
+    return path
+
+
+def load_trace(path: Path) -> list[list[Any]]:
+    """`save_trace`'s events."""
+    with gzip.open(path, "rt") as f:
+        return [json.loads(line) for line in f]
 
 
 def _stream_key(stream: object) -> str:

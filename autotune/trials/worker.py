@@ -281,7 +281,7 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
     outcome.wall_seconds = time.time() - started
     outcome.extra |= {"started_at": started, "ended_at": time.time()}
     if cuda:
-        peak, extra = gpu_memory(torch.cuda.current_device(), history)
+        peak, extra = gpu_memory(torch.cuda.current_device(), history, cfg.label())
         outcome.peak_memory_bytes = peak
         outcome.extra |= extra
     else:
