@@ -226,7 +226,8 @@ def compare_h100() -> None:
     from autotune.spec import load_spec
 
     def replay(model: MemoryModel, c: Any, streams: bool) -> Any:
-        return zero_replay.trial_replay(model.shape, c, model.attention_kernel(c), streams)
+        return zero_replay.trial_replay(model.shape, c, model.attention_kernel(c),
+                                        model.device.compute_capability, streams)
 
     class OnePool(MemoryModel):
         def _zero_peaks(self, c):  # noqa: ANN001, ANN202 - Physics' own signature

@@ -31,9 +31,9 @@ for c, measured in by[name]:
     if m.zero_replayed(c):
         ev = zero_replay.emulated(shape.hf_config, shape.seq_len, c.per_device_train_batch_size,
                                   c.gradient_accumulation_steps, c.zero_stage, c.offload, True,
-                                  c.optim, att)
+                                  c.optim, att, capability=dev.compute_capability)
         h = hashlib.sha1(repr(ev).encode()).hexdigest()[:10]
-        a = zero_replay.trial_replay(shape, c, att)
+        a = zero_replay.trial_replay(shape, c, att, dev.compute_capability)
         line += [len(ev), h, round(a.peak_allocated / 2**20), round(a.peak_reserved / 2**20),
                  {k: round(v / 2**20) for k, v in a.reserved_by_stream.items()}]
     print(*line)

@@ -55,7 +55,7 @@ def main() -> None:
             events = zero_replay.emulated(
                 shape.hf_config, shape.seq_len, c.per_device_train_batch_size,
                 c.gradient_accumulation_steps, c.zero_stage, c.offload, True, c.optim,
-                physics.attention_kernel(c))
+                physics.attention_kernel(c), capability=dev.compute_capability)
             streams = zero_replay.on_reduction_stream(c.zero_stage)
             base = allocator.replay(events, streams).peak_reserved // MiB
             peaks = sorted(allocator.replay(jittered(events, random.Random(seed)),

@@ -3,12 +3,17 @@ splitting and merging, and the replayed peak of a traced model's training steps.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from autotune.config import TrialConfig
 from autotune.optimizers import ADAM, optimizer
 from autotune.plan import zero_replay
 from autotune.plan.allocator import (
     CachingAllocator,
     TracedStep,
+    blas_workspaces,
     ddp_buckets,
     replay,
     training_events,
@@ -22,6 +27,7 @@ from autotune.plan.memory import (
 )
 from autotune.plan.shape import load_hf_config, shape_from_hf_config
 from autotune.plan.step_trace import _deepened, _record, trace_step
+from autotune.trials.gpu_memory import load_trace
 
 MiB = 2**20
 GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 512,
@@ -153,7 +159,8 @@ def test_physics_replays_plain_trainer_steps_on_a_gpu_only():
     # ZeRO-1/2 in 16-bit: the engine's emulation beside the native 16-bit step, replayed
     # with a pool per stream, and NCCL's communicator beside it.
     zero2 = TrialConfig.of(4, 4, precision="bf16", zero_stage=2)
-    _, reserved = zero_replay.replayed_peaks(shape.hf_config, 64, 4, 4, 2, "none")
+    _, reserved = zero_replay.replayed_peaks(shape.hf_config, 64, 4, 4, 2, "none",
+                                             capability=(9, 0))
     assert h100.reserved_peak(zero2) == reserved
     assert abs(h100.physics(zero2).total_bytes - h100.reserved_peak(zero2)
                - CUDA_RUNTIME_BYTES - NCCL_COMM_BYTES) < 16
@@ -253,3 +260,71 @@ def test_a_failing_replay_leaves_the_allowance_not_an_error(monkeypatch):
     h100 = Physics(shape, named_device("H100"))
     c = TrialConfig.of(4, 4, precision="bf16")
     assert h100.reserved_peak(c) is None and h100.physics(c).total_bytes > 0
+
+
+def test_cublas_workspaces_are_sized_as_torch_sizes_them():
+    """CublasHandlePool.cpp: 32 MiB on Hopper and Blackwell, `:4096:2:16:8` elsewhere and
+    where the device is not known; the environment variables override both."""
+    assert blas_workspaces((9, 0), {}) == {"cublas": 32 * MiB, "cublaslt": MiB}
+    assert blas_workspaces((10, 0), {})["cublas"] == blas_workspaces((12, 0), {})["cublas"]
+    assert blas_workspaces((8, 0), {})["cublas"] == 8 * MiB + 128 * 1024
+    assert blas_workspaces(None, {})["cublas"] == 8519680
+    assert blas_workspaces((9, 0), {"CUBLAS_WORKSPACE_CONFIG": ":4096:2:16:8",
+                                    "CUBLASLT_WORKSPACE_SIZE": "4096"}) == {
+        "cublas": 8519680, "cublaslt": 4 * MiB}
+
+
+def test_each_threads_first_matmul_makes_a_workspace_kept_for_the_process():
+    """The trace marks the forward's first matmul (cuBLAS and, with a bias, cuBLASLt) and
+    the backward's (autograd's own thread on a GPU), right after the op's output; the
+    replay makes each once, in the first micro-batch, and never frees it."""
+    step = trace_step(GPT2, "causal-lm", 64, "autocast16", False, "sdpa", True)
+    marks = [(i, key[0]) for i, (kind, key, _, _) in enumerate(step.first)
+             if kind == "workspace"]
+    assert [m for _, m in marks] == [("cublas", "forward"), ("cublaslt", "forward"),
+                                     ("cublas", "backward")]
+    assert step.first[marks[0][0] - 1][0] == "alloc"  # the matmul's output came first
+    sizes = blas_workspaces((9, 0), {})
+    events = training_events(step, 4, 2, ADAM.states_of, 4, workspaces=sizes)
+    made = [(kind, key) for kind, key, _ in events if isinstance(key, tuple)
+            and key[:1] == ("workspace",)]
+    assert made == [("alloc", ("workspace", m)) for _, m in marks]  # two steps, four passes
+    without = replay(training_events(step, 4, 2, ADAM.states_of, 4))
+    assert (replay(events).peak_allocated - without.peak_allocated
+            == 2 * sizes["cublas"] + sizes["cublaslt"])
+
+
+TRACES = Path(__file__).resolve().parents[1] / "benchmarks" / "allocator_traces"
+GPT2_124M = {"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12,
+             "vocab_size": 50257, "n_positions": 1024}
+
+
+@pytest.mark.parametrize(("trace", "offload"), [
+    ("h100-gpt2-124m-s1024-b8x4-z2-offload.jsonl.gz", "optimizer"),
+    ("h100-gpt2-124m-s1024-b8x4-z2.jsonl.gz", "none")])
+def test_the_replay_grows_the_large_segments_an_h100_grew(trace, offload):
+    """Held to the allocator history of two ZeRO-2 trials on an H100 (the GPU proof's
+    memory step): the workspaces the device kept are torch's for Hopper, and with them the
+    replay grows the device's large segments in its order. Without the backward's
+    workspace the offload row's next micro-batch reused the freed 1572 MiB logits segment
+    the device could not (a 32 MiB block split it), one segment short."""
+    events = load_trace(TRACES / trace)
+    live: dict[int, list] = {}
+    for e in events:
+        if e[0] == "alloc":
+            live[e[1]] = e
+        elif e[0] == "free_requested":
+            live.pop(e[1], None)
+    outside_deepspeed = sorted((e[2], e[4] is None) for e in live.values()
+                               if MiB <= e[2] <= 64 * MiB)
+    sizes = blas_workspaces((9, 0), {})
+    assert outside_deepspeed == sorted([(sizes["cublaslt"], False), (sizes["cublas"], False),
+                                        (sizes["cublas"], True)])  # True: autograd's thread
+    large = [e[2] for e in events if e[0] == "segment_alloc" and e[2] >= 512 * MiB]
+    shape = shape_from_hf_config(load_hf_config({"config": GPT2_124M}), 1024)
+    config = TrialConfig.of(8, 4, precision="bf16", zero_stage=2, offload=offload)
+    attention = Physics(shape, named_device("H100")).attention_kernel(config)
+    replayed = zero_replay.trial_replay(shape, config, attention, (9, 0))
+    assert [n for s, n, _ in replayed.grown if n >= 512 * MiB] == large
+    grown = sum(e[2] for e in events if e[0] == "segment_alloc")
+    assert abs(sum(n for _, n, _ in replayed.grown) - grown) < 0.03 * grown

@@ -39,6 +39,43 @@ REPLAYED = 2
 # A traced step as the allocator sees it: ("alloc", key, bytes) or ("free", key, 0).
 Event = tuple[str, object, int]
 DEFAULT_STREAM = 0
+# cuBLASLt's workspace (CUBLASLT_WORKSPACE_SIZE's default, 1024 KiB): the H100's history
+# (torch 2.11) shows it beside cuBLAS's at the forward's first matmul with a bias.
+CUBLASLT_WORKSPACE = 1 << 20
+
+
+def blas_workspaces(capability: tuple[int, int] | None,
+                    environ: dict[str, str] | None = None) -> dict[str, int]:
+    """The bytes of the cuBLAS and cuBLASLt workspaces torch allocates through the caching
+    allocator, one per thread that runs a matmul (CublasHandlePool.cpp): 32 MiB on Hopper
+    and Blackwell (compute capability 9, 10, 12), else `:4096:2:16:8` (8 MiB + 128 KiB),
+    or what CUBLAS_WORKSPACE_CONFIG and CUBLASLT_WORKSPACE_SIZE (KiB) say. They live for
+    the process, so the training step's two (forward and backward threads) sit in the
+    segments the activations use: on the H100 the backward's split a freed 1570 MiB logits
+    block, and the next micro-batch grew a segment the replay without them reused."""
+    import os
+    import re
+
+    env = os.environ if environ is None else environ
+    major = capability[0] if capability else 0
+    cublas = (4096 * 8 if major in (9, 10, 12) else 4096 * 2 + 16 * 8) * 1024
+    pairs = re.findall(r":([0-9]+):([0-9]+)", env.get("CUBLAS_WORKSPACE_CONFIG", ""))
+    if pairs:
+        cublas = sum(int(size) * int(count) for size, count in pairs) * 1024
+    lt = env.get("CUBLASLT_WORKSPACE_SIZE", "")
+    return {"cublas": cublas,
+            "cublaslt": int(lt) * 1024 if lt.isdigit() else CUBLASLT_WORKSPACE}
+
+
+def workspace_event(key: tuple[str, str], made: set, workspaces: dict[str, int] | None
+                    ) -> list[Event]:
+    """A traced workspace mark as an allocation: the first time each thread's is met in
+    the replayed steps (a process makes it once), never freed; none without `workspaces`
+    (what replays made before the marks, and tests of other rules, leave out)."""
+    if workspaces is None or key in made:
+        return []
+    made.add(key)
+    return [("alloc", ("workspace", key), workspaces[key[0]])]
 
 
 class _Block:
@@ -63,6 +100,7 @@ class CachingAllocator:
         self.reserved = self.allocated = 0
         self.peak_reserved = self.peak_allocated = 0
         self.reserved_by_stream: dict[int, int] = {}
+        self.grown: list[tuple[int, int, object]] = []  # (stream, bytes, key) per segment
 
     def malloc(self, key: object, nbytes: int, stream: int = DEFAULT_STREAM) -> None:
         if nbytes <= 0:
@@ -79,6 +117,7 @@ class CachingAllocator:
             self._next_addr += block.size
             self.reserved += block.size
             self.reserved_by_stream[stream] = self.reserved_by_stream.get(stream, 0) + block.size
+            self.grown.append((stream, block.size, key))
             self.peak_reserved = max(self.peak_reserved, self.reserved)
         rest = block.size - size
         if rest > (MIN_BLOCK - 1 if small else SMALL_SIZE):
@@ -172,7 +211,8 @@ class TracedStep:
 def training_events(step: TracedStep, batch: int, accumulation: int,
                     states_of: Callable[[int, bool], tuple[float, ...]],
                     step_temporary_bytes: float, steps: int = REPLAYED,
-                    ddp: bool = False) -> list[Event]:
+                    ddp: bool = False, workspaces: dict[str, int] | None = None
+                    ) -> list[Event]:
     """The allocations of a trial: the model loaded, then `steps` optimizer steps of
     `accumulation` micro-batches each. The optimizer's states come at the first step
     (`states_of(elements, is_embedding)`: bytes per element of each state tensor a
@@ -181,9 +221,10 @@ def training_events(step: TracedStep, batch: int, accumulation: int,
     buckets are allocated with the model, as DDP wraps it. Past the second micro-batch
     and the second step the allocator repeats itself (GPT-2 124M, 24 configs of batch
     1-32 in three modes: the same peak with 2 as with up to 32 micro-batches and 3 steps),
-    so no more are replayed.
+    so no more are replayed. `workspaces` (`blas_workspaces`) sizes cuBLAS's.
     """
     accumulation = min(accumulation, REPLAYED)
+    made: set = set()
     events: list[Event] = [("alloc", ("param", i), n) for i, n in enumerate(step.params)]
     if ddp:
         events += [("alloc", ("bucket", i), n)
@@ -194,6 +235,9 @@ def training_events(step: TracedStep, batch: int, accumulation: int,
         for m in range(accumulation):
             template = step.first if m == 0 else step.later
             for kind, key, s1, s2 in template:
+                if kind == "workspace":
+                    events += workspace_event(key[0], made, workspaces)
+                    continue
                 size = step.bytes_at(s1, s2, batch) if kind == "alloc" else 0
                 events.append((kind, (s, m, key), size))
                 if m == 0 and key in step.persistent and kind == "alloc":

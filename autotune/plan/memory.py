@@ -19,7 +19,7 @@ import numpy as np
 from autotune.config import TrialConfig
 from autotune.optimizers import optimizer
 from autotune.plan import zero_replay
-from autotune.plan.allocator import REPLAYED, replay, training_events
+from autotune.plan.allocator import REPLAYED, blas_workspaces, replay, training_events
 from autotune.plan.shape import ModelShape
 from autotune.plan.step_trace import trace_step
 from autotune.plan.trace import ActivationTrace, trace_activations
@@ -379,7 +379,8 @@ class Physics:
                 try:
                     allocator = replay(training_events(
                         step, c.per_device_train_batch_size, c.gradient_accumulation_steps,
-                        opt.states_of, opt.step_temporary_bytes, ddp=ddp))
+                        opt.states_of, opt.step_temporary_bytes, ddp=ddp,
+                        workspaces=blas_workspaces(self.device.compute_capability)))
                     value = (float(allocator.peak_allocated), float(allocator.peak_reserved))
                 except AssertionError as exc:  # a replay bug must not stop a search
                     log.warning("allocator replay failed (%s); the fragmentation allowance "
@@ -388,12 +389,13 @@ class Physics:
         return _REPLAYS[key]
 
     def _replay_key(self, key: tuple) -> tuple:
-        """`key` with the model's identity: replays are shared by every Physics of one
-        process (a leave-one-out or a search's refits rebuild the model, not the model's
-        allocations)."""
+        """`key` with the model's identity and the GPU's (its cuBLAS workspaces): replays
+        are shared by every Physics of one process (a leave-one-out or a search's refits
+        rebuild the model, not the model's allocations)."""
         if self._shape_key is None:
             self._shape_key = (json.dumps(self.shape.hf_config, sort_keys=True, default=str),
-                               self.shape.task, self.shape.seq_len)
+                               self.shape.task, self.shape.seq_len,
+                               self.device.compute_capability)
         return (*self._shape_key, *key)
 
     def _zero_peaks(self, c: TrialConfig) -> tuple[float, float] | None:
@@ -409,7 +411,8 @@ class Physics:
         if key not in _REPLAYS:
             value = None
             try:
-                value = zero_replay.trial_peaks(self.shape, c, attention)
+                value = zero_replay.trial_peaks(self.shape, c, attention,
+                                                self.device.compute_capability)
             except Exception as exc:  # a replay bug must not stop a search
                 log.warning("ZeRO replay failed (%s: %s); the fragmentation allowance "
                             "stands for %s", type(exc).__name__, exc, c.label())

@@ -39,6 +39,13 @@ FULL_PRECISION = {"layer_norm", "group_norm", "softmax", "log_softmax", "cross_e
                   "exp", "log", "logsumexp", "cumsum", "softplus", "sum", "norm"}
 
 
+# The aten ops that run on cuBLAS on a GPU, and those of them that take cuBLASLt's path
+# (a matmul with a bias: the H100's history shows its workspace made at the first addmm).
+LT_OPS = frozenset({"aten::addmm", "aten::_addmm_activation"})
+BLAS_OPS = LT_OPS | {f"aten::{n}" for n in ("mm", "bmm", "baddbmm", "addbmm", "addmv", "mv",
+                                            "dot", "addr")}
+
+
 # Micro-batches traced. Large enough that the saved activations make the peak: with one
 # layer at batch 1 the peak can be a fixed transient instead (BERT-large's word-embedding
 # gradient outweighs one layer's activations), and the bilinear reading breaks. A fake
@@ -72,6 +79,8 @@ class _LiveBytes:
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 out = func(*args, **(kwargs or {}))
                 tracker._count(out)
+                if tracker.events is not None and func.name() in BLAS_OPS:
+                    tracker._blas(func.name())
                 return out
 
         self.mode = Mode()
@@ -80,6 +89,7 @@ class _LiveBytes:
         self.region = region  # where the model is (one item, moved by step_trace's hooks)
         self._alive: dict[int, weakref.ref] = {}
         self._keys = 0
+        self._handles: set[tuple[str, str]] = set()  # cuBLAS workspaces made, by thread
         self.key_of: dict[int, int] = {}  # storage id -> its key in `events`
         # Storages from before (parameters, buffers, gradients): a view of one, such as
         # an fp32 matmul's transposed weight, is not a new tensor.
@@ -107,6 +117,21 @@ class _LiveBytes:
                 self.events.append(("alloc", self._keys, n, self._where()))
             self._alive[key] = weakref.ref(
                 st, lambda _r, n=n, key=key, k=self._keys: self._free(n, key, k))
+
+    def _blas(self, op: str) -> None:
+        """Marks where a thread's first cuBLAS call (and first cuBLASLt call) would make
+        its workspace: torch keeps one per handle, and handles are per thread, so the
+        forward (the caller's thread) and the backward (autograd's device thread on a GPU)
+        each get their own, kept for the process. The replay sizes them for the device
+        (allocator.blas_workspaces); the H100's history shows both, one fragmenting a
+        freed logits segment."""
+        import torch
+
+        thread = "backward" if torch._C._current_graph_task_id() >= 0 else "forward"
+        for handle in ("cublas", "cublaslt") if op in LT_OPS else ("cublas",):
+            if (handle, thread) not in self._handles:
+                self._handles.add((handle, thread))
+                self.events.append(("workspace", (handle, thread), 0, self._where()))
 
     def _free(self, n: int, key: int, k: int) -> None:
         self.live -= n

@@ -21,7 +21,9 @@ from autotune.plan.allocator import (
     CachingAllocator,
     Event,
     TracedStep,
+    blas_workspaces,
     replay,
+    workspace_event,
 )
 
 if TYPE_CHECKING:
@@ -91,7 +93,8 @@ def applies(shape: ModelShape, c: TrialConfig, world_size: int = 1) -> bool:
 def zero_events(step: TracedStep, batch: int, accumulation: int, stage: int, offload: str,
                 states_of: Callable[[int, bool], tuple[float, ...]],
                 step_temporary_bytes: float, bucket: int = DEFAULT_BUCKET,
-                steps: int = REPLAYED, marks: Marks | None = None) -> list[Event]:
+                steps: int = REPLAYED, marks: Marks | None = None,
+                workspaces: dict[str, int] | None = None) -> list[Event]:
     """A ZeRO-1/2 trial's device allocations on one rank, as stage_1_and_2.py makes them:
 
     - at initialize, the 16-bit weights flattened into one buffer (the parameters become
@@ -113,9 +116,11 @@ def zero_events(step: TracedStep, batch: int, accumulation: int, stage: int, off
     of Trainer it leaves out: the first step, whose two parameter groups keep the 16-bit
     flat gradients alive while the optimizer's states are made (up to 2 bytes per
     parameter more, below the backward's peak wherever the activations are not tiny).
-    `marks` gets phase ends as the recordings'.
+    `marks` gets phase ends as the recordings'. `workspaces` sizes cuBLAS's
+    (allocator.blas_workspaces), made where the trace marks them, once.
     """
     p, largest = sum(step.trainable), max(step.trainable)
+    made: set = set()
     offloaded = offload != "none"
     events = _initialize(step, p, largest, offloaded)
     _mark(marks, "init", events)
@@ -126,6 +131,9 @@ def zero_events(step: TracedStep, batch: int, accumulation: int, stage: int, off
             fresh = stage >= 2 or m == 0  # autograd creates the gradients afresh
             buckets = [("bucket", s, m, j) for j in range(bucket_buffers(stage))]
             for kind, key, s1, s2 in step.first if fresh else step.later:
+                if kind == "workspace":
+                    events += workspace_event(key[0], made, workspaces)
+                    continue
                 size = step.bytes_at(s1, s2, batch) if kind == "alloc" else 0
                 events.append((kind, (s, m, key), size))
                 if kind == "alloc" and fresh and key in step.persistent:
@@ -200,10 +208,12 @@ def _mark(marks: Marks | None, name: str, events: list[Event]) -> None:
 
 def emulated(hf_config: dict[str, Any], seq: int, batch: int, accumulation: int, stage: int,
              offload: str, cuda: bool, optim: str = "adamw_torch", attention: str = "sdpa",
-             bucket: int = DEFAULT_BUCKET, marks: Marks | None = None) -> list[Event] | None:
+             bucket: int = DEFAULT_BUCKET, marks: Marks | None = None,
+             capability: tuple[int, int] | None = None) -> list[Event] | None:
     """`zero_events` for a causal LM's config: None where the model's step cannot be
-    traced. (On a CPU the optimizer's step temporaries are left out, as CPU AdamW's
-    differ.)"""
+    traced. (On a CPU the optimizer's step temporaries and cuBLAS's workspaces are left
+    out, as CPU AdamW's differ and a CPU has none; on a GPU the workspaces are sized for
+    `capability`.)"""
     from autotune.optimizers import optimizer
     from autotune.plan.step_trace import trace_step
 
@@ -212,17 +222,19 @@ def emulated(hf_config: dict[str, Any], seq: int, batch: int, accumulation: int,
         return None
     opt = optimizer(optim)
     return zero_events(step, batch, min(accumulation, REPLAYED), stage, offload, opt.states_of,
-                       opt.step_temporary_bytes if cuda else 0.0, bucket, marks=marks)
+                       opt.step_temporary_bytes if cuda else 0.0, bucket, marks=marks,
+                       workspaces=blas_workspaces(capability) if cuda else None)
 
 
 def replayed(hf_config: dict[str, Any], seq: int, batch: int, accumulation: int, stage: int,
              offload: str, optim: str = "adamw_torch", attention: str = "sdpa",
-             streams: bool = True) -> CachingAllocator | None:
+             streams: bool = True, capability: tuple[int, int] | None = None
+             ) -> CachingAllocator | None:
     """A ZeRO-1/2 GPU trial's allocations replayed through the caching allocator's rules,
-    with a pool per stream (or, `streams=False`, one pool for all); None where the model's
-    step cannot be traced."""
+    with a pool per stream (or, `streams=False`, one pool for all), on a GPU of
+    `capability`; None where the model's step cannot be traced."""
     events = emulated(hf_config, seq, batch, accumulation, stage, offload, True, optim,
-                      attention)
+                      attention, capability=capability)
     if events is None:
         return None
     return replay(events, on_reduction_stream(stage) if streams else None)
@@ -230,24 +242,27 @@ def replayed(hf_config: dict[str, Any], seq: int, batch: int, accumulation: int,
 
 def replayed_peaks(hf_config: dict[str, Any], seq: int, batch: int, accumulation: int,
                    stage: int, offload: str, optim: str = "adamw_torch",
-                   attention: str = "sdpa") -> tuple[float, float] | None:
+                   attention: str = "sdpa", capability: tuple[int, int] | None = None
+                   ) -> tuple[float, float] | None:
     """(allocated, reserved) peak bytes of a ZeRO-1/2 GPU trial (`replayed`)."""
     return _peaks(replayed(hf_config, seq, batch, accumulation, stage, offload, optim,
-                           attention))
+                           attention, capability=capability))
 
 
 def trial_replay(shape: ModelShape, c: TrialConfig, attention: str,
-                 streams: bool = True) -> CachingAllocator | None:
+                 capability: tuple[int, int] | None, streams: bool = True
+                 ) -> CachingAllocator | None:
     """`replayed` for a trial's config (one where `applies`), with the attention kernel
-    the physics resolved for it."""
+    the physics resolved for it, on a GPU of `capability`."""
     return replayed(shape.hf_config, shape.seq_len, c.per_device_train_batch_size,
                     c.gradient_accumulation_steps, c.zero_stage, c.offload, c.optim,
-                    attention, streams)
+                    attention, streams, capability)
 
 
-def trial_peaks(shape: ModelShape, c: TrialConfig, attention: str) -> tuple[float, float] | None:
+def trial_peaks(shape: ModelShape, c: TrialConfig, attention: str,
+                capability: tuple[int, int] | None) -> tuple[float, float] | None:
     """(allocated, reserved) peak bytes of `trial_replay`."""
-    return _peaks(trial_replay(shape, c, attention))
+    return _peaks(trial_replay(shape, c, attention, capability))
 
 
 def _peaks(allocator: CachingAllocator | None) -> tuple[float, float] | None:
