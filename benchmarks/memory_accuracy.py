@@ -94,6 +94,44 @@ def proof_configs(target: int, cuda: bool, first: bool) -> list[TrialConfig]:
     return [c(8, p), c(8, p, z=1), c(8, p, z=2), c(4, p)]
 
 
+def holdout_configs(target: int, first: bool) -> list[TrialConfig]:
+    """ZeRO rows no recorded file has, predicted (`--holdout --from FILES`) before they
+    are measured (`--holdout` on a GPU): whether the replay holds where it was not
+    checked. About 50 GiB for the first shape's four at once on an H100."""
+    c = lambda *a, **k: _c(target, *a, **k)  # noqa: E731
+    if first:
+        return [c(4, "bf16", z=2, off="optimizer"), c(16, "bf16", z=2), c(4, "bf16", z=1),
+                c(2, "bf16", z=2)]
+    return [c(8, "bf16", z=2, off="optimizer"), c(8, "bf16", z=2)]
+
+
+def predict_holdout(paths: list[str]) -> None:
+    """Each holdout row's prediction before any of it is measured: the physics alone, its
+    allocator replay, and the model calibrated on every recorded trial of its shape."""
+    recorded_rows: dict[str, list[tuple[TrialConfig, int]]] = {}
+    device = None
+    for path in paths:
+        device, by_shape = recorded(path)
+        for name, rows in by_shape.items():
+            recorded_rows.setdefault(name, []).extend(rows)
+    assert device is not None and device.is_cuda, "the holdout rows are a GPU's"
+    for i, name in enumerate(list(GPU_SHAPES)[:2]):
+        print(name, flush=True)
+        shape = model_shape(load_spec(spec_for(*GPU_SHAPES[name])))
+        calibrated = MemoryModel(shape, device)
+        for cfg, measured_bytes in recorded_rows.get(name, []):
+            calibrated.observe(cfg, measured_bytes)
+        for cfg in holdout_configs(GPU_SHAPES[name][-1], i == 0):
+            physics = MemoryModel(shape, device)
+            peaks = physics.replayed_peaks(cfg)
+            replayed = ("" if peaks is None else f"  replay allocated {peaks[0] / 2**20:.0f}, "
+                        f"reserved {peaks[1] / 2**20:.0f}")
+            alone = physics.predict_total(cfg) / 2**20
+            print(f"  {cfg.label():40s} predicted  physics {alone:8.0f} MiB  calibrated on "
+                  f"{len(recorded_rows.get(name, []))} recorded "
+                  f"{calibrated.predict_total(cfg) / 2**20:8.0f} MiB{replayed}", flush=True)
+
+
 def spec_for(layers: int, embd: int, heads: int, seq: int, vocab: int, target: int) -> dict:
     return {"model": {"config": {"model_type": "gpt2", "n_layer": layers, "n_embd": embd,
                                  "n_head": heads, "vocab_size": vocab, "n_positions": seq}},
@@ -171,7 +209,8 @@ def _allocator_note(extra: dict, cfg: TrialConfig, shape, device: DeviceSpec) ->
     logits16 = (2 * cfg.per_device_train_batch_size * shape.seq_len * shape.vocab_size
                 if cfg.precision in ("bf16", "fp16") and shape.has_lm_logits else 0)
     physics = MemoryModel(shape, device)  # its own replay, not the calibrated model's
-    zero = (zero_replay.trial_replay(shape, cfg, physics.attention_kernel(cfg))
+    zero = (zero_replay.trial_replay(shape, cfg, physics.attention_kernel(cfg),
+                                     device.compute_capability)
             if physics.zero_replayed(cfg) else None)
     replayed = ((zero.peak_allocated, zero.peak_reserved) if zero is not None
                 else physics.replayed_peaks(cfg))
@@ -290,7 +329,9 @@ def recorded(path: str) -> tuple[DeviceSpec, dict[str, list[tuple[TrialConfig, i
         m = re.match(r"\s+(b\d+x\d+ .*?)\s+measured\s+([\d.]+) MiB", line)
         if m and shape_name:
             target = shapes[shape_name][-1]
-            cfg = next(c for c in config_fn(target, False) if c.label() == m.group(1).strip())
+            known = [*config_fn(target, False), *proof_configs(target, device.is_cuda, True),
+                     *holdout_configs(target, True), *holdout_configs(target, False)]
+            cfg = next(c for c in known if c.label() == m.group(1).strip())
             by_shape.setdefault(shape_name, []).append((cfg, int(float(m.group(2)) * 2**20)))
     return device, by_shape
 
@@ -335,7 +376,12 @@ def main() -> None:
     ap.add_argument("--from", dest="recorded", help="re-predict a recorded output, run nothing")
     ap.add_argument("--toolbox", action="store_true", help="attention kernels and LoRA")
     ap.add_argument("--proof", action="store_true", help="the GPU proof's few trials")
+    ap.add_argument("--holdout", action="store_true", help="ZeRO rows no file has: with "
+                    "--from FILE,FILE predicted from those, else measured on a GPU")
     args = ap.parse_args()
+    if args.holdout and args.recorded:
+        predict_holdout(args.recorded.split(","))
+        return
     if args.recorded:
         replay(args.recorded)
         return
@@ -345,14 +391,17 @@ def main() -> None:
     device = local_device()
     if device.is_cuda:
         print(f"device: {device.name}")
-        if args.proof:  # its DeepSpeed trials say where their segments were allocated from
-            os.environ["AUTOTUNE_MEMORY_HISTORY"] = "1"
+        if args.proof or args.holdout:  # its DeepSpeed trials say where their segments
+            os.environ["AUTOTUNE_MEMORY_HISTORY"] = "1"  # were allocated from
+    elif args.holdout:
+        ap.error("--holdout measures on a GPU; here, predict with --holdout --from FILES")
     shapes, _ = shape_table(device)
-    names = list(shapes)[:2] if args.quick or args.proof else list(shapes)
+    names = list(shapes)[:2] if args.quick or args.proof or args.holdout else list(shapes)
     all_errors = []
     for i, name in enumerate(names):
         print(name, flush=True)
-        picked = (proof_configs(shapes[name][-1], device.is_cuda, i == 0) if args.proof
+        picked = (holdout_configs(shapes[name][-1], i == 0) if args.holdout
+                  else proof_configs(shapes[name][-1], device.is_cuda, i == 0) if args.proof
                   else None)
         all_errors += measure(name, args.quick, device, args.parallel, picked)
     if all_errors:
