@@ -70,6 +70,24 @@ def test_freed_neighbours_merge():
     assert a.reserved == 100 * MiB
 
 
+def test_emptying_the_cache_releases_only_segments_with_nothing_allocated():
+    a = CachingAllocator()
+    a.malloc("gone", 12 * MiB)
+    a.malloc("kept", 12 * MiB)
+    a.malloc("side", 30 * MiB, stream=1)
+    a.malloc("beside", 1 * MiB + 512)  # in a 20 MiB segment, with a free tail
+    a.free("gone")
+    a.free("side")
+    peak = a.peak_reserved
+    a.empty_cache()
+    assert a.reserved == 12 * MiB + 20 * MiB and a.peak_reserved == peak
+    assert a.reserved_by_stream == {0: 32 * MiB, 1: 0}
+    a.malloc("again", 30 * MiB, stream=1)  # a segment of its own again
+    assert a.reserved == 62 * MiB
+    assert replay([("alloc", "x", 12 * MiB), ("free", "x", 0), ("empty_cache", None, 0)]
+                  ).reserved == 0
+
+
 def test_a_block_is_cached_for_the_stream_that_allocated_it():
     """torch's pools per stream: a block freed goes back to its allocating stream's pool
     (whichever stream frees it), and another stream's request cannot take it."""
@@ -320,6 +338,13 @@ def test_the_replay_grows_the_large_segments_an_h100_grew(trace, offload):
     sizes = blas_workspaces((9, 0), {})
     assert outside_deepspeed == sorted([(sizes["cublaslt"], False), (sizes["cublas"], False),
                                         (sizes["cublas"], True)])  # True: autograd's thread
+    # DeepSpeed empties the cache at init where the optimizer has two parameter groups
+    # (Trainer's, without offload): the parameters' own segments go back, before any step.
+    first_forward = next(i for i, e in enumerate(events) if "forward" in (e[4] or ""))
+    released = [i for i, e in enumerate(events) if e[0] == "segment_free"]
+    assert bool(released) == (offload == "none") and all(i < first_forward for i in released)
+    emulated = zero_replay.emulated(GPT2_124M, 1024, 8, 4, 2, offload, True)
+    assert (("empty_cache", None, 0) in emulated) == (offload == "none")
     large = [e[2] for e in events if e[0] == "segment_alloc" and e[2] >= 512 * MiB]
     shape = shape_from_hf_config(load_hf_config({"config": GPT2_124M}), 1024)
     config = TrialConfig.of(8, 4, precision="bf16", zero_stage=2, offload=offload)

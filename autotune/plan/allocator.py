@@ -13,7 +13,8 @@ block split when the rest is over 1 MiB (at least 512 bytes in the small pool);
 neighbours merged on free; and a pool per CUDA stream: a block is cached for the stream
 that allocated it (use on another stream, `record_stream`, only delays its return), so a
 stream of DeepSpeed's (its reductions) keeps segments the model's stream cannot reuse. No
-expandable segments, no `max_split_size_mb`, and no segment is ever released: where
+expandable segments, no `max_split_size_mb`, and no segment is released but by an
+explicit `empty_cache` (DeepSpeed's, at initialisation): where
 cudaMalloc fails, torch frees every stream's unused cached segments and retries, so near
 the device's limit the replayed peak overstates what a trial needs (pools per stream hold
 more idle segments, which makes that likelier).
@@ -146,6 +147,17 @@ class CachingAllocator:
             block = self._absorb(block, block.next)
         self._insert(block)
 
+    def empty_cache(self) -> None:
+        """`torch.cuda.empty_cache()`: every segment with nothing allocated in it goes
+        back to the device (DeepSpeed's ZeRO-1/2 calls it as it flattens each parameter
+        group after the first, releasing the parameters' own segments)."""
+        for (stream, _), pool in self._pools.items():
+            whole = [entry for entry in pool if entry[2].prev is None and entry[2].next is None]
+            for entry in whole:
+                pool.remove(entry)
+                self.reserved -= entry[2].size
+                self.reserved_by_stream[stream] -= entry[2].size
+
     @staticmethod
     def _absorb(left: _Block, right: _Block) -> _Block:
         """`right`, the block after `left` in its segment, merged into `left`."""
@@ -176,12 +188,15 @@ def _segment_size(size: int) -> int:
 
 def replay(events: Iterable[Event],
            stream_of: Callable[[object], int] | None = None) -> CachingAllocator:
-    """The allocator after `events`; `stream_of(key)` names the stream an allocation is
-    made on (the default stream's where None)."""
+    """The allocator after `events` (an ("empty_cache", None, 0) event releases the unused
+    segments); `stream_of(key)` names the stream an allocation is made on (the default
+    stream's where None)."""
     allocator = CachingAllocator()
     for kind, key, nbytes in events:
         if kind == "alloc":
             allocator.malloc(key, nbytes, stream_of(key) if stream_of else DEFAULT_STREAM)
+        elif kind == "empty_cache":
+            allocator.empty_cache()
         else:
             allocator.free(key)
     return allocator

@@ -98,9 +98,14 @@ def zero_events(step: TracedStep, batch: int, accumulation: int, stage: int, off
     """A ZeRO-1/2 trial's device allocations on one rank, as stage_1_and_2.py makes them:
 
     - at initialize, the 16-bit weights flattened into one buffer (the parameters become
-      views of it), and without offload the fp32 master partition (and a zeroed fp32
-      gradient, at once freed); offload clones the 16-bit weights on the way to the host
-      and keeps a 16-bit staging buffer of the largest parameter on the device;
+      views of it), and the master partition made from a 16-bit clone: without offload the
+      fp32 partition on the device (and a zeroed fp32 gradient, at once freed), with
+      offload on the host, keeping a 16-bit staging buffer of the largest parameter on the
+      device. Between them, without offload, the cache is emptied: DeepSpeed empties it
+      as it flattens each parameter group, and Trainer's optimizer has two (decay and
+      none; the second, biases and norms, is left in the one flat buffer here), where
+      offload's, made by DeepSpeed from the model's parameters, has one. On an H100 that
+      released the parameters' own segments and the clone's, and nothing under offload;
     - at a micro-batch's first gradient, the reduction bucket (`bucket` 16-bit elements;
       two under overlap_comm, ZeRO-2 here): ZeRO-2 every micro-batch, freed at its end;
       ZeRO-1 once per step, live until the boundary. Autograd's gradients are copied into
@@ -163,11 +168,13 @@ def _initialize(step: TracedStep, p: int, largest: int, offloaded: bool) -> list
     events.append(("alloc", "flat16", 2 * p))
     events += [("free", ("param", i), 0) for i in range(len(step.params))]
     events.append(("alloc", "buffers", max(0, sum(step.params) - 2 * p)))  # not flattened
-    if offloaded:
-        return events + [("alloc", "host copy", 2 * p), ("free", "host copy", 0),
+    events.append(("alloc", "master clone", 2 * p))  # the 16-bit partition, cloned
+    if offloaded:  # to the host, then the staging buffer (one parameter group: no emptying)
+        return events + [("free", "master clone", 0),
                          ("alloc", "offload staging", 2 * largest)]
-    return events + [("alloc", "master", 4 * p), ("alloc", "zero grad", 4 * p),
-                     ("free", "zero grad", 0)]
+    return events + [("alloc", "master", 4 * p), ("free", "master clone", 0),
+                     ("empty_cache", None, 0),  # as the second parameter group's turn starts
+                     ("alloc", "zero grad", 4 * p), ("free", "zero grad", 0)]
 
 
 def _epilogue(s: int, m: int, boundary: bool, stage: int, offloaded: bool, p: int,
