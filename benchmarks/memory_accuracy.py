@@ -15,6 +15,10 @@ allocator's peak reserved bytes plus what NVML sees beyond them (context, worksp
         (eager vs sdpa attention, and LoRA vs full fine-tuning, on one CPU shape)
     python benchmarks/memory_accuracy.py --proof --parallel 4
         (the GPU proof's step: two shapes, a few trials each, the first with ZeRO rows)
+    .venv/bin/python benchmarks/memory_accuracy.py --holdout N --from FILE,FILE
+    python benchmarks/memory_accuracy.py --holdout N --parallel 4
+        (a round of ZeRO rows no file had: predicted from recorded files, committed, then
+         measured on a GPU; benchmarks/memory_holdout_h100_predicted*.txt)
 """
 
 from __future__ import annotations
@@ -94,18 +98,22 @@ def proof_configs(target: int, cuda: bool, first: bool) -> list[TrialConfig]:
     return [c(8, p), c(8, p, z=1), c(8, p, z=2), c(4, p)]
 
 
-def holdout_configs(target: int, first: bool) -> list[TrialConfig]:
-    """ZeRO rows no recorded file has, predicted (`--holdout --from FILES`) before they
-    are measured (`--holdout` on a GPU): whether the replay holds where it was not
-    checked. About 50 GiB for the first shape's four at once on an H100."""
+def holdout_configs(target: int, first: bool, round_: int = 1) -> list[TrialConfig]:
+    """ZeRO rows no recorded file had, predicted (`--holdout N --from FILES`) before they
+    are measured (`--holdout N` on a GPU): whether the replay holds where it was not
+    checked. Each round's rows are new when its predictions are committed. About 50 GiB
+    for the first shape's four at once on an H100."""
     c = lambda *a, **k: _c(target, *a, **k)  # noqa: E731
-    if first:
-        return [c(4, "bf16", z=2, off="optimizer"), c(16, "bf16", z=2), c(4, "bf16", z=1),
-                c(2, "bf16", z=2)]
-    return [c(8, "bf16", z=2, off="optimizer"), c(8, "bf16", z=2)]
+    rounds = {1: ([c(4, "bf16", z=2, off="optimizer"), c(16, "bf16", z=2), c(4, "bf16", z=1),
+                   c(2, "bf16", z=2)],
+                  [c(8, "bf16", z=2, off="optimizer"), c(8, "bf16", z=2)]),
+              2: ([c(16, "bf16", z=1), c(8, "bf16", z=1, off="optimizer"), c(4, "bf16", z=2),
+                   c(2, "bf16", z=1, off="optimizer")],
+                  [c(4, "bf16", z=2, off="optimizer"), c(4, "bf16", z=1)])}
+    return rounds[round_][0 if first else 1]
 
 
-def predict_holdout(paths: list[str]) -> None:
+def predict_holdout(paths: list[str], round_: int) -> None:
     """Each holdout row's prediction before any of it is measured: the physics alone, its
     allocator replay, and the model calibrated on every recorded trial of its shape."""
     recorded_rows: dict[str, list[tuple[TrialConfig, int]]] = {}
@@ -121,7 +129,7 @@ def predict_holdout(paths: list[str]) -> None:
         calibrated = MemoryModel(shape, device)
         for cfg, measured_bytes in recorded_rows.get(name, []):
             calibrated.observe(cfg, measured_bytes)
-        for cfg in holdout_configs(GPU_SHAPES[name][-1], i == 0):
+        for cfg in holdout_configs(GPU_SHAPES[name][-1], i == 0, round_):
             physics = MemoryModel(shape, device)
             peaks = physics.replayed_peaks(cfg)
             replayed = ("" if peaks is None else f"  replay allocated {peaks[0] / 2**20:.0f}, "
@@ -330,7 +338,8 @@ def recorded(path: str) -> tuple[DeviceSpec, dict[str, list[tuple[TrialConfig, i
         if m and shape_name:
             target = shapes[shape_name][-1]
             known = [*config_fn(target, False), *proof_configs(target, device.is_cuda, True),
-                     *holdout_configs(target, True), *holdout_configs(target, False)]
+                     *(c for r in (1, 2) for first in (True, False)
+                       for c in holdout_configs(target, first, r))]
             cfg = next(c for c in known if c.label() == m.group(1).strip())
             by_shape.setdefault(shape_name, []).append((cfg, int(float(m.group(2)) * 2**20)))
     return device, by_shape
@@ -376,11 +385,12 @@ def main() -> None:
     ap.add_argument("--from", dest="recorded", help="re-predict a recorded output, run nothing")
     ap.add_argument("--toolbox", action="store_true", help="attention kernels and LoRA")
     ap.add_argument("--proof", action="store_true", help="the GPU proof's few trials")
-    ap.add_argument("--holdout", action="store_true", help="ZeRO rows no file has: with "
-                    "--from FILE,FILE predicted from those, else measured on a GPU")
+    ap.add_argument("--holdout", type=int, nargs="?", const=1, choices=(1, 2),
+                    help="a round of ZeRO rows no file had: with --from FILE,FILE predicted "
+                    "from those, else measured on a GPU")
     args = ap.parse_args()
     if args.holdout and args.recorded:
-        predict_holdout(args.recorded.split(","))
+        predict_holdout(args.recorded.split(","), args.holdout)
         return
     if args.recorded:
         replay(args.recorded)
@@ -400,7 +410,7 @@ def main() -> None:
     all_errors = []
     for i, name in enumerate(names):
         print(name, flush=True)
-        picked = (holdout_configs(shapes[name][-1], i == 0) if args.holdout
+        picked = (holdout_configs(shapes[name][-1], i == 0, args.holdout) if args.holdout
                   else proof_configs(shapes[name][-1], device.is_cuda, i == 0) if args.proof
                   else None)
         all_errors += measure(name, args.quick, device, args.parallel, picked)
