@@ -81,12 +81,12 @@ def gpu_configs(target: int, quick: bool) -> list[TrialConfig]:
 
 def proof_configs(target: int, cuda: bool, first: bool) -> list[TrialConfig]:
     """The GPU proof's memory step, about two minutes at 4 trials at a time: on the first
-    shape the ZeRO-1, ZeRO-2 and (GPU) ZeRO-2 + offload rows, whose notes say where their
-    memory is, and ZeRO-2 + offload at batch 16: whether the offload row's excess (one
-    1572 MiB segment more than the replay grows at batch 8, the size of the loss's fp32
-    logits) doubles with the logits; two batches of the second shape. On a GPU the four of
-    the first shape take about 68 GiB together (the batch-16 row 25 GiB), inside an
-    H100's 80. On a CPU, plain Trainer at batches 4 and 8 instead of offload."""
+    shape the ZeRO-1, ZeRO-2 and (GPU) ZeRO-2 + offload rows at batch 8 and 16, whose
+    notes and allocator histories say where their memory is (the batch-16 row showed the
+    offload row's missing segment scale with the logits: a freed fp32-logits segment split
+    by the backward thread's cuBLAS workspace); two batches of the second shape. On a GPU
+    the four of the first shape take about 68 GiB together (the batch-16 row 25 GiB),
+    inside an H100's 80. On a CPU, plain Trainer at batches 4 and 8 instead of offload."""
     p = "bf16" if cuda else "fp32"
     c = lambda *a, **k: _c(target, *a, **k)  # noqa: E731
     if not first:

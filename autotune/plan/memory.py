@@ -2,7 +2,8 @@
 
 The components follow the seeds' anatomy of training memory: weights, gradients,
 optimizer states, activations (Korthikanti et al. per-layer figures), LM logits, and
-what the runtime itself holds (CUDA context, cuBLAS workspace). ZeRO divides the model
+what the runtime itself holds beyond the allocator (CUDA context, kernel images, NCCL's
+communicator; cuBLAS's workspaces are allocator blocks, in the replay). ZeRO divides the model
 states over the data-parallel world; offload moves them to host memory. Measured trials
 refine these figures in calibration.py.
 """
@@ -32,12 +33,17 @@ log = logging.getLogger(__name__)
 MiB = 1024**2
 GiB = 1024**3
 
-CUDA_RUNTIME_BYTES = 768 * MiB  # CUDA context + cuBLAS/cuDNN workspaces (seed 003: ~0.5-1 GiB)
-# A rank's NCCL communicator, outside the allocator: 484 MiB for a one-rank communicator
-# (NCCL 2.28, measured in NVIDIA/nccl PR 2366), more with peers (544-688 MB per rank for
-# 2-4 A100s, NVIDIA/nccl issue 964). DeepSpeed makes one even at one rank; calibration
-# scales it with the rest of the runtime.
-NCCL_COMM_BYTES = 484 * MiB
+# What a GPU trial's process holds beyond the allocator's reserved bytes (NVML's figure
+# less torch's): 1322 MiB in both trials without a process group on an H100 (CUDA 13.0,
+# torch 2.11; benchmarks/memory_accuracy_h100_proof.txt), where seed 003 put the CUDA
+# context at ~0.5-1 GiB. Another CUDA or driver differs (lazy module loading above all);
+# calibration scales it with the rest of the runtime.
+CUDA_RUNTIME_BYTES = 1322 * MiB
+# A rank's NCCL communicator, outside the allocator: the 16 DeepSpeed trials on that H100
+# held 390-392 MiB more there at one rank (484 MiB for NCCL 2.28 in NVIDIA/nccl PR 2366), more
+# with peers (544-688 MB per rank for 2-4 A100s, NVIDIA/nccl issue 964). DeepSpeed makes
+# one even at one rank.
+NCCL_COMM_BYTES = 390 * MiB
 CPU_RUNTIME_BYTES = 64 * MiB  # allocator slack of a CPU trial beyond its tensors
 # The caching allocator rounds and fragments: the reserved peak runs a few percent over
 # the tensors live at the peak.
