@@ -179,6 +179,25 @@ class TrialConfig:
         head = f"b{self.per_device_train_batch_size}x{self.gradient_accumulation_steps}"
         return f"{head} {self.family.label()}".rstrip()
 
+    @classmethod
+    def from_label(cls, label: str) -> TrialConfig:
+        """The config `label()` names, for recorded logs that keep only the label (the
+        knobs it leaves out at their baseline)."""
+        import re
+
+        head, *tags = label.split()
+        m = re.fullmatch(r"b(\d+)x(\d+)", head)
+        if m is None:
+            raise SpecError(f"{label!r}: a config's label starts with b<batch>x<accumulation>")
+        values: dict[str, Any] = {}
+        for tag in tags:
+            named = [(k.name, v) for k in knobs.table() for v in k.allowed()
+                     if k.tag_of(v) == tag]
+            if len(named) != 1:
+                raise SpecError(f"{label!r}: {tag!r} names {len(named)} knob values, not one")
+            values[named[0][0]] = named[0][1]
+        return cls.of(int(m[1]), int(m[2]), **values)
+
 
 def auto_find_chain(start: TrialConfig) -> list[TrialConfig]:
     """`start` and the configs auto_find_batch_size falls back to from it, largest first:

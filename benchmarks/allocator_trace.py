@@ -22,8 +22,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from memory_accuracy import GPU_SHAPES, holdout_configs, proof_configs, spec_for  # noqa: E402
+from memory_accuracy import GPU_SHAPES, spec_for  # noqa: E402
 
+from autotune.config import TrialConfig  # noqa: E402
 from autotune.plan import zero_replay  # noqa: E402
 from autotune.plan.allocator import CachingAllocator, blas_workspaces  # noqa: E402
 from autotune.plan.device import DeviceSpec  # noqa: E402
@@ -57,15 +58,7 @@ def replayed(label: str, shape_name: str, capability: tuple[int, int]) -> Cachin
     from autotune.plan.memory import Physics
     from autotune.plan.step_trace import trace_step
 
-    target = GPU_SHAPES[shape_name][-1]
-    known = [*proof_configs(target, True, True),
-             *(c for r in (1, 2) for first in (True, False)
-               for c in holdout_configs(target, first, r))]
-    config = next((c for c in known if c.label() == label), None)
-    if config is None:
-        from memory_accuracy import gpu_configs
-
-        config = next(c for c in gpu_configs(target, False) if c.label() == label)
+    config = TrialConfig.from_label(label)
     shape = model_shape(load_spec(spec_for(*GPU_SHAPES[shape_name])))
     device = DeviceSpec("gpu", "cuda", 80 * 2**30, capability)
     physics = Physics(shape, device)

@@ -100,3 +100,17 @@ def test_trainer_args_are_built_from_several_threads_at_once():
                               timeout=120)
         assert done.returncode == 0, done.stderr[-1500:]
         assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_label_names_its_config_back():
+    """Recorded logs keep only a config's label (the memory files): it reads back to the
+    same config, knobs it leaves out at their baseline; a tag that names no knob value
+    is an error that says which."""
+    for config in (TrialConfig.of(8, 4, precision="bf16", zero_stage=2, offload="optimizer"),
+                   TrialConfig.of(16, 2, precision="bf16", gradient_checkpointing=True),
+                   TrialConfig.of(4, 8, optim="adamw_bnb_8bit", attn_implementation="eager"),
+                   TrialConfig.of(1, 32)):
+        assert TrialConfig.from_label(config.label()) == config, config.label()
+    for bad in ("b8x4 bf16 z9", "8x4 bf16"):
+        with pytest.raises(SpecError, match=bad.split()[-1]):
+            TrialConfig.from_label(bad)

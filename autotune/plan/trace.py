@@ -127,7 +127,8 @@ class _LiveBytes:
         freed logits segment."""
         import torch
 
-        thread = "backward" if torch._C._current_graph_task_id() >= 0 else "forward"
+        in_backward = getattr(torch._C, "_current_graph_task_id", lambda: -1)() >= 0
+        thread = "backward" if in_backward else "forward"
         for handle in ("cublas", "cublaslt") if op in LT_OPS else ("cublas",):
             if (handle, thread) not in self._handles:
                 self._handles.add((handle, thread))
