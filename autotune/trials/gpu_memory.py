@@ -134,7 +134,7 @@ def save_trace(traces: list[dict[str, Any]], folder: Path, name: str) -> Path:
     bytes, stream, the innermost frame outside torch, the innermost frame]. What the
     summaries above leave out (every block's place, in order), kept so a disagreement with
     the replay can be followed event by event on a machine without a GPU
-    (benchmarks/allocator_trace.py), at about 1 MB per trial."""
+    (benchmarks/allocator_trace.py), at about 200 KB per trial."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / (re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") + ".jsonl.gz")
     with gzip.open(path, "wt") as f:
