@@ -7,6 +7,7 @@ the knob table, so a new row of the table is a new attribute here with no other 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -183,8 +184,6 @@ class TrialConfig:
     def from_label(cls, label: str) -> TrialConfig:
         """The config `label()` names, for recorded logs that keep only the label (the
         knobs it leaves out at their baseline)."""
-        import re
-
         head, *tags = label.split()
         m = re.fullmatch(r"b(\d+)x(\d+)", head)
         if m is None:

@@ -8,8 +8,8 @@ TRACE is what the GPU proof's memory step brings back under allocator-traces/ (a
 row's history, trials/gpu_memory.save_trace); benchmarks/allocator_traces/ keeps two from
 an H100. It prints the large segments (512 MiB or more) each grew, in order, the blocks
 never freed (the workspaces torch keeps for the process among them), and the segment
-sizes whose counts differ. The replay is the ZeRO emulation's where the config has one,
-else the plain Trainer step's.
+sizes whose counts differ. The replay is the physics' own: the ZeRO emulation's where
+the config has one, else the plain Trainer step's.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from memory_accuracy import GPU_SHAPES, spec_for  # noqa: E402
 
 from autotune.config import TrialConfig  # noqa: E402
-from autotune.plan import zero_replay  # noqa: E402
 from autotune.plan.allocator import CachingAllocator, blas_workspaces  # noqa: E402
 from autotune.plan.device import DeviceSpec  # noqa: E402
 from autotune.plan.shape import model_shape  # noqa: E402
@@ -53,26 +52,15 @@ def never_freed(events: list[list], at_least: int = MiB) -> list[tuple[int, list
 
 
 def replayed(label: str, shape_name: str, capability: tuple[int, int]) -> CachingAllocator:
-    from autotune.optimizers import optimizer
-    from autotune.plan.allocator import replay, training_events
+    """The physics' own replay of the trial (Physics.replay_allocator)."""
     from autotune.plan.memory import Physics
-    from autotune.plan.step_trace import trace_step
 
-    config = TrialConfig.from_label(label)
     shape = model_shape(load_spec(spec_for(*GPU_SHAPES[shape_name])))
-    device = DeviceSpec("gpu", "cuda", 80 * 2**30, capability)
-    physics = Physics(shape, device)
-    attention = physics.attention_kernel(config)
-    if physics.zero_replayed(config):
-        return zero_replay.trial_replay(shape, config, attention, capability)
-    opt = optimizer(config.optim)
-    mode = "fp32" if config.precision in ("fp32", "tf32") else "autocast16"
-    step = trace_step(shape.hf_config, shape.task or "causal-lm", shape.seq_len, mode,
-                      config.gradient_checkpointing, attention, True)
-    return replay(training_events(step, config.per_device_train_batch_size,
-                                  config.gradient_accumulation_steps, opt.states_of,
-                                  opt.step_temporary_bytes,
-                                  workspaces=blas_workspaces(capability)))
+    allocator = Physics(shape, DeviceSpec("gpu", "cuda", 80 * 2**30, capability)
+                        ).replay_allocator(TrialConfig.from_label(label))
+    if allocator is None:
+        raise SystemExit(f"{label}: no allocator replay applies to this config")
+    return allocator
 
 
 def main() -> None:

@@ -229,13 +229,17 @@ def compare_h100() -> None:
         return zero_replay.trial_replay(model.shape, c, model.attention_kernel(c),
                                         model.device.compute_capability, streams)
 
-    class OnePool(MemoryModel):
-        def _zero_peaks(self, c):  # noqa: ANN001, ANN202 - Physics' own signature
+    class OnePool(MemoryModel):  # the ZeRO rows' replay with one pool for all streams
+        def replayed_peaks(self, c):  # noqa: ANN001, ANN202 - Physics' own signature
+            if not self.zero_replayed(c):
+                return super().replayed_peaks(c)
             a = replay(self, c, False)
             return None if a is None else (a.peak_allocated, a.peak_reserved)
 
-    class AllocatedPlusAllowance(MemoryModel):
-        def _zero_peaks(self, c):  # noqa: ANN001, ANN202
+    class AllocatedPlusAllowance(MemoryModel):  # the ZeRO rows' allocated peak plus 5%
+        def replayed_peaks(self, c):  # noqa: ANN001, ANN202
+            if not self.zero_replayed(c):
+                return super().replayed_peaks(c)
             a = replay(self, c, True)
             return None if a is None else (a.peak_allocated,
                                            a.peak_allocated * (1 + FRAGMENTATION))

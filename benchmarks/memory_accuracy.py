@@ -215,16 +215,14 @@ def _allocator_note(extra: dict, cfg: TrialConfig, shape, device: DeviceSpec) ->
     logits16 = (2 * cfg.per_device_train_batch_size * shape.seq_len * shape.vocab_size
                 if cfg.precision in ("bf16", "fp16") and shape.has_lm_logits else 0)
     physics = MemoryModel(shape, device)  # its own replay, not the calibrated model's
-    zero = (zero_replay.trial_replay(shape, cfg, physics.attention_kernel(cfg),
-                                     device.compute_capability)
-            if physics.zero_replayed(cfg) else None)
-    replayed = ((zero.peak_allocated, zero.peak_reserved) if zero is not None
-                else physics.replayed_peaks(cfg))
-    pools = "" if zero is None else " (by stream at the end: " + " + ".join(
-        f"{'reduction stream' if k == zero_replay.REDUCTION_STREAM else 'default'} "
-        f"{v / 2**20:.0f}" for k, v in sorted(zero.reserved_by_stream.items())) + ")"
-    against = ("" if replayed is None else f"; allocator replay: allocated "
-               f"{replayed[0] / 2**20:.0f}, reserved {replayed[1] / 2**20:.0f} MiB{pools}")
+    replay = physics.replay_allocator(cfg)
+    pools = "" if replay is None or not physics.zero_replayed(cfg) else (
+        " (by stream at the end: " + " + ".join(
+            f"{'reduction stream' if k == zero_replay.REDUCTION_STREAM else 'default'} "
+            f"{v / 2**20:.0f}" for k, v in sorted(replay.reserved_by_stream.items())) + ")")
+    against = ("" if replay is None else f"; allocator replay: allocated "
+               f"{replay.peak_allocated / 2**20:.0f}, reserved "
+               f"{replay.peak_reserved / 2**20:.0f} MiB{pools}")
     outside = "".join(f", {label} {_mib(extra.get(key))}" for label, key in (
         ("outside the allocator (NVML)", "nvml_overhead"),
         ("pinned host peak", "pinned_host_peak")))

@@ -20,7 +20,13 @@ import numpy as np
 from autotune.config import TrialConfig
 from autotune.optimizers import optimizer
 from autotune.plan import zero_replay
-from autotune.plan.allocator import REPLAYED, blas_workspaces, replay, training_events
+from autotune.plan.allocator import (
+    REPLAYED,
+    CachingAllocator,
+    blas_workspaces,
+    replay,
+    training_events,
+)
 from autotune.plan.shape import ModelShape
 from autotune.plan.step_trace import trace_step
 from autotune.plan.trace import ActivationTrace, trace_activations
@@ -89,6 +95,11 @@ class MemoryEstimate:
 
 def _compute_bytes(precision: str) -> int:
     return 2 if precision in ("fp16", "bf16") else 4
+
+
+def _replay_mode(c: TrialConfig) -> str:
+    """How a plain Trainer trial computes, as the step trace takes it."""
+    return "fp32" if _compute_bytes(c.precision) == 4 else "autocast16"
 
 
 def _adafactor_state_bytes(shape: ModelShape) -> float:
@@ -360,39 +371,68 @@ class Physics:
         return None if replayed is None else replayed[1]
 
     def replayed_peaks(self, c: TrialConfig) -> tuple[float, float] | None:
-        """(allocated, reserved) peak bytes of the allocator replay, or None. Memoised on
-        what the replay depends on, so configs differing in other knobs share it."""
+        """(allocated, reserved) peak bytes of the allocator replay (`replay_allocator`),
+        or None. Memoised on what the replay depends on, so configs differing in other
+        knobs share it; a replay that fails leaves the fragmentation allowance, never
+        stops a search."""
+        depends = self._replay_depends(c)
+        if depends is None:
+            return None
+        key = self._replay_key(depends)
+        if key not in _REPLAYS:
+            value = None
+            try:
+                allocator = self.replay_allocator(c)
+                if allocator is not None:
+                    value = (float(allocator.peak_allocated), float(allocator.peak_reserved))
+            except Exception as exc:  # noqa: BLE001 - a replay bug must not stop a search
+                log.warning("allocator replay failed (%s: %s); the fragmentation allowance "
+                            "stands for %s", type(exc).__name__, exc, c.label())
+            _REPLAYS[key] = value
+        return _REPLAYS[key]
+
+    def replay_allocator(self, c: TrialConfig) -> CachingAllocator | None:
+        """The caching allocator after `c`'s trial is replayed (plan/allocator.py), or None
+        where no replay applies (`_replay_depends`) or the step cannot be traced. A plain
+        Trainer step replays the traced micro-batches with the optimizer's states;
+        ZeRO-1/2's engine is emulated beside the traced native 16-bit step
+        (plan/zero_replay.py; its allocations held to the real engine on CPU), with a pool
+        per CUDA stream: DeepSpeed's reduction stream keeps its own. One pool for all put
+        ZeRO-2 level with ZeRO-1 on the H100 file, which measured 1096 MiB apart; the pools
+        per stream put them 1096 MiB apart. Not memoised: benchmarks read its segments."""
+        if self._replay_depends(c) is None:
+            return None
+        attention, capability = self.attention_kernel(c), self.device.compute_capability
+        if self.zero_replayed(c):
+            return zero_replay.trial_replay(self.shape, c, attention, capability)
+        opt = optimizer(c.optim)
+        step = trace_step(self.shape.hf_config, self.shape.task or "causal-lm",
+                          self.shape.seq_len, _replay_mode(c), c.gradient_checkpointing,
+                          attention, True)
+        if step is None:
+            return None
+        return replay(training_events(
+            step, c.per_device_train_batch_size, c.gradient_accumulation_steps,
+            opt.states_of, opt.step_temporary_bytes, ddp=self.ddp_bucket_bytes(c) > 0,
+            workspaces=blas_workspaces(capability)))
+
+    def _replay_depends(self, c: TrialConfig) -> tuple | None:
+        """What `c`'s replay depends on, or None where none applies: a CPU, a model without
+        config, LoRA, FSDP, ZeRO-3 and the ZeRO-1/2 configs the emulation does not cover,
+        Liger's kernels, Adafactor."""
         if not (self.device.is_cuda and self.shape.hf_config is not None):
             return None
+        accumulation = min(c.gradient_accumulation_steps, REPLAYED)
+        attention = self.attention_kernel(c)
         if self.zero_replayed(c):
-            return self._zero_peaks(c)
+            return ("zero", c.per_device_train_batch_size, accumulation, c.zero_stage,
+                    c.offload, c.optim, attention)
         if not (self.shape.lora is None and c.zero_stage == 0 and c.fsdp == "none"
                 and not c.use_liger_kernel and c.optim != "adafactor"):
             return None
-        opt = optimizer(c.optim)
-        mode = "fp32" if _compute_bytes(c.precision) == 4 else "autocast16"
-        attention = self.attention_kernel(c)
-        ddp = self.ddp_bucket_bytes(c) > 0
-        key = self._replay_key((c.per_device_train_batch_size,
-                                min(c.gradient_accumulation_steps, REPLAYED), mode,
-                                c.gradient_checkpointing, attention, opt, ddp))
-        if key not in _REPLAYS:
-            step = trace_step(self.shape.hf_config, self.shape.task or "causal-lm",
-                              self.shape.seq_len, mode, c.gradient_checkpointing,
-                              attention, True)
-            value = None
-            if step is not None:
-                try:
-                    allocator = replay(training_events(
-                        step, c.per_device_train_batch_size, c.gradient_accumulation_steps,
-                        opt.states_of, opt.step_temporary_bytes, ddp=ddp,
-                        workspaces=blas_workspaces(self.device.compute_capability)))
-                    value = (float(allocator.peak_allocated), float(allocator.peak_reserved))
-                except AssertionError as exc:  # a replay bug must not stop a search
-                    log.warning("allocator replay failed (%s); the fragmentation allowance "
-                                "stands for %s", exc, c.label())
-            _REPLAYS[key] = value
-        return _REPLAYS[key]
+        return (c.per_device_train_batch_size, accumulation, _replay_mode(c),
+                c.gradient_checkpointing, attention, optimizer(c.optim),
+                self.ddp_bucket_bytes(c) > 0)
 
     def _replay_key(self, key: tuple) -> tuple:
         """`key` with the model's identity and the GPU's (its cuBLAS workspaces): replays
@@ -403,27 +443,6 @@ class Physics:
                                self.shape.task, self.shape.seq_len,
                                self.device.compute_capability)
         return (*self._shape_key, *key)
-
-    def _zero_peaks(self, c: TrialConfig) -> tuple[float, float] | None:
-        """ZeRO-1/2's engine emulated beside the traced native 16-bit step
-        (plan/zero_replay.py; its allocations held to the real engine on CPU), replayed
-        with a pool per CUDA stream: DeepSpeed's reduction stream keeps its own. One pool
-        for all put ZeRO-2 level with ZeRO-1 on the H100 file, which measured 1096 MiB
-        apart; the pools per stream put them 1096 MiB apart."""
-        attention = self.attention_kernel(c)
-        key = self._replay_key(("zero", c.per_device_train_batch_size,
-                                min(c.gradient_accumulation_steps, REPLAYED), c.zero_stage,
-                                c.offload, c.optim, attention))
-        if key not in _REPLAYS:
-            value = None
-            try:
-                value = zero_replay.trial_peaks(self.shape, c, attention,
-                                                self.device.compute_capability)
-            except Exception as exc:  # a replay bug must not stop a search
-                log.warning("ZeRO replay failed (%s: %s); the fragmentation allowance "
-                            "stands for %s", type(exc).__name__, exc, c.label())
-            _REPLAYS[key] = value
-        return _REPLAYS[key]
 
     def features(self, c: TrialConfig) -> np.ndarray:
         """The physics' terms, each with its share of allocator slack, in FEATURES order:
