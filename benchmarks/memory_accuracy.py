@@ -367,6 +367,33 @@ def replay(path: str) -> None:
     if ratios:
         print(f"RSS growth / tensor bytes: median {statistics.median(ratios):.2f}x, "
               f"range {min(ratios):.2f}-{max(ratios):.2f}x")
+    replay_against_device(path, device)
+
+
+def replay_against_device(path: str, device: DeviceSpec) -> list[list[float]]:
+    """The current replay's peaks beside the allocator's own, for the rows whose notes
+    recorded them (`allocated X MiB, reserved Y MiB`): the replay judged apart from the
+    runtime beyond the allocator and from calibration. Per row: [allocated, reserved],
+    each the replay's relative error."""
+    shapes, _ = shape_table(device)
+    rows, name = [], None
+    for line in Path(path).read_text().splitlines():
+        if line.strip() in shapes:
+            name = line.strip()
+        m = re.match(r"\s+(b\d+x\d+ .*?)\s+measured .*?allocated (\d+) MiB, reserved (\d+) MiB",
+                     line)
+        if m and name:
+            cfg = TrialConfig.from_label(m.group(1).strip())
+            shape = model_shape(load_spec(spec_for(*shapes[name])))
+            peaks = MemoryModel(shape, device).replayed_peaks(cfg)
+            if peaks is not None:
+                rows.append([peaks[i] / 2**20 / int(m.group(2 + i)) - 1 for i in (0, 1)])
+    if rows:
+        allocated, reserved = ([r[i] for r in rows] for i in (0, 1))
+        a_lo, a_hi, r_lo, r_hi = min(allocated), max(allocated), min(reserved), max(reserved)
+        print(f"replay against the device's allocator, {len(rows)} rows with its figures: "
+              f"reserved {r_lo:+.1%} to {r_hi:+.1%}, allocated {a_lo:+.1%} to {a_hi:+.1%}")
+    return rows
 
 
 def main() -> None:

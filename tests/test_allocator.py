@@ -353,3 +353,22 @@ def test_the_replay_grows_the_large_segments_an_h100_grew(trace, offload):
     assert [n for s, n, _ in replayed.grown if n >= 512 * MiB] == large
     grown = sum(e[2] for e in events if e[0] == "segment_alloc")
     assert abs(sum(n for _, n, _ in replayed.grown) - grown) < 0.03 * grown
+
+
+def test_the_replay_holds_to_the_allocators_own_peaks_of_every_recorded_history():
+    """The H100 rows whose notes recorded the allocator's own peaks (the proof's memory
+    step and both holdout rounds, 18 trials): the replay's allocated peak within 0.5%,
+    its reserved peak within -3% to +0.5%, apart from the runtime beyond the allocator."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "memory_accuracy", TRACES.parent / "memory_accuracy.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = []
+    for name in ("proof", "holdout", "holdout2"):
+        path = str(TRACES.parent / f"memory_accuracy_h100_{name}.txt")
+        rows += bench.replay_against_device(path, bench.recorded(path)[0])
+    assert len(rows) == 18
+    assert all(abs(allocated) <= 0.005 and -0.03 <= reserved <= 0.005
+               for allocated, reserved in rows), rows
