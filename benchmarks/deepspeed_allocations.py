@@ -1,4 +1,4 @@
-"""DeepSpeed ZeRO-1/2's own allocations: the real engine recorded on CPU, beside the
+"""DeepSpeed ZeRO's own allocations: the real engine recorded on CPU, beside the
 emulation the physics replays (autotune/plan/zero_replay.py).
 
 - `record`: runs the real engine (gloo, one rank, on CPU) on a GPT-2 and follows every
@@ -14,7 +14,7 @@ emulation the physics replays (autotune/plan/zero_replay.py).
 The GPU proof's ZeRO step prints each row's allocated, reserved, NVML and pinned-host
 figures beside the emulation, which says where ZeRO-2 + offload's unexplained memory is.
 
-    .venv/bin/python benchmarks/deepspeed_allocations.py          # small GPT-2, 4 configs
+    .venv/bin/python benchmarks/deepspeed_allocations.py          # small GPT-2, 5 configs
     .venv/bin/python benchmarks/deepspeed_allocations.py --gpt2-124m   # H100 file, 12 s
 """
 
@@ -187,7 +187,7 @@ def phases(events: list[Event], marks: Marks) -> list[tuple[str, int, int]]:
     return out
 
 
-CONFIGS = ((1, "none"), (1, "optimizer"), (2, "none"), (2, "optimizer"))
+CONFIGS = ((1, "none"), (1, "optimizer"), (2, "none"), (2, "optimizer"), (3, "none"))
 
 
 def compare_small() -> None:

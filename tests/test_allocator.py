@@ -188,12 +188,18 @@ def test_physics_replays_plain_trainer_steps_on_a_gpu_only():
     assert h100.physics(zero2).components["gradients"] > h100.zero_bucket_bytes(zero2) / 2
     features = h100.features(zero2)
     assert abs(features[: len(COMPONENTS)].sum() - h100.physics(zero2).total_bytes) < 64
-    # ZeRO-3 and fp32 ZeRO are not emulated, and a CPU trial's peak is RSS: no replay.
+    # ZeRO-3 without offload is emulated too (one bucket, kept from the optimizer's
+    # creation on); with offload, and fp32 ZeRO, are not, and a CPU trial's peak is RSS:
+    # no replay.
     zero3 = TrialConfig.of(4, 4, precision="bf16", zero_stage=3)
-    for other in (zero3, TrialConfig.of(4, 4, zero_stage=2)):
+    _, reserved3 = zero_replay.replayed_peaks(shape.hf_config, 64, 4, 4, 3, "none",
+                                              capability=(9, 0))
+    assert h100.reserved_peak(zero3) == reserved3
+    for other in (TrialConfig.of(4, 4, precision="bf16", zero_stage=3, offload="optimizer"),
+                  TrialConfig.of(4, 4, zero_stage=2)):
         assert h100.reserved_peak(other) is None, other.label()
-    # ZeRO-3's one bucket, kept from the optimizer's creation on, is in its terms all the
-    # same (on a GPU: on a CPU its untouched pages are not resident).
+    # ZeRO-3's bucket is in its terms all the same (on a GPU: on a CPU its untouched
+    # pages are not resident).
     assert h100.zero_bucket_bytes(zero3) == 2 * zero_replay.DEFAULT_BUCKET
     assert h100.physics(zero3).components["gradients"] > 2 * zero_replay.DEFAULT_BUCKET
     # Nor over several ranks, whose partitions the emulation does not divide.

@@ -1,4 +1,4 @@
-"""The emulation of DeepSpeed ZeRO-1/2's allocations against the real engine, on CPU."""
+"""The emulation of DeepSpeed ZeRO's allocations against the real engine, on CPU."""
 
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ def _recorded() -> list[tuple[Phases, Phases]]:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_emulation_follows_the_real_engine_through_each_backward():
-    """ZeRO-1 and ZeRO-2, each with and without optimizer offload: each micro-batch's
+    """ZeRO-1 and ZeRO-2, each with and without optimizer offload, and ZeRO-3 without
+    (its bucket and gradient partition kept from initialize on): each micro-batch's
     forward and backward as the real engine allocates it (gloo, one rank, in a process of its own so
     torch.distributed stays out of this one): the peak above the phase's start, and
     (without offload, whose host buffers share the CPU) what the phase leaves behind.
@@ -44,7 +45,9 @@ def test_the_emulation_follows_the_real_engine_through_each_backward():
     And the engine as a trial runs it (HF Trainer, the trial's TrainingArguments) holds
     what the engine driven directly holds, micro-batch by micro-batch and step by step,
     so the emulation stands for the trials the H100 file measured; only the first step's
-    peak may be higher, by at most the 16-bit gradients (2 bytes per parameter)."""
+    peak may differ: at stages 1-2 higher, by at most the 16-bit gradients (2 bytes per
+    parameter); at stage 3 each step's lower, as stage3.py steps Trainer's two groups one
+    by one."""
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         recorded = pool.submit(_recorded).result()
     for (stage, offload), (engine, trial) in zip(da.CONFIGS, recorded, strict=True):
@@ -58,7 +61,9 @@ def test_the_emulation_follows_the_real_engine_through_each_backward():
             mine = engine[1 + 2 * i:3 + 2 * i]
             label = f"ZeRO-{stage} {offload}: {name}"
             assert live == pytest.approx(mine[-1][1], abs=64 * 1024), label
-            if name != "s0 step":
+            if stage == 3 and name.endswith("step"):  # stepped group by group
+                assert 0 <= max(p for *_, p in mine) - peak <= 2 * PARAMETERS, label
+            elif name != "s0 step":
                 assert peak == pytest.approx(max(p for *_, p in mine), abs=64 * 1024), label
             else:  # Trainer's two parameter groups: see record_trial
                 assert 0 <= peak - max(p for *_, p in mine) <= 2 * PARAMETERS + 64 * 1024, label
@@ -68,6 +73,11 @@ def test_the_emulation_follows_the_real_engine_through_each_backward():
         assert events is not None
         emulated = da.phases(events, marks)
         assert [name for name, *_ in engine] == [name for name, *_ in emulated]
+        if stage == 3:  # its engine keeps no copy of the weights beside its own on CPU
+            for i in range(len(engine)):  # so what each phase holds is the emulation's
+                assert emulated[i][1] == pytest.approx(engine[i][1], abs=64 * 1024), \
+                    engine[i][0]
+            assert emulated[0][2] == pytest.approx(engine[0][2], abs=64 * 1024)
         for i in range(1, len(engine)):
             name = f"ZeRO-{stage} {offload}: {engine[i][0]}"
             if not name.endswith("fwd+bwd"):

@@ -104,10 +104,9 @@ def test_prediction_of_the_recorded_h100_trials():
     traced activations, 3.0% with the allocator replay, 0.2% since the replay makes
     cuBLAS's workspaces, empties the cache where DeepSpeed does and keeps CUDA's bool
     dropout masks, and the runtime beyond the allocator is the H100's measured figure).
-    Every replayed row is then within 1%; ZeRO-3, which has no replay, within 6% (5.0%).
-    Calibrated on the other trials: median at most 2% (0.2%), each replayed row within 3%
-    (2.6%: with the physics this close, the ZeRO rows' shared effect is ZeRO-3's error
-    carried over), ZeRO-3 within 6% (5.0%: the issue's 5% is missed there)."""
+    Every row is replayed (ZeRO-3 since its engine is emulated: it had been 5.0% under
+    through the formulas) and within 1% (0.2%). Calibrated on the other trials: median at
+    most 2% (0.0%), each row within 1% (0.3%)."""
     from autotune.plan.calibration import leave_one_out_errors
     from autotune.plan.shape import model_shape
     from autotune.spec import load_spec
@@ -124,10 +123,10 @@ def test_prediction_of_the_recorded_h100_trials():
     calibrated = leave_one_out_errors(shape, device, 1, measured)
     assert statistics.median(calibrated) <= 0.02
     for (c, bytes_), error in zip(measured, calibrated, strict=True):
-        replayed = physics.reserved_peak(c) is not None
-        assert error <= (0.03 if replayed else 0.06), (c.label(), error)
+        assert physics.reserved_peak(c) is not None, c.label()
+        assert error <= 0.01, (c.label(), error)
         uncalibrated = abs(physics.physics(c).total_bytes - bytes_) / bytes_
-        assert uncalibrated <= (0.01 if replayed else 0.06), (c.label(), uncalibrated)
+        assert uncalibrated <= 0.01, (c.label(), uncalibrated)
     # The measured bf16 family is concave (1480 then 1273 MiB per sample from batch 4 to
     # 8 to 16), and so is the replay.
     peak = {c.per_device_train_batch_size: physics.reserved_peak(c) for c, _ in measured

@@ -298,7 +298,7 @@ class Physics:
         return "eager" if self.materialises_attention(c) else "sdpa"
 
     def zero_replayed(self, c: TrialConfig) -> bool:
-        """Whether `c`'s peak comes from the ZeRO-1/2 emulation (plan/zero_replay.py): on a
+        """Whether `c`'s peak comes from the ZeRO emulation (plan/zero_replay.py): on a
         GPU, for a model whose config is known, where the emulation applies."""
         return self.device.is_cuda and zero_replay.applies(self.shape, c, self.world_size)
 
@@ -365,8 +365,8 @@ class Physics:
         """The caching allocator's reserved peak over a trial's steps (plan/allocator.py),
         replayed from the model's traced allocations; None where there is no such trace:
         a CPU, a model without config or one whose code the trace cannot run or repeat,
-        LoRA, FSDP, ZeRO-3 and the ZeRO-1/2 configs its emulation does not cover (their
-        engines allocate outside the model's code), Liger's kernels, or Adafactor."""
+        LoRA, FSDP, the ZeRO configs its emulation does not cover (their engines allocate
+        outside the model's code), Liger's kernels, or Adafactor."""
         replayed = self.replayed_peaks(c)
         return None if replayed is None else replayed[1]
 
@@ -395,11 +395,12 @@ class Physics:
         """The caching allocator after `c`'s trial is replayed (plan/allocator.py), or None
         where no replay applies (`_replay_depends`) or the step cannot be traced. A plain
         Trainer step replays the traced micro-batches with the optimizer's states;
-        ZeRO-1/2's engine is emulated beside the traced native 16-bit step
-        (plan/zero_replay.py; its allocations held to the real engine on CPU), with a pool
-        per CUDA stream: DeepSpeed's reduction stream keeps its own. One pool for all put
-        ZeRO-2 level with ZeRO-1 on the H100 file, which measured 1096 MiB apart; the pools
-        per stream put them 1096 MiB apart. Not memoised: benchmarks read its segments."""
+        ZeRO's engine (stages 1-2, and 3 without offload) is emulated beside the traced
+        native 16-bit step (plan/zero_replay.py; its allocations held to the real engine
+        on CPU), with a pool per CUDA stream: DeepSpeed's reduction stream keeps its own.
+        One pool for all put ZeRO-2 level with ZeRO-1 on the H100 file, which measured
+        1096 MiB apart; the pools per stream put them 1096 MiB apart. Not memoised:
+        benchmarks read its segments."""
         if self._replay_depends(c) is None:
             return None
         attention, capability = self.attention_kernel(c), self.device.compute_capability
@@ -418,8 +419,8 @@ class Physics:
 
     def _replay_depends(self, c: TrialConfig) -> tuple | None:
         """What `c`'s replay depends on, or None where none applies: a CPU, a model without
-        config, LoRA, FSDP, ZeRO-3 and the ZeRO-1/2 configs the emulation does not cover,
-        Liger's kernels, Adafactor."""
+        config, LoRA, FSDP, the ZeRO configs the emulation does not cover, Liger's
+        kernels, Adafactor."""
         if not (self.device.is_cuda and self.shape.hf_config is not None):
             return None
         accumulation = min(c.gradient_accumulation_steps, REPLAYED)

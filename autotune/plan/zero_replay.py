@@ -1,13 +1,13 @@
-"""DeepSpeed ZeRO-1/2's own device allocations beside a traced step, for the allocator.
+"""DeepSpeed ZeRO's own device allocations beside a traced step, for the allocator.
 
 DeepSpeed's engine allocates outside the model's code (a flat 16-bit copy of the weights,
 an fp32 master partition, gradient buckets of `reduce_bucket_size` elements), so no model
 trace sees it. `zero_events` emulates that stream as DeepSpeed 0.19's stage_1_and_2.py
-makes it on a GPU, around a micro-batch of the model traced in native 16-bit (the engine
-casts the model; accelerate runs no autocast under DeepSpeed). A test holds it to the real
-engine on CPU, micro-batch by micro-batch, and the engine as a trial runs it (HF Trainer
-with the trial's TrainingArguments) to the engine driven directly
-(benchmarks/deepspeed_allocations.py records both).
+(ZeRO-1/2) and stage3.py (ZeRO-3) make it on a GPU, around a micro-batch of the model
+traced in native 16-bit (the engine casts the model; accelerate runs no autocast under
+DeepSpeed). A test holds it to the real engine on CPU, micro-batch by micro-batch, and the
+engine as a trial runs it (HF Trainer with the trial's TrainingArguments) to the engine
+driven directly (benchmarks/deepspeed_allocations.py records both).
 """
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ EMULATED_OPTIMIZERS = ("adamw_torch", "adamw_torch_fused")
 # What stage_1_and_2.py allocates inside `reduce_ipg_grads`'s `with stream(...)`: the 16-bit
 # gradient partition (and the next micro-batch's, added to it), and offload's per-parameter
 # fp64 norm input and fp32 copy. On the reduction stream under overlap_comm.
+# stage3.py reduces each filled bucket inside its reduce_and_partition_stream ("reduce").
 REDUCTION_STREAM_ALLOCATIONS = frozenset({"partition", "partition add", "offload norm",
-                                          "fp32 copy"})
+                                          "fp32 copy", "reduce"})
 REDUCTION_STREAM = 1
 
 
@@ -78,13 +79,15 @@ def bucket_buffers(stage: int) -> int:
 
 def applies(shape: ModelShape, c: TrialConfig, world_size: int = 1) -> bool:
     """Where the emulation's assumptions hold: one rank (it does not divide the
-    partitions), a causal LM trained whole (no LoRA, no Liger kernels), ZeRO-1/2 in 16-bit
-    with torch AdamW and no checkpointing (what the engine was recorded with, in bf16;
-    fp16 takes the same code path, with a loss scaler's few scalars beside it), and no
-    more parameters than one bucket holds (above that the engine reduces a bucket within
-    the backward, which the emulation does not)."""
+    partitions, and ZeRO-3 gathers nothing), a causal LM trained whole (no LoRA, no Liger
+    kernels), ZeRO-1/2, or ZeRO-3 without offload, in 16-bit with torch AdamW and no
+    checkpointing (what the engine was recorded with, in bf16; fp16 takes the same code
+    path, with a loss scaler's few scalars beside it), and no more parameters than one
+    bucket holds (above that the engine reduces a bucket within the backward, which the
+    emulation does not)."""
     causal = shape.task == "causal-lm" or (not shape.task and shape.causal_lm)
-    return (world_size == 1 and c.zero_stage in (1, 2) and c.precision in ("bf16", "fp16")
+    stage_ok = c.zero_stage in (1, 2) or (c.zero_stage == 3 and c.offload == "none")
+    return (world_size == 1 and stage_ok and c.precision in ("bf16", "fp16")
             and c.optim in EMULATED_OPTIMIZERS and not c.gradient_checkpointing
             and not c.use_liger_kernel and c.fsdp == "none" and shape.hf_config is not None
             and shape.lora is None and causal and shape.num_parameters <= DEFAULT_BUCKET)
@@ -94,8 +97,9 @@ def zero_events(step: TracedStep, batch: int, accumulation: int, stage: int, off
                 states_of: Callable[[int, bool], tuple[float, ...]],
                 step_temporary_bytes: float, bucket: int = DEFAULT_BUCKET,
                 steps: int = REPLAYED, marks: Marks | None = None,
-                workspaces: dict[str, int] | None = None) -> list[Event]:
-    """A ZeRO-1/2 trial's device allocations on one rank, as stage_1_and_2.py makes them:
+                workspaces: dict[str, int] | None = None, nccl: bool = True) -> list[Event]:
+    """A ZeRO trial's device allocations on one rank (`zero3_events` at stage 3; `nccl`
+    only matters there). At stages 1-2, as stage_1_and_2.py makes them:
 
     - at initialize, the 16-bit weights flattened into one buffer (the parameters become
       views of it), and the master partition made from a 16-bit clone: without offload the
@@ -124,6 +128,9 @@ def zero_events(step: TracedStep, batch: int, accumulation: int, stage: int, off
     `marks` gets phase ends as the recordings'. `workspaces` sizes cuBLAS's
     (allocator.blas_workspaces), made where the trace marks them, once.
     """
+    if stage >= 3:
+        return zero3_events(step, batch, accumulation, states_of, step_temporary_bytes,
+                            bucket, steps, marks, workspaces, nccl)
     p, largest = sum(step.trainable), max(step.trainable)
     made: set = set()
     offloaded = offload != "none"
@@ -160,6 +167,88 @@ def zero_events(step: TracedStep, batch: int, accumulation: int, stage: int, off
         if not offloaded:
             events += _optimizer_step(s, p, largest, states_of, step_temporary_bytes)
         _mark(marks, f"s{s}m{accumulation - 1} step", events)
+    return events
+
+
+def zero3_events(step: TracedStep, batch: int, accumulation: int,
+                 states_of: Callable[[int, bool], tuple[float, ...]],
+                 step_temporary_bytes: float, bucket: int = DEFAULT_BUCKET,
+                 steps: int = REPLAYED, marks: Marks | None = None,
+                 workspaces: dict[str, int] | None = None, nccl: bool = True) -> list[Event]:
+    """A ZeRO-3 trial's device allocations on one rank, without offload, as stage3.py and
+    partition_parameters.py make them:
+
+    - at initialize, the 16-bit model on the device; each parameter's partition (the
+      whole of it on one rank) copied out and the parameter freed; then `defragment`
+      moves the partitions to the host, frees them, empties the cache and brings them
+      back as one flat buffer, so the model's own segments go back to the device. Then
+      the fp32 master partition (converted, cloned, the conversion freed), a zeroed fp32
+      gradient made and freed, the reduction bucket (`bucket` 16-bit elements, kept for
+      the run) and the 16-bit gradient partition (kept). Last, each parameter is gathered
+      once as its gradient hook is registered, and released;
+    - in the forward and backward nothing is gathered: on one rank a gathered parameter
+      is a view of its partition. Each gradient, as autograd completes it, is copied into
+      the bucket and freed; the backward's end reduces the bucket through a flat copy of
+      it on the reduction stream (gloo, on CPU, allocates a second one: `nccl=False`) and
+      adds it to the gradient partition;
+    - at the step: each gradient's fp64 norm input, one at a time; the partition
+      flattened and converted to fp32 (the flat copy freed); the optimizer's states
+      (first step) and temporaries; then the fp32 gradient freed.
+
+    One difference from a trial left out: Trainer's optimizer has two parameter groups,
+    which stage3.py steps one after the other, so its step temporaries are per group
+    (smaller) where these are whole. `marks` and `workspaces` as `zero_events`'.
+    """
+    p = sum(step.trainable)
+    made: set = set()
+    events = _initialize3(step, p, bucket)
+    _mark(marks, "init", events)
+    for s in range(steps):
+        for m in range(accumulation):
+            for kind, key, s1, s2 in step.first:  # autograd makes every gradient afresh
+                if kind == "workspace":
+                    events += workspace_event(key[0], made, workspaces)
+                    continue
+                size = step.bytes_at(s1, s2, batch) if kind == "alloc" else 0
+                events.append((kind, (s, m, key), size))
+                if kind == "alloc" and key in step.persistent:  # copied into the bucket
+                    events.append(("free", (s, m, key), 0))
+            events.append(("alloc", ("reduce", s, m), 2 * p))
+            if not nccl:
+                events += [("alloc", ("gloo copy", s, m), 2 * p),
+                           ("free", ("gloo copy", s, m), 0)]
+            events.append(("free", ("reduce", s, m), 0))
+            _mark(marks, f"s{s}m{m} fwd+bwd", events)
+            if m < accumulation - 1:
+                _mark(marks, f"s{s}m{m} step", events)
+        events += [e for i, n in enumerate(step.trainable)
+                   for e in (("alloc", ("norm", s, i), 8 * n), ("free", ("norm", s, i), 0))]
+        events += [("alloc", ("flat", s), 2 * p), ("alloc", ("fp32 grad", s), 4 * p),
+                   ("free", ("flat", s), 0)]
+        if s == 0:
+            events += [("alloc", ("state", j), int(p * nbytes))
+                       for j, nbytes in enumerate(states_of(p, False))]
+        if step_temporary_bytes:
+            events += [("alloc", ("temp", s), int(p * step_temporary_bytes)),
+                       ("free", ("temp", s), 0)]
+        events.append(("free", ("fp32 grad", s), 0))
+        _mark(marks, f"s{s}m{accumulation - 1} step", events)
+    return events
+
+
+def _initialize3(step: TracedStep, p: int, bucket: int) -> list[Event]:
+    trained = range(len(step.trainable))
+    events: list[Event] = [("alloc", ("param", i), n) for i, n in enumerate(step.params)]
+    for i in trained:  # each partition copied out, the parameter freed
+        events += [("alloc", ("partition", i), step.params[i]), ("free", ("param", i), 0)]
+    events += [("free", ("partition", i), 0) for i in trained]  # defragment: to the host
+    events += [("empty_cache", None, 0), ("alloc", "flat16", 2 * p),
+               ("alloc", "fp32 convert", 4 * p), ("alloc", "master", 4 * p),
+               ("free", "fp32 convert", 0), ("alloc", "zero grad", 4 * p),
+               ("free", "zero grad", 0), ("alloc", "bucket", 2 * bucket),
+               ("alloc", "gradient partition", 2 * p)]
+    for i in trained:  # gathered as its gradient hook is registered, then released
+        events += [("alloc", ("gather", i), step.params[i]), ("free", ("gather", i), 0)]
     return events
 
 
@@ -230,14 +319,14 @@ def emulated(hf_config: dict[str, Any], seq: int, batch: int, accumulation: int,
     opt = optimizer(optim)
     return zero_events(step, batch, min(accumulation, REPLAYED), stage, offload, opt.states_of,
                        opt.step_temporary_bytes if cuda else 0.0, bucket, marks=marks,
-                       workspaces=blas_workspaces(capability) if cuda else None)
+                       workspaces=blas_workspaces(capability) if cuda else None, nccl=cuda)
 
 
 def replayed(hf_config: dict[str, Any], seq: int, batch: int, accumulation: int, stage: int,
              offload: str, optim: str = "adamw_torch", attention: str = "sdpa",
              streams: bool = True, capability: tuple[int, int] | None = None
              ) -> CachingAllocator | None:
-    """A ZeRO-1/2 GPU trial's allocations replayed through the caching allocator's rules,
+    """A ZeRO GPU trial's allocations replayed through the caching allocator's rules,
     with a pool per stream (or, `streams=False`, one pool for all), on a GPU of
     `capability`; None where the model's step cannot be traced."""
     events = emulated(hf_config, seq, batch, accumulation, stage, offload, True, optim,
@@ -251,7 +340,7 @@ def replayed_peaks(hf_config: dict[str, Any], seq: int, batch: int, accumulation
                    stage: int, offload: str, optim: str = "adamw_torch",
                    attention: str = "sdpa", capability: tuple[int, int] | None = None
                    ) -> tuple[float, float] | None:
-    """(allocated, reserved) peak bytes of a ZeRO-1/2 GPU trial (`replayed`)."""
+    """(allocated, reserved) peak bytes of a ZeRO GPU trial (`replayed`)."""
     return _peaks(replayed(hf_config, seq, batch, accumulation, stage, offload, optim,
                            attention, capability=capability))
 
