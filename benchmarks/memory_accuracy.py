@@ -204,7 +204,7 @@ def _allocator_note(extra: dict, cfg: TrialConfig, shape, device: DeviceSpec) ->
     the uncalibrated median from 7.9% to 4.2% but leaves the calibrated one as it is, and
     the gpt2-medium simulated landscape disagrees; this column decides it.) Beside them,
     the allocator replay's own allocated and reserved peaks (autotune/plan/allocator.py;
-    for 16-bit ZeRO-1/2 rows, the engine's emulation in plan/zero_replay.py, with its
+    for 16-bit ZeRO rows, the engine's emulation in plan/zero_replay.py, with its
     reserved bytes per stream): whether its rules and the traced step match the GPU's
     allocator, peak by peak. Then what NVML sees beyond the allocator and the pinned host
     allocator's peak: on the H100 file ZeRO-2 + offload measured 1.9 GiB over the

@@ -152,7 +152,8 @@ class CachingAllocator:
     def empty_cache(self) -> None:
         """`torch.cuda.empty_cache()`: every segment with nothing allocated in it goes
         back to the device (DeepSpeed's ZeRO-1/2 calls it at each parameter group's turn;
-        from the second on it finds the parameters' own segments free and releases them)."""
+        from the second on it finds the parameters' own segments free and releases them;
+        ZeRO-3's `defragment` calls it with every partition moved to the host)."""
         for (stream, _), pool in self._pools.items():
             whole = [entry for entry in pool if entry[2].prev is None and entry[2].next is None]
             for entry in whole:
