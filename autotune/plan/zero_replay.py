@@ -165,7 +165,7 @@ def zero_events(step: TracedStep, batch: int, accumulation: int, stage: int, off
             if not boundary:
                 _mark(marks, f"s{s}m{m} step", events)
         if not offloaded:
-            events += _optimizer_step(s, p, largest, states_of, step_temporary_bytes)
+            events += _optimizer_step(s, p, [8 * largest], states_of, step_temporary_bytes)
         _mark(marks, f"s{s}m{accumulation - 1} step", events)
     return events
 
@@ -221,17 +221,8 @@ def zero3_events(step: TracedStep, batch: int, accumulation: int,
             _mark(marks, f"s{s}m{m} fwd+bwd", events)
             if m < accumulation - 1:
                 _mark(marks, f"s{s}m{m} step", events)
-        events += [e for i, n in enumerate(step.trainable)
-                   for e in (("alloc", ("norm", s, i), 8 * n), ("free", ("norm", s, i), 0))]
-        events += [("alloc", ("flat", s), 2 * p), ("alloc", ("fp32 grad", s), 4 * p),
-                   ("free", ("flat", s), 0)]
-        if s == 0:
-            events += [("alloc", ("state", j), int(p * nbytes))
-                       for j, nbytes in enumerate(states_of(p, False))]
-        if step_temporary_bytes:
-            events += [("alloc", ("temp", s), int(p * step_temporary_bytes)),
-                       ("free", ("temp", s), 0)]
-        events.append(("free", ("fp32 grad", s), 0))
+        events += _optimizer_step(s, p, [8 * n for n in step.trainable], states_of,
+                                  step_temporary_bytes, keeps_partition=True)
         _mark(marks, f"s{s}m{accumulation - 1} step", events)
     return events
 
@@ -281,13 +272,19 @@ def _epilogue(s: int, m: int, boundary: bool, stage: int, offloaded: bool, p: in
     return []
 
 
-def _optimizer_step(s: int, p: int, largest: int,
+def _optimizer_step(s: int, p: int, norms: list[int],
                     states_of: Callable[[int, bool], tuple[float, ...]],
-                    step_temporary_bytes: float) -> list[Event]:
-    events: list[Event] = [
-        ("alloc", ("norm", s), 8 * largest), ("free", ("norm", s), 0),
-        ("alloc", ("flat", s), 2 * p), ("alloc", ("fp32 grad", s), 4 * p),
-        ("free", ("flat", s), 0), ("free", ("partition", s), 0)]
+                    step_temporary_bytes: float, keeps_partition: bool = False) -> list[Event]:
+    """A step without offload: the norm's fp64 inputs (`norms` bytes, one at a time), the
+    16-bit gradients flattened and converted to fp32 (the flat copy freed; stages 1-2
+    free their partition there, stage 3 keeps its), the optimizer's states (first step)
+    and temporaries, then the fp32 gradient freed."""
+    events: list[Event] = [e for i, n in enumerate(norms)
+                           for e in (("alloc", ("norm", s, i), n), ("free", ("norm", s, i), 0))]
+    events += [("alloc", ("flat", s), 2 * p), ("alloc", ("fp32 grad", s), 4 * p),
+               ("free", ("flat", s), 0)]
+    if not keeps_partition:
+        events.append(("free", ("partition", s), 0))
     if s == 0:
         events += [("alloc", ("state", j), int(p * nbytes))
                    for j, nbytes in enumerate(states_of(p, False))]
