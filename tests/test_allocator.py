@@ -107,13 +107,17 @@ def test_a_block_is_cached_for_the_stream_that_allocated_it():
 
 
 def test_the_zero_emulation_names_what_deepspeed_allocates_on_its_reduction_stream():
-    """Under overlap_comm (ZeRO-2 in the trial's JSON) the gradient partition and
-    offload's copies come from `reduce_ipg_grads`'s reduction stream; ZeRO-1 runs without
-    it, so everything is on the default stream."""
+    """Under overlap_comm (from ZeRO-2 on in the trial's JSON) the gradient partition and
+    offload's copies come from `reduce_ipg_grads`'s reduction stream, and ZeRO-3's flat
+    copy of the bucket it reduces (and, in fp16, its overflow check's two byte masks of
+    the gradient partition) from its reduce_and_partition_stream; ZeRO-1 runs without
+    one, so everything is on the default stream."""
     events = zero_replay.emulated(GPT2, 64, 2, 2, 2, "none", True)
     offload = zero_replay.emulated(GPT2, 64, 2, 2, 2, "optimizer", True)
     zero1 = zero_replay.emulated(GPT2, 64, 2, 2, 1, "none", True)
-    assert events and offload and zero1
+    zero3 = zero_replay.emulated(GPT2, 64, 2, 2, 3, "none", True)
+    zero3_fp16 = zero_replay.emulated(GPT2, 64, 2, 2, 3, "none", True, precision="fp16")
+    assert events and offload and zero1 and zero3 and zero3_fp16
 
     def streams(events, stage):
         of = zero_replay.on_reduction_stream(stage)
@@ -123,6 +127,11 @@ def test_the_zero_emulation_names_what_deepspeed_allocates_on_its_reduction_stre
     assert streams(events, 2) == {"partition", "partition add"}
     assert streams(offload, 2) == {"offload norm", "fp32 copy"}
     assert streams(zero1, 1) == set()
+    assert streams(zero3, 3) == {"reduce"}
+    assert streams(zero3_fp16, 3) == {"reduce", "overflow"}
+    masks = [n for kind, key, n in zero3_fp16 if kind == "alloc" and key[0] == "overflow"]
+    flat = next(n for kind, key, n in zero3 if key == "flat16")  # 2 bytes a parameter
+    assert masks == [flat // 2] * 4  # isinf and isnan at each of the two steps
     # Their blocks are a pool of their own: the same allocations, reserved per stream.
     one = replay(events)
     two = zero_replay.replayed(GPT2, 64, 2, 2, 2, "none")

@@ -427,7 +427,7 @@ class Physics:
         attention = self.attention_kernel(c)
         if self.zero_replayed(c):
             return ("zero", c.per_device_train_batch_size, accumulation, c.zero_stage,
-                    c.offload, c.optim, attention)
+                    c.offload, c.optim, attention, c.precision)
         if not (self.shape.lora is None and c.zero_stage == 0 and c.fsdp == "none"
                 and not c.use_liger_kernel and c.optim != "adafactor"):
             return None

@@ -41,16 +41,17 @@ EMULATED_OPTIMIZERS = ("adamw_torch", "adamw_torch_fused")
 # What stage_1_and_2.py allocates inside `reduce_ipg_grads`'s `with stream(...)`: the 16-bit
 # gradient partition (and the next micro-batch's, added to it), and offload's per-parameter
 # fp64 norm input and fp32 copy. On the reduction stream under overlap_comm.
-# stage3.py reduces each filled bucket inside its reduce_and_partition_stream ("reduce").
+# stage3.py reduces each filled bucket inside its reduce_and_partition_stream ("reduce"),
+# and in fp16 looks there for an overflow in the gradient partition ("overflow").
 REDUCTION_STREAM_ALLOCATIONS = frozenset({"partition", "partition add", "offload norm",
-                                          "fp32 copy", "reduce"})
+                                          "fp32 copy", "reduce", "overflow"})
 REDUCTION_STREAM = 1
 
 
 def on_reduction_stream(stage: int) -> Callable[[object], int]:
     """The stream each of `zero_events`'s allocations is made on: DeepSpeed's reduction
-    stream for what `reduce_ipg_grads` allocates when overlap_comm is on (ZeRO-2 in the
-    trial's JSON), else the default stream. On a GPU a block is cached for the stream
+    stream for what its reduction allocates when overlap_comm is on (from ZeRO-2 on in
+    the trial's JSON), else the default stream. On a GPU a block is cached for the stream
     that allocated it, so those segments are a pool the model's tensors cannot reuse: on
     the H100 file that put ZeRO-2 1096 MiB under ZeRO-1, as measured, where one pool for
     all put the two level."""
@@ -82,7 +83,8 @@ def applies(shape: ModelShape, c: TrialConfig, world_size: int = 1) -> bool:
     partitions, and ZeRO-3 gathers nothing), a causal LM trained whole (no LoRA, no Liger
     kernels), ZeRO-1/2, or ZeRO-3 without offload, in 16-bit with torch AdamW and no
     checkpointing (what the engine was recorded with, in bf16; fp16 takes the same code
-    path, with a loss scaler's few scalars beside it), and no more parameters than one
+    path, with a loss scaler's few scalars beside it, and at stage 3 its overflow check),
+    and no more parameters than one
     bucket holds (above that the engine reduces a bucket within the backward, which the
     emulation does not)."""
     causal = shape.task == "causal-lm" or (not shape.task and shape.causal_lm)
@@ -97,9 +99,10 @@ def zero_events(step: TracedStep, batch: int, accumulation: int, stage: int, off
                 states_of: Callable[[int, bool], tuple[float, ...]],
                 step_temporary_bytes: float, bucket: int = DEFAULT_BUCKET,
                 steps: int = REPLAYED, marks: Marks | None = None,
-                workspaces: dict[str, int] | None = None, nccl: bool = True) -> list[Event]:
+                workspaces: dict[str, int] | None = None, nccl: bool = True,
+                fp16: bool = False) -> list[Event]:
     """A ZeRO trial's device allocations on one rank (`zero3_events` at stage 3; `nccl`
-    only matters there). At stages 1-2, as stage_1_and_2.py makes them:
+    and `fp16` only matter there). At stages 1-2, as stage_1_and_2.py makes them:
 
     - at initialize, the 16-bit weights flattened into one buffer (the parameters become
       views of it), and the master partition made from a 16-bit clone: without offload the
@@ -130,7 +133,7 @@ def zero_events(step: TracedStep, batch: int, accumulation: int, stage: int, off
     """
     if stage >= 3:
         return zero3_events(step, batch, accumulation, states_of, step_temporary_bytes,
-                            bucket, steps, marks, workspaces, nccl)
+                            bucket, steps, marks, workspaces, nccl, fp16)
     p, largest = sum(step.trainable), max(step.trainable)
     made: set = set()
     offloaded = offload != "none"
@@ -174,7 +177,8 @@ def zero3_events(step: TracedStep, batch: int, accumulation: int,
                  states_of: Callable[[int, bool], tuple[float, ...]],
                  step_temporary_bytes: float, bucket: int = DEFAULT_BUCKET,
                  steps: int = REPLAYED, marks: Marks | None = None,
-                 workspaces: dict[str, int] | None = None, nccl: bool = True) -> list[Event]:
+                 workspaces: dict[str, int] | None = None, nccl: bool = True,
+                 fp16: bool = False) -> list[Event]:
     """A ZeRO-3 trial's device allocations on one rank, without offload, as stage3.py and
     partition_parameters.py make them:
 
@@ -190,8 +194,10 @@ def zero3_events(step: TracedStep, batch: int, accumulation: int,
       is a view of its partition. Each gradient, as autograd completes it, is copied into
       the bucket and freed; the backward's end reduces the bucket through a flat copy of
       it on the reduction stream (gloo, on CPU, allocates a second one: `nccl=False`) and
-      adds it to the gradient partition;
-    - at the step: each gradient's fp64 norm input, one at a time; the partition
+      copies it into the gradient partition, or adds it there after the first;
+    - at the step: in `fp16`, the partition's isinf and isnan masks (a byte per
+      parameter each, one after the other, on the reduction stream); each gradient's fp64
+      norm input, one at a time; the partition
       flattened and converted to fp32 (the flat copy freed); the optimizer's states
       (first step) and temporaries; then the fp32 gradient freed.
 
@@ -221,6 +227,10 @@ def zero3_events(step: TracedStep, batch: int, accumulation: int,
             _mark(marks, f"s{s}m{m} fwd+bwd", events)
             if m < accumulation - 1:
                 _mark(marks, f"s{s}m{m} step", events)
+        if fp16:  # stage3.py's has_overflow
+            events += [e for mask in ("isinf", "isnan")
+                       for e in (("alloc", ("overflow", s, mask), p),
+                                 ("free", ("overflow", s, mask), 0))]
         events += _optimizer_step(s, p, [8 * n for n in step.trainable], states_of,
                                   step_temporary_bytes, keeps_partition=True)
         _mark(marks, f"s{s}m{accumulation - 1} step", events)
@@ -231,8 +241,9 @@ def _initialize3(step: TracedStep, p: int, bucket: int) -> list[Event]:
     trained = range(len(step.trainable))
     events: list[Event] = [("alloc", ("param", i), n) for i, n in enumerate(step.params)]
     for i in trained:  # each partition copied out, the parameter freed
-        events += [("alloc", ("partition", i), step.params[i]), ("free", ("param", i), 0)]
-    events += [("free", ("partition", i), 0) for i in trained]  # defragment: to the host
+        events += [("alloc", ("param partition", i), step.params[i]),
+                   ("free", ("param", i), 0)]
+    events += [("free", ("param partition", i), 0) for i in trained]  # defragment: to host
     events += [("empty_cache", None, 0), ("alloc", "flat16", 2 * p),
                ("alloc", "fp32 convert", 4 * p), ("alloc", "master", 4 * p),
                ("free", "fp32 convert", 0), ("alloc", "zero grad", 4 * p),
@@ -302,7 +313,8 @@ def _mark(marks: Marks | None, name: str, events: list[Event]) -> None:
 def emulated(hf_config: dict[str, Any], seq: int, batch: int, accumulation: int, stage: int,
              offload: str, cuda: bool, optim: str = "adamw_torch", attention: str = "sdpa",
              bucket: int = DEFAULT_BUCKET, marks: Marks | None = None,
-             capability: tuple[int, int] | None = None) -> list[Event] | None:
+             capability: tuple[int, int] | None = None,
+             precision: str = "bf16") -> list[Event] | None:
     """`zero_events` for a causal LM's config: None where the model's step cannot be
     traced. (On a CPU the optimizer's step temporaries and cuBLAS's workspaces are left
     out, as CPU AdamW's differ and a CPU has none; on a GPU the workspaces are sized for
@@ -316,18 +328,19 @@ def emulated(hf_config: dict[str, Any], seq: int, batch: int, accumulation: int,
     opt = optimizer(optim)
     return zero_events(step, batch, min(accumulation, REPLAYED), stage, offload, opt.states_of,
                        opt.step_temporary_bytes if cuda else 0.0, bucket, marks=marks,
-                       workspaces=blas_workspaces(capability) if cuda else None, nccl=cuda)
+                       workspaces=blas_workspaces(capability) if cuda else None, nccl=cuda,
+                       fp16=precision == "fp16")
 
 
 def replayed(hf_config: dict[str, Any], seq: int, batch: int, accumulation: int, stage: int,
              offload: str, optim: str = "adamw_torch", attention: str = "sdpa",
-             streams: bool = True, capability: tuple[int, int] | None = None
-             ) -> CachingAllocator | None:
+             streams: bool = True, capability: tuple[int, int] | None = None,
+             precision: str = "bf16") -> CachingAllocator | None:
     """A ZeRO GPU trial's allocations replayed through the caching allocator's rules,
     with a pool per stream (or, `streams=False`, one pool for all), on a GPU of
     `capability`; None where the model's step cannot be traced."""
     events = emulated(hf_config, seq, batch, accumulation, stage, offload, True, optim,
-                      attention, capability=capability)
+                      attention, capability=capability, precision=precision)
     if events is None:
         return None
     return replay(events, on_reduction_stream(stage) if streams else None)
@@ -335,11 +348,11 @@ def replayed(hf_config: dict[str, Any], seq: int, batch: int, accumulation: int,
 
 def replayed_peaks(hf_config: dict[str, Any], seq: int, batch: int, accumulation: int,
                    stage: int, offload: str, optim: str = "adamw_torch",
-                   attention: str = "sdpa", capability: tuple[int, int] | None = None
-                   ) -> tuple[float, float] | None:
+                   attention: str = "sdpa", capability: tuple[int, int] | None = None,
+                   precision: str = "bf16") -> tuple[float, float] | None:
     """(allocated, reserved) peak bytes of a ZeRO GPU trial (`replayed`)."""
     return _peaks(replayed(hf_config, seq, batch, accumulation, stage, offload, optim,
-                           attention, capability=capability))
+                           attention, capability=capability, precision=precision))
 
 
 def trial_replay(shape: ModelShape, c: TrialConfig, attention: str,
@@ -349,7 +362,7 @@ def trial_replay(shape: ModelShape, c: TrialConfig, attention: str,
     the physics resolved for it, on a GPU of `capability`."""
     return replayed(shape.hf_config, shape.seq_len, c.per_device_train_batch_size,
                     c.gradient_accumulation_steps, c.zero_stage, c.offload, c.optim,
-                    attention, streams, capability)
+                    attention, streams, capability, c.precision)
 
 
 def trial_peaks(shape: ModelShape, c: TrialConfig, attention: str,
