@@ -190,8 +190,10 @@ def zero3_events(step: TracedStep, batch: int, accumulation: int,
       gradient made and freed, the reduction bucket (`bucket` 16-bit elements, kept for
       the run) and the 16-bit gradient partition (kept). Last, each parameter is gathered
       once as its gradient hook is registered, and released;
-    - in the forward and backward nothing is gathered: on one rank a gathered parameter
-      is a view of its partition. Each gradient, as autograd completes it, is copied into
+    - in the forward and backward nothing is gathered: on one rank the coordinator's
+      gather makes a parameter a view of its partition (a model that touched a parameter
+      outside its own module would have it gathered whole by `param.all_gather()`, which
+      allocates; GPT-2 does not). Each gradient, as autograd completes it, is copied into
       the bucket and freed; the backward's end reduces the bucket through a flat copy of
       it on the reduction stream (gloo, on CPU, allocates a second one: `nccl=False`) and
       copies it into the gradient partition, or adds it there after the first;
