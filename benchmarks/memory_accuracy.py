@@ -150,6 +150,22 @@ def spec_for(layers: int, embd: int, heads: int, seq: int, vocab: int, target: i
             "measure": {"warmup_steps": 1, "steps": 2}, "output": "/tmp/autotune-memacc"}
 
 
+# The toolbox's groups (`--toolbox`): a file's section "SHAPE: GROUP" ran SHAPE with
+# GROUP's changes to the model.
+TOOLBOX_MODELS: dict[str, dict] = {"attention (eager and sdpa)": {}, "full fine-tuning": {},
+                                   "LoRA r=8 all-linear": {"lora": {"r": 8}}}
+
+
+def section_shape(section: str, device: DeviceSpec):
+    """The model shape a recorded file's section ran: a shape's name, or "NAME: GROUP"
+    for a toolbox group (TOOLBOX_MODELS)."""
+    shapes, _ = shape_table(device)
+    name, _, group = section.partition(": ")
+    raw = spec_for(*shapes[name])
+    raw["model"] |= TOOLBOX_MODELS[group] if group else {}
+    return model_shape(load_spec(raw))
+
+
 def shape_table(device: DeviceSpec) -> tuple[dict, object]:
     return (GPU_SHAPES, gpu_configs) if device.is_cuda else (CPU_SHAPES, cpu_configs)
 
@@ -321,8 +337,9 @@ def report(shape, device: DeviceSpec, measured: list[tuple[TrialConfig, int]],
 
 
 def recorded(path: str) -> tuple[DeviceSpec, dict[str, list[tuple[TrialConfig, int]]]]:
-    """The measurements a file recorded, by shape, and the device they ran on (the file's
-    `device:` line names the GPU; without one, the CPU)."""
+    """The measurements a file recorded, by section (a shape's name, or "NAME: GROUP" for
+    a toolbox group: `section_shape`), and the device they ran on (the file's `device:`
+    line names the GPU; without one, the CPU)."""
     text = Path(path).read_text()
     dev_line = re.search(r"^device: (.+)$", text, re.MULTILINE)
     device = named_device(dev_line.group(1)) if dev_line else local_device()
@@ -332,7 +349,8 @@ def recorded(path: str) -> tuple[DeviceSpec, dict[str, list[tuple[TrialConfig, i
     by_shape: dict[str, list[tuple[TrialConfig, int]]] = {}
     shape_name = None
     for line in text.splitlines():
-        if line.strip() in shapes:
+        name, _, group = line.strip().partition(": ")
+        if name in shapes and (not group or group in TOOLBOX_MODELS):
             shape_name = line.strip()
             continue
         m = re.match(r"\s+(b\d+x\d+ .*?)\s+measured\s+([\d.]+) MiB", line)
@@ -344,20 +362,19 @@ def recorded(path: str) -> tuple[DeviceSpec, dict[str, list[tuple[TrialConfig, i
 
 def physics_errors(device: DeviceSpec, name: str,
                    measured: list[tuple[TrialConfig, int]]) -> list[float]:
-    """Relative errors of the uncalibrated prediction (before any trial ran)."""
-    shapes, _ = shape_table(device)
-    physics = MemoryModel(model_shape(load_spec(spec_for(*shapes[name]))), device)
+    """Relative errors of the uncalibrated prediction (before any trial ran) on a
+    recorded section's measurements."""
+    physics = MemoryModel(section_shape(name, device), device)
     return [abs(physics.predict_total(c) - m) / m for c, m in measured]
 
 
 def replay(path: str) -> None:
     """Leave-one-out errors of the current model on measurements recorded earlier."""
     device, by_shape = recorded(path)
-    shapes, _ = shape_table(device)
     all_errors, physics, ratios = [], [], []
     for name, measured in by_shape.items():
         print(name)
-        shape = model_shape(load_spec(spec_for(*shapes[name])))
+        shape = section_shape(name, device)
         all_errors += report(shape, device, measured)
         physics += physics_errors(device, name, measured)
         if not device.is_cuda:  # RSS growth beyond the fixed runtime, per tensor byte

@@ -141,6 +141,23 @@ def test_prediction_of_the_recorded_h100_trials():
     assert 0.85 * 1096 * 2**20 < zero[1] - zero[2] < 1.15 * 1096 * 2**20, zero
 
 
+def test_the_toolbox_file_is_read_back_with_each_groups_model():
+    """`memory_accuracy.py --from memory_accuracy_toolbox.txt` re-predicts each group as
+    it ran: its sections are "SHAPE: GROUP", and the LoRA group's model has adapters (it
+    had found no section and stopped on an empty median)."""
+    bench = _bench()
+    device, by_section = bench.recorded(str(ROOT / "benchmarks"
+                                            / "memory_accuracy_toolbox.txt"))
+    assert not device.is_cuda
+    assert {k: len(v) for k, v in by_section.items()} == {
+        "gpt2-4x256-s256: attention (eager and sdpa)": 7,
+        "gpt2-4x256-s256: full fine-tuning": 5, "gpt2-4x256-s256: LoRA r=8 all-linear": 5}
+    lora = bench.section_shape("gpt2-4x256-s256: LoRA r=8 all-linear", device)
+    full = bench.section_shape("gpt2-4x256-s256: full fine-tuning", device)
+    assert lora.lora is not None and full.lora is None
+    assert lora.trainable_parameters < full.num_parameters / 10
+
+
 def test_the_gpu_benchmark_sets_the_replay_beside_the_allocators_peaks():
     bench = _bench()
     shape = shape_from_hf_config(load_hf_config({"config": GPT2}), S)
