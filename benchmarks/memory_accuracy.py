@@ -206,7 +206,11 @@ def measure(name: str, quick: bool, device: DeviceSpec, parallel: int,
             print(f"  {cfg.label():40s} {out.status}: {(out.error or '')[-300:]}")
             continue
         measured.append((cfg, out.peak_memory_bytes))
-        notes[cfg] = f"  ({secs:.0f} s){_allocator_note(out.extra, cfg, shape, device)}"
+        # An fp16 step the loss scaler skipped made no optimizer states: a peak under them.
+        skips = out.extra.get("loss_scale_skips") or 0
+        skipped = f", {skips} loss-scale skips (those steps made no update)" if skips else ""
+        notes[cfg] = (f"  ({secs:.0f} s){skipped}"
+                      f"{_allocator_note(out.extra, cfg, shape, device)}")
     return report(shape, device, measured, notes)
 
 
