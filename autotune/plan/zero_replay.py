@@ -84,9 +84,8 @@ def applies(shape: ModelShape, c: TrialConfig, world_size: int = 1) -> bool:
     kernels), ZeRO-1/2, or ZeRO-3 without offload, in 16-bit with torch AdamW and no
     checkpointing (what the engine was recorded with, in bf16; fp16 takes the same code
     path, with a loss scaler's few scalars beside it, and at stage 3 its overflow check),
-    and no more parameters than one
-    bucket holds (above that the engine reduces a bucket within the backward, which the
-    emulation does not)."""
+    and no more parameters than one bucket holds (above that the engine reduces a bucket
+    within the backward, which the emulation does not)."""
     causal = shape.task == "causal-lm" or (not shape.task and shape.causal_lm)
     stage_ok = c.zero_stage in (1, 2) or (c.zero_stage == 3 and c.offload == "none")
     return (world_size == 1 and stage_ok and c.precision in ("bf16", "fp16")
@@ -199,9 +198,9 @@ def zero3_events(step: TracedStep, batch: int, accumulation: int,
       copies it into the gradient partition, or adds it there after the first;
     - at the step: in `fp16`, the partition's isinf and isnan masks (a byte per
       parameter each, one after the other, on the reduction stream); each gradient's fp64
-      norm input, one at a time; the partition
-      flattened and converted to fp32 (the flat copy freed); the optimizer's states
-      (first step) and temporaries; then the fp32 gradient freed.
+      norm input, one at a time; the partition flattened and converted to fp32 (the flat
+      copy freed); the optimizer's states (first step) and temporaries; then the fp32
+      gradient freed.
 
     One difference from a trial left out: Trainer's optimizer has two parameter groups,
     which stage3.py steps one after the other, so its step temporaries are per group
