@@ -38,8 +38,12 @@ SMALL_GPT2 = {"model_type": "gpt2", "n_layer": 4, "n_embd": 128, "n_head": 4,
 
 def _one_rank(port: int) -> None:
     """torch.distributed's environment for one rank on this machine, and set-up's built
-    DeepSpeed ops (a default extensions folder would rebuild them: 100 s)."""
+    DeepSpeed ops (a default extensions folder would rebuild them: 100 s), loaded past
+    any lock a killed process left (trials/build_lock.py)."""
+    from autotune.trials.build_lock import install as guard_build_locks
     from autotune.trials.launch import extensions_dir
+
+    guard_build_locks()
 
     for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port)),
                        ("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import multiprocessing
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -48,8 +47,10 @@ def test_the_emulation_follows_the_real_engine_through_each_backward():
     peak may differ: at stages 1-2 higher, by at most the 16-bit gradients (2 bytes per
     parameter); at stage 3 each step's lower, as stage3.py steps Trainer's two groups one
     by one."""
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        recorded = pool.submit(_recorded).result()
+    # A pool whose exit kills its worker: a hung engine fails the test at its timeout,
+    # where an executor's exit would wait on the worker for good.
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        recorded = pool.apply_async(_recorded).get(timeout=280)
     for (stage, offload), (engine, trial) in zip(da.CONFIGS, recorded, strict=True):
         assert [name for name, *_ in trial] == ["init", "s0m0", "s0 step", "s1m0", "s1 step"]
         assert trial[0][1] == pytest.approx(engine[0][1], abs=64 * 1024), \

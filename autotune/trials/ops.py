@@ -17,10 +17,12 @@ def build() -> list[str]:
     """Load (building where not yet built) the ops a CPU or offload trial uses; return what
     could not be built, each with its reason (a missing compiler, say): trials then build or
     fail on their own, as before."""
+    from autotune.trials.build_lock import install as guard_build_locks
     from autotune.trials.launch import extensions_dir
 
     os.environ["TORCH_EXTENSIONS_DIR"] = extensions_dir()
     try:
+        guard_build_locks()
         import deepspeed.ops.op_builder as builders
     except Exception as exc:  # noqa: BLE001 - reported, never fatal to set-up
         return [f"deepspeed: {type(exc).__name__}: {exc}"[:300]]

@@ -216,9 +216,11 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
     from autotune.errors import SetupError
     from autotune.plan.device import local_device
     from autotune.spec import Spec
+    from autotune.trials.build_lock import install as guard_build_locks
     from autotune.trials.model_builder import build_dataset, build_model
     from autotune.trials.oom import is_oom_exception
 
+    guard_build_locks()  # DeepSpeed loads its JIT ops in every trial: see build_lock.py
     hf_logging.set_verbosity_error()
     spec = Spec.model_validate(request.spec)  # the same validation the CLI ran
     set_seed(request.seed)  # one seed: the same initial weights and data order everywhere
