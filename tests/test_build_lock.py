@@ -47,6 +47,15 @@ def test_a_lock_is_stale_once_its_holder_is_gone(tmp_path):
     assert not build_lock.stale(str(tmp_path / "none"))
 
 
+def test_a_sweep_removes_only_the_stale_locks(tmp_path):
+    for name, pid in (("dead_op", _dead_pid()), ("live_op", os.getpid())):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "lock").write_text(str(pid))
+    (tmp_path / "built_op").mkdir()
+    assert build_lock.sweep(str(tmp_path)) == [str(tmp_path / "dead_op" / "lock")]
+    assert sorted(p.parent.name for p in tmp_path.glob("*/lock")) == ["live_op"]
+
+
 def test_the_guarded_baton_names_its_holder_and_waits_past_a_dead_one(tmp_path):
     """torch's own FileBaton, guarded: the holder's PID is in the lock; a waiter waits on
     a live holder and goes on past a dead one, removing its lock."""

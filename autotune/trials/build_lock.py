@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 import time
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +56,25 @@ def stale(path: str, now: float | None = None) -> bool:
         return False
 
 
+def sweep(directory: str | None = None) -> list[str]:
+    """Remove the stale locks of the op folders under `directory` (this environment's
+    extensions folder by default), so a process without the guard (a user's own run
+    that shares the folder) does not wait on one; return the paths removed."""
+    from autotune.trials.launch import extensions_dir
+
+    removed = []
+    for lock in sorted(Path(directory or extensions_dir()).glob("*/lock")):
+        if stale(str(lock)):
+            with contextlib.suppress(FileNotFoundError):
+                lock.unlink()
+                removed.append(str(lock))
+                log.warning("removed %s: the process that held it is gone", lock)
+    return removed
+
+
 def install() -> None:
-    """Guard torch's FileBaton in this process (idempotent)."""
+    """Guard torch's FileBaton in this process (idempotent), after a `sweep`."""
+    sweep()
     from torch.utils import file_baton
 
     baton = file_baton.FileBaton
