@@ -57,13 +57,17 @@ def stale(path: str, now: float | None = None) -> bool:
 
 
 def sweep(directory: str | None = None) -> list[str]:
-    """Remove the stale locks of the op folders under `directory` (this environment's
-    extensions folder by default), so a process without the guard (a user's own run
-    that shares the folder) does not wait on one; return the paths removed."""
-    from autotune.trials.launch import extensions_dir
+    """Remove the stale locks of the op folders under `directory` (by default the one
+    torch builds into here: TORCH_EXTENSIONS_DIR, which the launcher sets for trials, or
+    torch's default), so a process without the guard (a user's own run that shares the
+    folder) does not wait on one; return the paths removed."""
+    directory = directory or os.environ.get("TORCH_EXTENSIONS_DIR")
+    if not directory:
+        from torch.utils.cpp_extension import get_default_build_root
 
+        directory = get_default_build_root()
     removed = []
-    for lock in sorted(Path(directory or extensions_dir()).glob("*/lock")):
+    for lock in sorted(Path(directory).glob("*/lock")):
         if stale(str(lock)):
             with contextlib.suppress(FileNotFoundError):
                 lock.unlink()
