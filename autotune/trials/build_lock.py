@@ -37,12 +37,12 @@ def holder(path: str) -> int | None:
     return None
 
 
-def stale(path: str, now: float | None = None) -> bool:
+def stale(path: str) -> bool:
     """Whether the lock at `path` is one no live process will remove."""
     import psutil
 
     try:
-        age = (now or time.time()) - os.stat(path).st_mtime
+        age = time.time() - os.stat(path).st_mtime
     except FileNotFoundError:
         return False
     pid = holder(path)
