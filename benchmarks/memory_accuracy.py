@@ -156,14 +156,19 @@ TOOLBOX_MODELS: dict[str, dict] = {"attention (eager and sdpa)": {}, "full fine-
                                    "LoRA r=8 all-linear": {"lora": {"r": 8}}}
 
 
+def shape_spec(name: str, device: DeviceSpec, model: dict | None = None):
+    """The spec a shape's trials run on `device`, with `model`'s changes to the model."""
+    shapes, _ = shape_table(device)
+    raw = spec_for(*shapes[name])
+    raw["model"] |= model or {}
+    return load_spec(raw)
+
+
 def section_shape(section: str, device: DeviceSpec):
     """The model shape a recorded file's section ran: a shape's name, or "NAME: GROUP"
     for a toolbox group (TOOLBOX_MODELS)."""
-    shapes, _ = shape_table(device)
     name, _, group = section.partition(": ")
-    raw = spec_for(*shapes[name])
-    raw["model"] |= TOOLBOX_MODELS[group] if group else {}
-    return model_shape(load_spec(raw))
+    return model_shape(shape_spec(name, device, TOOLBOX_MODELS[group] if group else None))
 
 
 def shape_table(device: DeviceSpec) -> tuple[dict, object]:
@@ -172,10 +177,8 @@ def shape_table(device: DeviceSpec) -> tuple[dict, object]:
 
 def measure(name: str, quick: bool, device: DeviceSpec, parallel: int,
             configs: list[TrialConfig] | None = None, **model: object) -> list[float]:
-    shapes, config_fn = shape_table(device)
-    raw = spec_for(*shapes[name])
-    raw["model"] |= model
-    spec = load_spec(raw)
+    _, config_fn = shape_table(device)
+    spec = shape_spec(name, device, model)
     shape = model_shape(spec)
 
     if parallel > 1:  # trials share the device on purpose: no process's own peak changes
@@ -350,18 +353,18 @@ def recorded(path: str) -> tuple[DeviceSpec, dict[str, list[tuple[TrialConfig, i
     if not dev_line and device.is_cuda:
         device = DeviceSpec("cpu", "cpu", 64 * 2**30)
     shapes, _ = shape_table(device)
-    by_shape: dict[str, list[tuple[TrialConfig, int]]] = {}
-    shape_name = None
+    by_section: dict[str, list[tuple[TrialConfig, int]]] = {}
+    section = None
     for line in text.splitlines():
         name, _, group = line.strip().partition(": ")
         if name in shapes and (not group or group in TOOLBOX_MODELS):
-            shape_name = line.strip()
+            section = line.strip()
             continue
         m = re.match(r"\s+(b\d+x\d+ .*?)\s+measured\s+([\d.]+) MiB", line)
-        if m and shape_name:
+        if m and section:
             cfg = TrialConfig.from_label(m.group(1).strip())
-            by_shape.setdefault(shape_name, []).append((cfg, int(float(m.group(2)) * 2**20)))
-    return device, by_shape
+            by_section.setdefault(section, []).append((cfg, int(float(m.group(2)) * 2**20)))
+    return device, by_section
 
 
 def physics_errors(device: DeviceSpec, name: str,
@@ -472,17 +475,16 @@ def toolbox() -> None:
     device, name = local_device(), "gpt2-4x256-s256"
     target = CPU_SHAPES[name][-1]
     c = lambda *a, **k: _c(target, *a, **k)  # noqa: E731
-    groups = {
-        "attention (eager and sdpa)": ([c(b, attn_implementation=a) for a in ("eager", "sdpa")
-                                        for b in (4, 8, 16)]
-                                       + [c(16, ck=True, attn_implementation="eager")], {}),
-        "full fine-tuning": ([c(4), c(8), c(16), c(16, ck=True), c(8, z=2)], {}),
-        "LoRA r=8 all-linear": ([c(4), c(8), c(16), c(16, ck=True), c(8, z=2)],
-                                {"lora": {"r": 8}}),
+    configs = {
+        "attention (eager and sdpa)": [c(b, attn_implementation=a) for a in ("eager", "sdpa")
+                                       for b in (4, 8, 16)]
+                                      + [c(16, ck=True, attn_implementation="eager")],
+        "full fine-tuning": [c(4), c(8), c(16), c(16, ck=True), c(8, z=2)],
+        "LoRA r=8 all-linear": [c(4), c(8), c(16), c(16, ck=True), c(8, z=2)],
     }
-    for label, (configs, model) in groups.items():
+    for label, model in TOOLBOX_MODELS.items():
         print(f"{name}: {label}", flush=True)
-        errors = measure(name, False, device, 1, configs, **model)
+        errors = measure(name, False, device, 1, configs[label], **model)
         print(f"  {label}: calibrated median {statistics.median(errors):.1%}, "
               f"max {max(errors):.1%}", flush=True)
 
