@@ -32,11 +32,14 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Rule:
     """A combination that cannot run where `excludes(config, device)` holds. `label` and
-    `reason` are formatted with the config's knobs, `device` and `cc`."""
+    `reason` are formatted with the config's knobs, `device` and `cc`. An `install` rule
+    is about this machine's packages, not the device: a replay of a landscape measured
+    elsewhere skips it."""
 
     label: str
     reason: str
     excludes: Callable[[TrialConfig, DeviceSpec], bool]
+    install: bool = False
 
     def check(self, config: TrialConfig, device: DeviceSpec) -> tuple[str, str] | None:
         if not self.excludes(config, device):
@@ -54,11 +57,15 @@ def _no_prior(value: Any, device: DeviceSpec, world_size: int) -> float:
 class Speed:
     """A knob's effect on log throughput as known before measuring: the prior mean per
     value, its width, and the width of a per-batch interaction (for knobs whose kernels
-    saturate at other batch sizes), None for none."""
+    saturate at other batch sizes), None for none. Values of one `kin` (fp16 and bf16 on
+    the same tensor cores) share an effect as wide as `kin_sd`, and differ from each
+    other by `sd` only."""
 
     prior: Callable[[Any, DeviceSpec, int], float] = _no_prior
     sd: float = 0.3
     batch_sd: float | None = None
+    kin: Callable[[Any], str] | None = None
+    kin_sd: float | None = None
 
 
 def _installed(module: str) -> bool:
@@ -84,12 +91,16 @@ class Knob:
     # Changes how the model is built (attention kernel, adapters): a model that fails to
     # build under a non-baseline value may be this knob's fault, not the spec's.
     affects_model: bool = False
-    # Why only the baseline value can apply to this spec's model or data (None: any
-    # value can): a Liger kernel for a model type it does not cover, packing synthetic
-    # rows that have no padding.
-    applies: Callable[[Spec], str | None] | None = None
+    # Why a value other than the baseline's cannot apply to this spec's model or data
+    # (None: it can): a Liger kernel for a model type it does not cover, packing synthetic
+    # rows that have no padding, an attention kernel the model's class does not support.
+    applies: Callable[[Spec, Any], str | None] | None = None
     # Where a long list of allowed values is defined, named in errors instead of the list
     listed_in: str = ""
+    # What the guide's careful user picks by hand (the seeds' recipe), best first: the
+    # recipe takes the first value that the device rules and the model allow. None: the
+    # baseline's value. Called with the device and whether the data is real (not synthetic).
+    recipe: Callable[[DeviceSpec, bool], Sequence] | None = None
 
     def allowed(self) -> list:
         return list(self.values() if callable(self.values) else self.values)
@@ -118,6 +129,10 @@ class Knob:
     @property
     def group_name(self) -> str:
         return self.group or self.name
+
+    def preferred(self, device: DeviceSpec, real_data: bool) -> list:
+        """The recipe's values for this knob on `device`, best first."""
+        return list(self.recipe(device, real_data)) if self.recipe else [self.baseline]
 
 
 # --- precision -----------------------------------------------------------------------
@@ -149,7 +164,12 @@ PRECISION = Knob(
         Rule("precision=bf16", "bf16 needs compute capability 8.0+ (here {cc})",
              lambda c, d: c.precision == "bf16" and not d.supports_bf16()),
     ),
-    speed=Speed(_precision_prior, sd=0.7, batch_sd=0.25))
+    # The guide: bf16 where the device has it (Ampere+, or a CPU with native bf16), else
+    # fp16 on a GPU; fp32 with tf32 matmuls is what is left on Ampere+ without 16-bit.
+    recipe=lambda d, real: (["bf16", "fp16", "tf32", "fp32"] if d.is_cuda
+                            else ["bf16", "fp32"] if d.native_bf16 else ["fp32"]),
+    speed=Speed(_precision_prior, sd=0.2, batch_sd=0.25, kin_sd=0.7,
+                kin=lambda p: "16-bit" if p in ("fp16", "bf16") else "32-bit"))
 
 
 # --- optimizer -------------------------------------------------------------------------
@@ -166,8 +186,10 @@ OPTIM = Knob(
         Rule("optim={optim}", "{optim} is a GPU kernel; on CPU it measures nothing its plain "
              "version does not", lambda c, d: optimizer(c.optim).gpu_only and not d.is_cuda),
         Rule("optim={optim}", "{optim} needs bitsandbytes, which is not installed",
-             lambda c, d: optimizer(c.optim).bitsandbytes and not _installed("bitsandbytes")),
+             lambda c, d: optimizer(c.optim).bitsandbytes and not _installed("bitsandbytes"),
+             install=True),
     ),
+    recipe=lambda d, real: ["adamw_torch_fused", "adamw_torch"],  # fused on CUDA (rules)
     speed=Speed(_optim_prior, sd=0.15))
 
 
@@ -218,7 +240,7 @@ ZERO_STAGE = Knob(
     "zero_stage", (0, 1, 2, 3), 0, "ZeRO stage", "ZeRO", kind=int,
     tag=lambda z: f"z{z}" if z else "", group="sharding",
     rules=(Rule("zero_stage>0", "ZeRO needs deepspeed, which is not installed",
-                lambda c, d: c.zero_stage > 0 and not _installed("deepspeed")),),
+                lambda c, d: c.zero_stage > 0 and not _installed("deepspeed"), install=True),),
     speed=Speed(_zero_prior, sd=0.4))
 
 OFFLOAD = Knob(
@@ -280,10 +302,13 @@ TORCH_COMPILE = Knob(
     group="compile",
     rules=(Rule("torch_compile=True", "torch.compile's CPU kernels need a C++ compiler "
                 "(none on PATH)", lambda c, d: c.torch_compile and not d.is_cuda
-                and not _have_cxx()),),
+                and not _have_cxx(), install=True),),
     # Published: about +16% tokens/s on H100 (torchtitan); on CPU no prior either way.
     speed=Speed(lambda on, d, w: math.log(1.12) if on and d.is_cuda else 0.0, sd=0.2,
-                batch_sd=0.1))
+                batch_sd=0.1),
+    # The guide compiles on GPUs. On a CPU Inductor's C++ build costs a minute or more per
+    # process on a few cores, which no careful user pays for a short run.
+    recipe=lambda d, real: [True, False] if d.is_cuda else [False])
 
 COMPILE_MODE = Knob(
     "torch_compile_mode", ("default", "reduce-overhead", "max-autotune"), "default",
@@ -310,6 +335,40 @@ def _attention_prior(attn: str, device: DeviceSpec, world_size: int) -> float:
     return {"eager": math.log(0.8), "flash_attention_2": 0.02}.get(attn, 0.0)
 
 
+# The class attribute transformers sets where a model supports each kernel (4.x named
+# flash attention's `_supports_flash_attn_2`).
+_KERNEL_SUPPORT = {"sdpa": ("_supports_sdpa",),
+                   "flash_attention_2": ("_supports_flash_attn", "_supports_flash_attn_2")}
+
+
+def _attention_applies(spec: Spec, attn: Any) -> str | None:
+    flags = _KERNEL_SUPPORT.get(attn)
+    if not flags:
+        return None
+    cls = _model_class(spec)
+    if cls is None or any(getattr(cls, f, False) for f in flags):
+        return None
+    return f"{cls.__name__} does not support attn_implementation={attn}"
+
+
+def _model_class(spec: Spec) -> type | None:
+    """The transformers class the spec's model is built with; None where not known (a
+    factory, a config transformers cannot map)."""
+    from autotune.plan.shape import AUTO_CLASSES, load_hf_config
+
+    try:
+        cfg = load_hf_config(spec.model.model_dump())
+        if cfg is None:
+            return None
+        import transformers
+
+        with _TRANSFORMERS_IMPORT:
+            auto = getattr(transformers, AUTO_CLASSES[spec.model.task])
+        return auto._model_mapping[type(cfg)]
+    except Exception:  # noqa: BLE001 - the spec's own checks report a broken model
+        return None
+
+
 ATTENTION = Knob(
     # "auto": what the model gets without asking (the spec's model.attn_implementation,
     # else transformers' choice, SDPA where the model supports it).
@@ -319,7 +378,9 @@ ATTENTION = Knob(
     rules=(
         Rule("attn_implementation=flash_attention_2", "flash_attention_2 needs flash-attn, "
              "which is not installed", lambda c, d: c.attn_implementation ==
-             "flash_attention_2" and not _installed("flash_attn")),
+             "flash_attention_2" and not _installed("flash_attn"), install=True),
+        Rule("attn_implementation=flash_attention_2", "flash_attention_2 is a CUDA kernel",
+             lambda c, d: c.attn_implementation == "flash_attention_2" and not d.is_cuda),
         Rule("attn_implementation=flash_attention_2", "flash_attention_2 needs an Ampere or "
              "newer GPU (compute capability 8.0+; here {cc})", lambda c, d:
              c.attn_implementation == "flash_attention_2" and not d.supports_bf16()),
@@ -327,7 +388,11 @@ ATTENTION = Knob(
              "runs in fp16 or bf16 only", lambda c, d: c.attn_implementation ==
              "flash_attention_2" and c.precision not in ("fp16", "bf16")),
     ),
-    speed=Speed(_attention_prior, sd=0.2, batch_sd=0.1))
+    applies=_attention_applies,
+    # The guide: flash-attention 2 where installed and the dtype allows, else SDPA.
+    recipe=lambda d, real: ["flash_attention_2", "sdpa", "auto"],
+    speed=Speed(_attention_prior, sd=0.1, batch_sd=0.1, kin_sd=0.2,
+                kin=lambda a: "materialised" if a == "eager" else "fused"))
 
 
 # --- fused kernels ------------------------------------------------------------------------
@@ -338,7 +403,7 @@ LIGER_MODEL_TYPES = ("llama", "mllama", "mistral", "mixtral", "gemma", "gemma2",
                      "glm4", "paligemma")
 
 
-def _liger_applies(spec: Spec) -> str | None:
+def _liger_applies(spec: Spec, on: Any = True) -> str | None:
     from autotune.plan.shape import load_hf_config
 
     try:
@@ -357,17 +422,19 @@ LIGER = Knob(
     applies=_liger_applies,
     rules=(
         Rule("use_liger_kernel=True", "Liger kernels need liger-kernel, which is not "
-             "installed", lambda c, d: c.use_liger_kernel and not _installed("liger_kernel")),
+             "installed", lambda c, d: c.use_liger_kernel and not _installed("liger_kernel"),
+             install=True),
         Rule("use_liger_kernel=True", "Liger's Triton kernels need a CUDA GPU",
              lambda c, d: c.use_liger_kernel and not d.is_cuda),
     ),
     # Published: about +20% throughput on Llama-3-8B.
-    speed=Speed(lambda on, d, w: math.log(1.15) if on and d.is_cuda else 0.0, sd=0.2))
+    speed=Speed(lambda on, d, w: math.log(1.15) if on and d.is_cuda else 0.0, sd=0.2),
+    recipe=lambda d, real: [True, False])
 
 
 # --- data ---------------------------------------------------------------------------------
 
-def _packing_applies(spec: Spec) -> str | None:
+def _packing_applies(spec: Spec, on: Any = True) -> str | None:
     if spec.data.source == "synthetic":
         return "synthetic rows are all seq_len tokens: there is no padding to remove"
     if spec.model.task != "causal-lm":
@@ -385,7 +452,9 @@ PACKING = Knob(
 DATALOADER_WORKERS = Knob(
     "dataloader_num_workers", (0, 1, 2, 4, 8), 0, "dataloader workers", "loaders", kind=int,
     tag=lambda n: f"dl{n}" if n else "", training_args=lambda n: {"dataloader_num_workers": n},
-    blamed=False, speed=Speed(sd=0.05))
+    blamed=False, speed=Speed(sd=0.05),
+    # The guide's DataLoader(num_workers=4) on real data; synthetic rows need no loading.
+    recipe=lambda d, real: [4, 2, 1, 0] if real else [0])
 
 PIN_MEMORY = Knob(
     "dataloader_pin_memory", (True, False), True, "pinned host memory", "pin", kind=bool,
@@ -439,10 +508,14 @@ def added(*new: Knob) -> Iterator[None]:
             _TABLE.remove(k)
 
 
-def device_rule(config: TrialConfig, device: DeviceSpec) -> tuple[str, str] | None:
-    """(label, reason) of the first rule that rules `config` out on `device`, or None."""
+def device_rule(config: TrialConfig, device: DeviceSpec, *,
+                installs: bool = True) -> tuple[str, str] | None:
+    """(label, reason) of the first rule that rules `config` out on `device`, or None;
+    `installs=False` leaves out the rules about this machine's packages (a replay)."""
     for k in _TABLE:
         for rule in k.rules:
+            if rule.install and not installs:
+                continue
             hit = rule.check(config, device)
             if hit is not None:
                 return hit

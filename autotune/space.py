@@ -26,6 +26,14 @@ class Space:
     batch_sizes: list[int]
     values: dict[str, list[Any]]  # knob -> values to search, in table order
     source: str = "default"
+    # Per device kind ("cuda"), knob lists that replace `values`' on that kind of device
+    on_device: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
+
+    def for_device(self, device: DeviceSpec) -> Space:
+        """The lists this device searches: `values` with its kind's section laid over."""
+        values = self.values | self.on_device.get(device.kind, {})
+        return Space(self.batch_sizes, {k.name: values[k.name] for k in knobs.table()},
+                     self.source)
 
     def choices(self) -> dict[str, list[Any]]:
         """Every searched dimension's values, in a stable order (Optuna distributions)."""
@@ -44,7 +52,7 @@ class SpaceResult:
     pruned: dict[str, str] = field(default_factory=dict)  # rule label -> why
 
 
-def _divisors(n: int) -> list[int]:
+def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
@@ -60,13 +68,13 @@ def few_splits(per_rank: int) -> str | None:
     """A note where a prime per-rank target leaves the search only the micro-batches 1 and
     the whole target (accumulation is derived, so the effective batch never changes),
     naming the nearest target with more splits; None otherwise."""
-    if per_rank < 5 or len(_divisors(per_rank)) > 2:
+    if per_rank < 5 or len(divisors(per_rank)) > 2:
         return None
     near = max((n for n in range(per_rank - 3, per_rank + 4) if n > 0),
-               key=lambda n: (len(_divisors(n)), -abs(n - per_rank)))
+               key=lambda n: (len(divisors(n)), -abs(n - per_rank)))
     return (f"target_batch_size gives {per_rank} samples per rank, a prime: the only "
             f"micro-batches are 1 and {per_rank}, so there is little to tune; {near} would "
-            f"allow {len(_divisors(near))} ({', '.join(map(str, _divisors(near)))})")
+            f"allow {len(divisors(near))} ({', '.join(map(str, divisors(near)))})")
 
 
 def _values(raw: dict, key: str, default: list, where: str) -> list:
@@ -101,47 +109,80 @@ def load_space(name_or_path: str, target_batch_size: int, world_size: int = 1) -
     if not isinstance(raw, dict):
         raise SpecError(f"search space {path.name}: expected a mapping of knob: [values], "
                         f"got a {type(raw).__name__}")
-    allowed_keys = [BATCH, *knobs.names()]
+    allowed_keys = [BATCH, *knobs.names(), *DEVICE_SECTIONS]
     unknown = sorted(set(raw) - set(allowed_keys))
     if unknown:
         raise SpecError(f"search space {path.name}: key {not_allowed(unknown[0], allowed_keys)}")
     per_rank = target_batch_size // world_size
     batches = raw.get(BATCH, "auto")
-    batches = (_divisors(per_rank) if batches == "auto"
+    batches = (divisors(per_rank) if batches == "auto"
                else _values(raw, BATCH, [], path.name))
-    _check_values(BATCH, batches, _divisors(per_rank), path.name)
+    _check_values(BATCH, batches, divisors(per_rank), path.name)
+    values = _knob_values(raw, path.name, defaults=True)
+    on_device = {}
+    for kind in DEVICE_SECTIONS:
+        section = raw.get(kind) or {}
+        where = f"{path.name} ({kind}:)"
+        if not isinstance(section, dict):
+            raise SpecError(f"search space {where}: expected a mapping of knob: [values]")
+        extra = sorted(set(section) - set(knobs.names()))
+        if extra:
+            raise SpecError(f"search space {where}: key {not_allowed(extra[0], knobs.names())}")
+        on_device[kind] = _knob_values(section, where, defaults=False)
+    return Space(sorted(int(b) for b in batches), values, str(path), on_device)
+
+
+# Sections of a space file that add to (replace) knobs' lists on one kind of device: the
+# default space searches the GPU's own levers on CUDA and stays quick on a CPU.
+DEVICE_SECTIONS = ("cuda",)
+
+
+def _knob_values(raw: dict, where: str, *, defaults: bool) -> dict[str, list[Any]]:
+    """Each knob's parsed, checked list; knobs not given keep their baseline (`defaults`)
+    or are left out."""
     values: dict[str, list[Any]] = {}
     for k in knobs.table():
-        given = _values(raw, k.name, [k.baseline], path.name)
+        if k.name not in raw and not defaults:
+            continue
+        given = _values(raw, k.name, [k.baseline], where)
         try:
             parsed = [k.parse(v) for v in given]
         except SpecError as exc:  # the knob's own message names it
-            raise SpecError(f"search space {path.name}: {exc}; allowed: "
+            raise SpecError(f"search space {where}: {exc}; allowed: "
                             f"{', '.join(map(str, k.allowed()))}") from None
-        _check_values(k.name, parsed, k.allowed(), path.name, k.listed_in)
+        _check_values(k.name, parsed, k.allowed(), where, k.listed_in)
         values[k.name] = list(dict.fromkeys(parsed))
-    return Space(sorted(int(b) for b in batches), values, str(path))
+    return values
+
+
+def applicable(spec: Spec, k: knobs.Knob, v: Any) -> str | None:
+    """Why value `v` of knob `k` cannot apply to this spec's model or data, or None."""
+    if k.applies is None or v == k.baseline:
+        return None
+    return k.applies(spec, v)
 
 
 def _applicable(space: Space, spec: Spec, pruned: dict[str, str]) -> Space:
     """The space without the knob values that cannot apply to this spec's model or data
-    (the table's `applies`), each removal recorded with its reason."""
+    (the table's `applies`), each removal recorded with its reason; a knob left with no
+    value keeps its baseline's."""
     values = dict(space.values)
     for k in knobs.table():
-        others = [v for v in values.get(k.name, []) if v != k.baseline]
-        if k.applies is None or not others:
-            continue
-        reason = k.applies(spec)
-        if reason is not None:
-            for v in others:
+        kept = []
+        for v in values.get(k.name, []):
+            reason = applicable(spec, k, v)
+            if reason is None:
+                kept.append(v)
+            else:
                 pruned.setdefault(f"{k.name}={v}", reason)
-            values[k.name] = [k.baseline]
+        values[k.name] = kept or [k.baseline]
     return Space(space.batch_sizes, values, space.source)
 
 
 def build_space(spec: Spec, device: DeviceSpec, space: Space | None = None) -> SpaceResult:
     """Every config the space allows on `device`, with accumulation derived from the target."""
     space = space or load_space(spec.search.space, spec.target_batch_size, spec.world_size)
+    space = space.for_device(device)
     result = SpaceResult(space, [])
     space = result.space = _applicable(space, spec, result.pruned)
     for family in space.families():

@@ -59,6 +59,7 @@ class ConfirmedConfig:
 
 
 BASELINE = "baseline"  # the reason of the baseline probe's trials
+RECIPE = "recipe"  # the reason of the recipe probe's trials
 
 
 def at_target(records: list[Record], per_rank: int | None) -> list[Record]:
@@ -82,6 +83,9 @@ class Confirmation:
     speedup: float | None = None  # median(winner) / median(baseline)
     speedup_low: float | None = None  # bootstrap interval (5th-95th percentile)
     speedup_high: float | None = None
+    # median(winner) / median(the guide's recipe): {"speedup", "low", "high"}; None where
+    # the recipe did not run or no run of it measured
+    vs_recipe: dict[str, float | None] | None = None
 
     def row(self, config: TrialConfig) -> ConfirmedConfig | None:
         return next((r for r in self.rows if r.config == config), None)
@@ -89,15 +93,25 @@ class Confirmation:
     @property
     def baseline_won(self) -> bool:
         """The baseline trained the target and confirmed fastest: the speedup is 1."""
+        return self.winner_role == BASELINE
+
+    @property
+    def recipe_won(self) -> bool:
+        """The guide's recipe confirmed fastest: the tuner found nothing faster."""
+        return self.winner_role == RECIPE
+
+    @property
+    def winner_role(self) -> str | None:
         row = self.row(self.winner) if self.winner else None
-        return row is not None and row.role == "baseline"
+        return row.role if row is not None else None
 
     def to_dict(self) -> dict[str, Any]:
         return {"repeats": self.repeats, "steps": self.steps,
                 "configs": [r.to_dict() for r in self.rows],
                 "winner": self.winner.to_dict() if self.winner else None,
                 "speedup": self.speedup,
-                "speedup_low": self.speedup_low, "speedup_high": self.speedup_high}
+                "speedup_low": self.speedup_low, "speedup_high": self.speedup_high,
+                "vs_recipe": self.vs_recipe}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Confirmation:
@@ -105,7 +119,7 @@ class Confirmation:
                    [ConfirmedConfig.from_dict(r) for r in d.get("configs") or []],
                    TrialConfig.from_dict(d["winner"]) if d.get("winner") else None,
                    d.get("speedup"),
-                   d.get("speedup_low"), d.get("speedup_high"))
+                   d.get("speedup_low"), d.get("speedup_high"), d.get("vs_recipe"))
 
 
 @dataclass
@@ -181,14 +195,41 @@ class Summary:
         """Trainer defaults with auto_find_batch_size: the largest baseline batch that ran,
         or, where a longer confirmation run of it ran out of memory, the batch the
         confirmation moved it down to."""
-        row = next((r for r in self.confirmation.rows if r.role == "baseline"),
+        return self._reference(BASELINE)
+
+    @property
+    def recipe(self) -> Record | None:
+        """The guide's recipe at the largest batch that ran (or that its confirmation
+        moved it down to)."""
+        return self._reference(RECIPE)
+
+    def _reference(self, role: str) -> Record | None:
+        row = next((r for r in self.confirmation.rows if r.role == role),
                    None) if self.confirmation else None
         if row is not None and row.searched_number is None:
             runs = [t for t in self.trials if t.config == row.config and t.outcome.ok]
             if runs:
                 return runs[0]
-        ok = [t for t in self.searched if t.reason == "baseline" and t.outcome.ok]
+        ok = [t for t in self.searched if t.reason == role and t.outcome.ok]
         return max(ok, key=lambda t: t.config.per_device_train_batch_size) if ok else None
+
+    @property
+    def defaults_do_not_fit(self) -> bool:
+        """Trainer's defaults ran and every run was out of memory: there is no baseline on
+        this device, and the speedups are stated against the recipe alone."""
+        ran = [t for t in self.searched if t.reason == BASELINE and t.outcome.ran]
+        return bool(ran) and all(t.outcome.is_oom for t in ran)
+
+    @property
+    def vs_recipe(self) -> float | None:
+        """The winner over the guide's recipe: confirmed, else single trials."""
+        c = self.confirmation
+        if c is not None and c.vs_recipe is not None and c.vs_recipe.get("speedup"):
+            return c.vs_recipe["speedup"]
+        best, rec = self.best, self.recipe
+        if best is None or rec is None or not rec.outcome.score:
+            return None
+        return (best.outcome.score or 0.0) / rec.outcome.score
 
     @property
     def speedup(self) -> float | None:
@@ -215,7 +256,9 @@ class Summary:
             # Repeated from `trials` for people reading the file; ignored when read back.
             "best": best.to_dict() if best else None,
             "baseline": base.to_dict() if base else None,
-            "speedup": self.speedup,
+            "recipe": self.recipe.to_dict() if self.recipe else None,
+            "speedup": self.speedup, "vs_recipe": self.vs_recipe,
+            "defaults_do_not_fit": self.defaults_do_not_fit,
             "memory_components": self.memory_components,
             "confirmation": self.confirmation.to_dict() if self.confirmation else None,
             "trials": [t.to_dict() for t in self.trials],

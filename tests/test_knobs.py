@@ -54,7 +54,8 @@ def test_a_new_row_reaches_trials_exports_summary_and_report(tmp_path, tiny_spec
     space = {"per_device_train_batch_size": [16], "dataloader_persistent_workers": [True, False],
              "dataloader_num_workers": [1]}
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
-    tiny_spec["search"] |= {"space": str(tmp_path / "space.yaml"), "n_trials": 2}
+    # Trainer's defaults and the recipe run first: two more trials.
+    tiny_spec["search"] |= {"space": str(tmp_path / "space.yaml"), "n_trials": 4}
     from autotune.tuning.run import run_search
 
     with knobs.added(PERSIST):

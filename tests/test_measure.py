@@ -144,7 +144,7 @@ def test_confirmation_picks_the_winner_on_medians_with_an_interval():
     def speedup_detail(confirmation) -> str:
         summary = Summary(model={}, device={}, memory_limit_bytes=2**30, target_batch_size=16,
                           world_size=1, seq_len=8, trials=history, confirmation=confirmation)
-        return next(f for f in headline(summary) if f.label == "Speedup vs baseline").detail
+        return next(f for f in headline(summary) if f.label == "Speedup").detail
 
     assert "too noisy" not in speedup_detail(c)
     noisy = Confirmation(c.repeats, c.steps, c.rows, c.winner, 2.18, 0.34, 3.48)
@@ -186,8 +186,9 @@ def test_a_baseline_that_trains_the_target_and_confirms_fastest_is_the_winner():
     summary = Summary(model={}, device={}, memory_limit_bytes=2**30, target_batch_size=16,
                       world_size=1, seq_len=8, trials=history, confirmation=c)
     assert summary.best.config == searched[0].config
-    fact = next(f for f in headline(summary) if f.label == "Speedup vs baseline")
-    assert fact.value == "1.00×" and "the baseline confirmed fastest" in fact.detail
+    fact = next(f for f in headline(summary) if f.label == "Speedup")
+    assert fact.value == "1.00× Trainer defaults"
+    assert "the baseline confirmed fastest" in fact.detail
 
 
 def test_a_budget_spent_on_the_baseline_probes_has_no_winner(tmp_path):

@@ -181,7 +181,7 @@ def test_empty_and_all_oom_show_dashes(tmp_path: Path) -> None:
         facts = {f.label: f for f in headline(make_summary(kind))}
         assert facts["Best config"].value == "none"
         assert facts["Throughput"].value == DASH and facts["MFU"].value == DASH
-        assert facts["Speedup vs baseline"].value == DASH
+        assert facts["Speedup"].value == DASH
         assert facts["Full run"].value == DASH
     md, html = write_report(write_summary(tmp_path, make_summary("all_oom")))
     assert "No files exported" in md.read_text()
@@ -190,7 +190,7 @@ def test_empty_and_all_oom_show_dashes(tmp_path: Path) -> None:
 
 def test_no_baseline_says_so() -> None:
     facts = {f.label: f for f in headline(make_summary("no_baseline"))}
-    assert facts["Speedup vs baseline"].detail == "no baseline trial succeeded"
+    assert facts["Speedup"].detail == "no baseline trial succeeded"
     assert facts["Best config"].value == "b32x2 bf16 adamw_torch_fused"
 
 
@@ -404,8 +404,8 @@ def test_one_confirmation_run_each_claims_no_interval() -> None:
     summary = make_summary()
     best = summary.best
     summary.confirmation = Confirmation(1, 10, [], best.config, 1.19, 1.19, 1.19)
-    fact = next(f for f in headline(summary) if f.label == "Speedup vs baseline")
-    assert fact.value == "1.19×" and "no interval" in fact.detail
+    fact = next(f for f in headline(summary) if f.label == "Speedup")
+    assert fact.value == "1.19× Trainer defaults" and "no interval" in fact.detail
 
 
 def test_a_confirmation_cut_short_says_how_many_runs_it_made() -> None:
@@ -435,9 +435,9 @@ def test_a_confirmation_cut_short_says_how_many_runs_it_made() -> None:
     c = confirm.summarise(history, 3, 8, summary.per_rank_target)
     assert c.speedup == pytest.approx(124.1 / 47.1) and c.speedup_low is None
     summary.confirmation = c
-    fact = next(f for f in headline(summary) if f.label == "Speedup vs baseline")
+    fact = next(f for f in headline(summary) if f.label == "Speedup")
     assert "no interval: the winner or the baseline made fewer than two" in fact.detail
-    assert fact.value == f"{124.1 / 47.1:.2f}×"
+    assert fact.value == f"{124.1 / 47.1:.2f}× Trainer defaults"
     summary.confirmation.rows[0].samples_per_second += [124.0, 125.0]
     fact = next(f for f in headline(summary) if f.label == "Throughput")
     assert fact.detail.endswith("· median of 3 confirmation runs")

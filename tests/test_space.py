@@ -78,3 +78,32 @@ def test_a_prime_target_is_noted_with_a_nearby_one_that_splits():
     assert "30 would allow 8 (1, 2, 3, 5, 6, 10, 15, 30)" in note
     assert few_splits(32) is None and few_splits(12) is None
     assert few_splits(3) is None  # too small a target for other splits to matter
+
+
+def test_the_default_space_searches_the_gpus_own_levers_on_cuda_only():
+    """On a GPU the attention kernel, torch.compile and Liger join the search (each pruned
+    with its reason where it cannot run: flash-attn not installed, Liger for a model it
+    does not cover); on a CPU the default stays as quick as it was."""
+    gpu = build_space(SPEC, named_device("H100-80GB"))
+    values = gpu.space.values
+    assert values["torch_compile"] == [False, True]
+    assert {c.attn_implementation for c in gpu.candidates} == {"sdpa"}
+    assert "flash-attn" in gpu.pruned["attn_implementation=flash_attention_2"]
+    assert "Liger kernels cover model types" in gpu.pruned["use_liger_kernel=True"]
+    cpu = build_space(SPEC, CPU)
+    assert {c.torch_compile for c in cpu.candidates} == {False}
+    assert {c.attn_implementation for c in cpu.candidates} == {"auto"}
+
+
+def test_a_device_section_names_knobs_only_and_is_checked(tmp_path):
+    import pytest
+
+    from autotune.errors import SpecError
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("precision: [fp32]\ncuda:\n  torch_compyle: [true]\n")
+    with pytest.raises(SpecError, match=r"bad.yaml \(cuda:\): key .*torch_compile"):
+        load_space(str(bad), 64)
+    bad.write_text("precision: [fp32]\ncuda:\n  attn_implementation: [sdpa, fast]\n")
+    with pytest.raises(SpecError, match="fast"):
+        load_space(str(bad), 64)

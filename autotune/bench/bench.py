@@ -20,12 +20,14 @@ import numpy as np
 
 from autotune.bench.landscape import Landscape, load_landscape
 from autotune.bench.replay import ReplayExecutor
-from autotune.config import BATCH, Family, TrialConfig, halving_batches
+from autotune.config import BATCH, TrialConfig, halving_batches
 from autotune.errors import SpecError
 from autotune.knobs import device_rule
 from autotune.plan.calibration import MemoryModel
+from autotune.plan.recipe import landscape_values, recipe_rungs
 from autotune.tuning.loop import Limits, drive
 from autotune.tuning.strategies.base import SearchContext
+from autotune.tuning.strategies.probe import recipe_chains
 from autotune.tuning.strategies.registry import BENCH_STRATEGIES, make_strategy, sampler_for
 from autotune.tuning.study import StudyLog
 
@@ -36,7 +38,7 @@ def baseline_config(land: Landscape) -> TrialConfig | None:
     """The table's auto_find_batch_size config: the baseline family at the largest halved
     batch that ran."""
     ok = {c.per_device_train_batch_size: c for c, o in land.table.items()
-          if c.family == Family.baseline() and o.ok}
+          if c.family == land.baseline_family and o.ok}
     per_rank = land.target_batch_size // land.world_size
     return next((ok[b] for b in halving_batches(per_rank) if b in ok), None)
 
@@ -48,14 +50,24 @@ RAW_SPACE = ("random", "tpe")
 
 def context(land: Landscape, seed: int, *, raw: bool = False) -> SearchContext:
     """What a search on the landscape's machine would know before running anything:
-    the space less what device rules rule out, the device, the model's shape."""
+    the space less what device rules rule out, the device, the model's shape. The
+    landscape's knob columns count as installed there: rules about this machine's
+    packages are for real searches."""
     key = "raw" if raw else "ruled"
     if key not in land.candidates:  # the same for every repeat: rules run once
         land.candidates[key] = sorted(c for c in land.table
-                                      if raw or device_rule(c, land.device) is None)
+                                      if raw or device_rule(c, land.device,
+                                                            installs=False) is None)
     candidates = land.candidates[key]
-    return SearchContext(candidates, land.device, land.world_size, land.target_batch_size,
-                         land.device.memory_bytes, land.shape, seed)
+    ctx = SearchContext(candidates, land.device, land.world_size, land.target_batch_size,
+                        land.device.memory_bytes, land.shape, seed,
+                        baseline_family=land.baseline_family)
+    rungs = recipe_rungs(land.device, landscape_values(list(land.table)),
+                         world_size=land.world_size, installs=False)
+    batches = sorted({c.per_device_train_batch_size for c in land.table})
+    ctx.recipe_chains = [[c for c in chain if c in land.table]
+                         for chain in recipe_chains(ctx, rungs, batches)]
+    return ctx
 
 
 def choices(candidates: list[TrialConfig]) -> dict[str, list]:

@@ -10,14 +10,18 @@ from __future__ import annotations
 import csv
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
-from autotune.config import TrialConfig
+from autotune.config import Family, TrialConfig
 from autotune.errors import AutotuneError, SpecError
+from autotune.knobs import knob
 from autotune.plan.device import DeviceSpec, GiB, named_device
 from autotune.plan.shape import ModelShape
 from autotune.records import OK, Outcome
 
+# What a knob's baseline value ran as where a landscape names it otherwise.
+DEFAULT_AS = {"attn_implementation": "sdpa"}
 # trials.csv's columns, as the shared landscapes have them.
 FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "precision", "optim",
           "gradient_checkpointing", "zero_stage", "offload", "status", "samples_per_second",
@@ -34,6 +38,17 @@ class Landscape:
     target_batch_size: int
     table: dict[TrialConfig, Outcome]  # Outcome.wall_seconds is the trial's cost
     candidates: dict[str, list[TrialConfig]] = field(default_factory=dict)  # bench's cache
+
+    @cached_property
+    def baseline_family(self) -> Family:
+        """Trainer's defaults as the table names them: a landscape that measured the
+        attention kernel names the model's default ("auto": transformers takes SDPA for
+        the models these are) by its kernel."""
+        values = {}
+        for name, named in DEFAULT_AS.items():
+            if not any(getattr(c, name) == knob(name).baseline for c in self.table):
+                values[name] = named
+        return Family.of(values)
 
     def best(self) -> tuple[TrialConfig, Outcome] | None:
         ok = [(c, o) for c, o in self.table.items() if o.ok]

@@ -175,32 +175,69 @@ def _mfu_fact(summary: Summary, best: Record | None) -> Fact:
 
 
 def _speedup_fact(summary: Summary, base: Record | None) -> Fact:
-    speedup = known(summary.speedup)
-    if base is None:
-        return Fact("Speedup vs baseline", DASH, "no baseline trial succeeded")
-    value = DASH if speedup is None else f"{speedup:.2f}×"
+    """The winner against both references: Trainer's defaults and the guide's recipe,
+    each with its interval where the confirmation gives one."""
     c = summary.confirmation
-    if c is not None and c.baseline_won:
-        how = "the baseline confirmed fastest: no config it tried beat Trainer's defaults"
-    elif c is not None and c.speedup is not None and c.repeats < 2:
-        how = "one confirmation run each: no interval (search.confirm_repeats 3 gives one)"
-    elif c is not None and c.speedup is not None and c.speedup_low is None:
-        how = ("no interval: the winner or the baseline made fewer than two confirmation "
-               "runs (the search's time ran out or runs failed)")
-    elif c is not None and c.speedup_low is not None:
-        value += f" ({c.speedup_low:.2f}–{c.speedup_high:.2f})"
-        how = "90% interval over the confirmation runs"
-        if c.speedup_low <= 1 <= (c.speedup_high or 0):
-            how += (": it holds 1, so the runs were too noisy to confirm a gain (raise "
-                    "search.confirm_repeats or measure.steps, on a quieter machine)")
+    parts, notes = [], []
+    if summary.defaults_do_not_fit:
+        notes.append("Trainer's defaults do not fit this device (their smallest batch ran "
+                     "out of memory): the speedup is stated against the recipe alone")
+    elif base is None:
+        notes.append("no baseline trial succeeded")
     else:
-        how = "single trials, not confirmed"
-    effective = base.config.samples_per_rank * summary.world_size
-    shrunk = (f", effective batch {effective} not {summary.target_batch_size}"
-              if effective != summary.target_batch_size else "")
-    return Fact("Speedup vs baseline", value, f"{how}; baseline: Trainer defaults with "
-                f"auto_find_batch_size, {base.config.label()}{shrunk}: "
-                f"{fmt_num(summary.throughput(base))} samples/s")
+        ratio = (summary.speedup, c.speedup_low, c.speedup_high) if c else (
+            summary.speedup, None, None)
+        parts.append(_ratio_text(ratio, "Trainer defaults"))
+        notes.append(_how(c, ratio, "the baseline", c is not None and c.baseline_won,
+                          "no config it tried beat Trainer's defaults"))
+        effective = base.config.samples_per_rank * summary.world_size
+        shrunk = (f", effective batch {effective} not {summary.target_batch_size}"
+                  if effective != summary.target_batch_size else "")
+        notes.append(f"baseline: Trainer defaults with auto_find_batch_size, "
+                     f"{base.config.label()}{shrunk}: {fmt_num(summary.throughput(base))} "
+                     "samples/s")
+    recipe = summary.recipe
+    if recipe is not None:
+        vs = c.vs_recipe if c is not None and c.vs_recipe else {}
+        ratio = (summary.vs_recipe, vs.get("low"), vs.get("high"))
+        parts.append(_ratio_text(ratio, "the guide's recipe"))
+        notes.append(_how(c, ratio, "the recipe", c is not None and c.recipe_won,
+                          "the tuner found nothing faster than the guide's recipe, which is "
+                          "the winner"))
+        notes.append(f"recipe: {recipe.config.label()}: "
+                     f"{fmt_num(summary.throughput(recipe))} samples/s")
+    elif any(t.reason == "recipe" for t in summary.searched):
+        notes.append("the guide's recipe did not run to the end (see its trials)")
+    return Fact("Speedup", " · ".join(parts) or DASH, "; ".join(notes))
+
+
+def _ratio_text(ratio: tuple, against: str) -> str:
+    value, low, high = (known(x) for x in ratio)
+    if value is None:
+        return f"{DASH} {against}"
+    interval = f" ({low:.2f}–{high:.2f})" if low is not None and high is not None and (
+        low != high) else ""
+    return f"{value:.2f}×{interval} {against}"
+
+
+def _how(c: Any, ratio: tuple, name: str, won: bool, won_text: str) -> str:
+    """How a ratio was measured, and what it does not show."""
+    value, low, high = ratio
+    if c is not None and won:
+        return f"{name} confirmed fastest: {won_text}"
+    if c is None or value is None:
+        return f"vs {name}: single trials, not confirmed"
+    if c.repeats < 2:
+        return (f"vs {name}: one confirmation run each, no interval "
+                "(search.confirm_repeats 3 gives one)")
+    if low is None:
+        return (f"vs {name}: no interval: the winner or {name} made fewer than two "
+                "confirmation runs (the search's time ran out or runs failed)")
+    how = f"vs {name}: 90% interval over the confirmation runs"
+    if low <= 1 <= (high or 0):
+        how += (": it holds 1, so the runs were too noisy to confirm a gain (raise "
+                "search.confirm_repeats or measure.steps, on a quieter machine)")
+    return how
 
 
 def _memory_fact(summary: Summary, best: Record | None) -> Fact:

@@ -29,6 +29,9 @@ class DeviceSpec:
     count: int = 1
     # Dense peak FLOP/s by precision; empty where unknown (MFU is then not reported).
     peak_flops: dict[str, float] = field(default_factory=dict, compare=False, hash=False)
+    # A CPU with bf16 instructions (AVX512-BF16 or AMX): bf16 runs fast there, not only
+    # runs. On GPUs the compute capability says it.
+    native_bf16: bool = False
 
     @property
     def is_cuda(self) -> bool:
@@ -145,7 +148,17 @@ def local_device(gpu_index: int = 0) -> DeviceSpec:
                           torch.cuda.device_count(), flops)
     import psutil
 
-    return DeviceSpec("cpu", "cpu", psutil.virtual_memory().total, None, 1, {})
+    return DeviceSpec("cpu", "cpu", psutil.virtual_memory().total, None, 1, {},
+                      native_bf16=cpu_has_native_bf16())
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes in bf16 natively (AVX512-BF16 or AMX tiles); without,
+    torch emulates bf16 through fp32 and autocast runs slower than fp32."""
+    import torch
+
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(bool(getattr(torch.cpu, p, lambda: False)()) for p in probes)
 
 
 def memory_limit(device: DeviceSpec, budget: int | None = None, parallel: int = 1) -> int:

@@ -1,9 +1,10 @@
 """Confirmation: the search's best is the maximum of many single short measurements, and
-the baseline is one; both are biased, the best upwards. So after the search the winner,
-the runner-ups within noise of it and the baseline are measured again, interleaved (so
-drift of the machine hits all alike), several times each with more steps, each trial
-built from the exported training_args.json alone (what is exported is what is measured).
-The winner is chosen from these figures, and the speedup comes with an interval.
+the references are one each; all are biased, the best upwards. So after the search the
+winner, the runner-ups within noise of it and the two references (Trainer's defaults and
+the guide's recipe) are measured again, interleaved (so drift of the machine hits all
+alike), several times each with more steps, each trial built from the exported
+training_args.json alone (what is exported is what is measured). The winner is chosen
+from these figures, and the speedups come with intervals.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import numpy as np
 
 from autotune.config import TrialConfig, auto_find_chain
 from autotune.records import CONFIRM_REASON, Record
-from autotune.summary import Confirmation, ConfirmedConfig, at_target
+from autotune.summary import BASELINE, RECIPE, Confirmation, ConfirmedConfig, at_target
 from autotune.tuning.strategies.base import Proposal, SearchContext, Strategy
+from autotune.tuning.strategies.probe import reference
 
 if TYPE_CHECKING:
     from autotune.spec import Spec
@@ -32,7 +34,8 @@ BOOTSTRAP_SAMPLES = 4000
 
 def contenders(history: Sequence[Record], per_rank: int) -> list[tuple[str, Record]]:
     """(role, the search's record) of the configs worth confirming: the best, up to
-    MAX_RUNNER_UPS within RUNNER_UP_WITHIN of it, and the baseline. `per_rank`: the
+    MAX_RUNNER_UPS within RUNNER_UP_WITHIN of it, and the two references, the baseline
+    and the guide's recipe (a contender that is one takes its role). `per_rank`: the
     target effective batch per rank; none where no config at the target succeeded (the
     baseline's chain below its top is the reference, never a contender)."""
     searched = [r for r in history if not r.confirming]
@@ -45,13 +48,14 @@ def contenders(history: Sequence[Record], per_rank: int) -> list[tuple[str, Reco
     floor = (best.outcome.score or 0.0) * (1 - RUNNER_UP_WITHIN)
     out = [("best", best)] + [("runner-up", r) for r in eligible[1:MAX_RUNNER_UPS + 1]
                               if (r.outcome.score or 0.0) >= floor]
-    baselines = [r for r in ok if r.reason == "baseline"]
-    if baselines:
-        base = max(baselines, key=lambda r: r.config.per_device_train_batch_size)
-        if all(base.config != r.config for _, r in out):
-            out.append(("baseline", base))
+    for role in (RECIPE, BASELINE):
+        ref = reference(searched, role)
+        if ref is None:
+            continue
+        if all(ref.config != r.config for _, r in out):
+            out.append((role, ref))
         else:
-            out = [(role if r.config != base.config else "baseline", r) for role, r in out]
+            out = [(role if r.config == ref.config else was, r) for was, r in out]
     return out
 
 
@@ -75,20 +79,33 @@ def cost_seconds(picked: Sequence[tuple[str, Record]], repeats: int,
 
 
 def confirmed_config(history: Sequence[Record], role: str, r: Record) -> TrialConfig:
-    """The config a contender's confirmation runs train: its own, or for the baseline
-    the one its long run would reach (`long_run_baseline`)."""
-    return long_run_baseline(history, r.config) if role == "baseline" else r.config
+    """The config a contender's confirmation runs train: its own, or for a reference
+    the one its long run would reach (`long_run_reference`)."""
+    return long_run_reference(history, r.config, role) if role in (BASELINE, RECIPE) else (
+        r.config)
 
 
 def confirmation_runs(history: Sequence[Record], config: TrialConfig) -> list[Record]:
     return [t for t in history if t.confirming and t.config == config]
 
 
-def long_run_baseline(history: Sequence[Record], base: TrialConfig) -> TrialConfig:
-    """The baseline as the long run would hold it: Trainer's auto_find_batch_size retries
-    an OOM at 0.9 times the batch, so a confirmation repeat (longer than the probe) that
-    runs out of memory moves the baseline down that chain, accumulation unchanged."""
-    chain = auto_find_chain(base)
+def reference_chain(start: TrialConfig, role: str) -> list[TrialConfig]:
+    """Where a reference's long run goes when it runs out of memory: the baseline down
+    auto_find_batch_size's chain (accumulation unchanged); the recipe to the next smaller
+    batch that keeps the target effective batch, as its user would."""
+    if role == BASELINE:
+        return auto_find_chain(start)
+    per_rank, fam = start.samples_per_rank, start.family
+    return [TrialConfig(b, per_rank // b, fam)
+            for b in range(start.per_device_train_batch_size, 0, -1) if per_rank % b == 0]
+
+
+def long_run_reference(history: Sequence[Record], base: TrialConfig,
+                       role: str = BASELINE) -> TrialConfig:
+    """A reference as the long run would hold it: a confirmation repeat (longer than the
+    probe) that runs out of memory moves it down its `reference_chain`, as Trainer's
+    auto_find_batch_size (0.9 times the batch) or the recipe's user would."""
+    chain = reference_chain(base, role)
     for c in chain:
         if not any(r.confirming and r.config == c and r.outcome.is_oom for r in history):
             return c
@@ -125,7 +142,8 @@ class ConfirmStrategy(Strategy):
         done, waiting = {}, set()
         for role, r in self.picked:
             config = confirmed_config(history, role, r)
-            if role == "baseline" and any(c in auto_find_chain(r.config) for c in pending):
+            if role in (BASELINE, RECIPE) and any(c in reference_chain(r.config, role)
+                                                  for c in pending):
                 waiting.add(config)  # a repeat in flight may yet move it down its chain
             done[config] = len(confirmation_runs(history, config))
         for c in pending:
@@ -170,12 +188,25 @@ def summarise(history: Sequence[Record], repeats: int, steps: int, per_rank: int
     if not contending:
         return Confirmation(repeats, steps, rows, None)
     winner = max(contending, key=lambda row: row.median or 0.0)
-    base = next((row for row in measured if row.role == "baseline"), None)
-    speedup = low = high = None
-    if base is winner:  # the baseline trains the target and confirmed fastest: exactly 1
-        speedup = low = high = 1.0
-    elif base is not None:
-        speedup = (winner.median or 0.0) / (base.median or 1.0)
-        if min(len(winner.samples_per_second), len(base.samples_per_second)) > 1:
-            low, high = _interval(winner.samples_per_second, base.samples_per_second, seed)
-    return Confirmation(repeats, steps, rows, winner.config, speedup, low, high)
+    base = next((row for row in measured if row.role == BASELINE), None)
+    recipe = next((row for row in measured if row.role == RECIPE), None)
+    speedup, low, high = _ratio(winner, base, seed)
+    vs_recipe = None
+    if recipe is not None:
+        ratio, lo, hi = _ratio(winner, recipe, seed)
+        vs_recipe = {"speedup": ratio, "low": lo, "high": hi}
+    return Confirmation(repeats, steps, rows, winner.config, speedup, low, high, vs_recipe)
+
+
+def _ratio(winner: ConfirmedConfig, ref: ConfirmedConfig | None,
+           seed: int) -> tuple[float | None, float | None, float | None]:
+    """The winner's median over a reference's, with its bootstrap interval where both
+    ran twice or more; exactly 1 where the reference is the winner."""
+    if ref is None:
+        return None, None, None
+    if ref is winner:
+        return 1.0, 1.0, 1.0
+    ratio = (winner.median or 0.0) / (ref.median or 1.0)
+    if min(len(winner.samples_per_second), len(ref.samples_per_second)) > 1:
+        return (ratio, *_interval(winner.samples_per_second, ref.samples_per_second, seed))
+    return ratio, None, None

@@ -36,8 +36,19 @@ class SearchResult:
         return self.summary.baseline
 
     @property
+    def recipe(self) -> Record | None:
+        """The guide's recipe, the reference a careful user would have written by hand."""
+        return self.summary.recipe
+
+    @property
     def speedup(self) -> float | None:
+        """The winner over Trainer's defaults (None where they do not fit)."""
         return self.summary.speedup
+
+    @property
+    def vs_recipe(self) -> float | None:
+        """The winner over the guide's recipe."""
+        return self.summary.vs_recipe
 
     def _winner(self) -> TrialConfig:
         if self.best is None:

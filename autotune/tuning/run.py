@@ -18,9 +18,10 @@ from autotune import knobs
 from autotune.errors import SetupError, SpecError
 from autotune.plan.calibration import MemoryModel
 from autotune.plan.device import DeviceSpec, local_device, memory_limit
+from autotune.plan.recipe import available_values, recipe_rungs
 from autotune.plan.shape import ModelShape, model_shape
 from autotune.records import CONFIRM_REASON
-from autotune.space import Space, build_space, few_splits, load_space
+from autotune.space import Space, build_space, divisors, few_splits, load_space
 from autotune.spec import Spec, load_spec, parse_duration
 from autotune.summary import Summary
 from autotune.trials.executor import Executor, RayExecutor
@@ -28,7 +29,7 @@ from autotune.tuning import confirm, numerics
 from autotune.tuning.loop import Limits, drive
 from autotune.tuning.result import SearchResult
 from autotune.tuning.strategies.base import Resume, SearchContext
-from autotune.tuning.strategies.baseline import baseline_chain
+from autotune.tuning.strategies.probe import baseline_chain, recipe_chains
 from autotune.tuning.strategies.registry import make_strategy, sampler_for
 from autotune.tuning.study import StudyLog
 
@@ -134,6 +135,9 @@ def _search(spec: Spec, shape: ModelShape | None, space_file: Space, device: Dev
     ctx = SearchContext(space.candidates, device, spec.world_size, spec.target_batch_size,
                         limit, shape, spec.search.seed)
     ctx.baseline_chain = baseline_chain(ctx)
+    ctx.recipe_chains = recipe_chains(ctx, recipe_rungs(
+        device, available_values(spec), world_size=spec.world_size,
+        real_data=spec.data.source != "synthetic"), divisors(spec.per_rank_batch))
     strategy = make_strategy(spec.search.sampler, ctx, log)
     owed = [(c, why) for c, why in log.abandoned() if why != CONFIRM_REASON]
     if owed:

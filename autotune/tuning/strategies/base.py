@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from autotune.config import TrialConfig
+from autotune.config import Family, TrialConfig
 from autotune.records import Record
 
 if TYPE_CHECKING:
@@ -33,9 +33,15 @@ class SearchContext:
     memory_limit_bytes: int  # per rank: device memory or the user's budget
     shape: ModelShape | None = None
     seed: int = 0
-    # The configs auto_find_batch_size would try, largest first (baseline.py); None: the
+    # The configs auto_find_batch_size would try, largest first (probe.py); None: the
     # halving chain among the candidates (a landscape holds nothing else).
     baseline_chain: list[TrialConfig] | None = None
+    # Trainer's defaults: the table's baseline family, or where a landscape measured the
+    # model's default attention kernel under its name, that family with the name.
+    baseline_family: Family = field(default_factory=Family.baseline)
+    # The guide's recipe and its memory fallbacks, each a chain of batches, largest first
+    # (probe.py); None: no recipe reference.
+    recipe_chains: list[list[TrialConfig]] | None = None
 
 
 @dataclass

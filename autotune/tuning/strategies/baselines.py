@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from autotune.config import Family, TrialConfig, halving_batches
+from autotune.config import TrialConfig, halving_batches
 from autotune.records import Record
 from autotune.tuning.strategies.base import Proposal, SearchContext, Strategy
 
@@ -27,7 +27,7 @@ class HalvingStrategy(Strategy):
             return None
         tried = {r.config for r in history}
         pool = {c.per_device_train_batch_size: c for c in self.ctx.candidates
-                if c.family == Family.baseline()}
+                if c.family == self.ctx.baseline_family}
         for b in halving_batches(self.ctx.target_batch_size // self.ctx.world_size):
             if b in pool and pool[b] not in tried:
                 return Proposal(pool[b], "baseline")
@@ -47,7 +47,7 @@ class DeepSpeedStyleStrategy(Strategy):
         self.stages = sorted({c.zero_stage for c in ctx.candidates})
 
     def _stage_configs(self, stage: int) -> list[TrialConfig]:
-        family = Family.baseline().replace(precision=self.precision, zero_stage=stage)
+        family = self.ctx.baseline_family.replace(precision=self.precision, zero_stage=stage)
         return sorted((c for c in self.ctx.candidates if c.family == family),
                       key=lambda c: c.per_device_train_batch_size)
 

@@ -19,8 +19,8 @@ from autotune.config import ACCUMULATION, BATCH, TrialConfig, accumulation
 from autotune.errors import SpecError, not_allowed
 from autotune.records import Record
 from autotune.tuning.strategies.base import Proposal, SearchContext, Strategy
-from autotune.tuning.strategies.baseline import BaselineProbe
 from autotune.tuning.strategies.memory_gate import MemoryGate
+from autotune.tuning.strategies.probe import BaselineProbe, RecipeProbe
 
 if TYPE_CHECKING:
     from autotune.tuning.study import StudyLog
@@ -52,6 +52,7 @@ class SamplerStrategy(Strategy):
         self.valid = set(ctx.candidates)
         self.gate = MemoryGate(ctx) if guarded else None
         self.baseline = BaselineProbe(ctx) if guarded else None
+        self.recipe = RecipeProbe(ctx) if guarded else None
 
     def _config(self, trial: optuna.Trial) -> TrialConfig:
         params = {k: trial.suggest_categorical(k, v) for k, v in self.log.choices.items()}
@@ -61,9 +62,10 @@ class SamplerStrategy(Strategy):
 
     def ask(self, history: Sequence[Record],
             pending: Sequence[TrialConfig] = ()) -> Proposal | None:
-        if self.gate is not None and self.baseline is not None:
+        if self.gate is not None and self.baseline is not None and self.recipe is not None:
             self.gate.update(history)
-            proposal = self.baseline.next(history, pending, self.gate)
+            proposal = (self.baseline.next(history, pending, self.gate)
+                        or self.recipe.next(history, pending, self.gate))
             if proposal is not None:
                 return proposal
         seen = {r.config: r for r in history}

@@ -1,0 +1,91 @@
+"""The guide's recipe: what a careful user writes by hand from the seeds, the second
+reference every search is measured against (the first is Trainer's defaults).
+
+Each knob's row in the table says what that user prefers (`Knob.recipe`, best first): bf16
+where the device has it, fused AdamW on CUDA, flash-attention 2 or SDPA, torch.compile and
+Liger on GPUs, dataloader workers on real data. The recipe takes, knob by knob in table
+order, the first preferred value that the model allows and the device rules admit beside
+the values already taken. Its batch is the largest that fits without checkpointing; where
+none does, the user reaches for the guide's memory levers in its order (`FALLBACKS`), one
+rung at a time. Which rung and batch is settled by trials (tuning/strategies/probe.py),
+as the user would settle it: by running it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from autotune import knobs
+from autotune.config import Family, TrialConfig
+
+if TYPE_CHECKING:
+    from autotune.plan.device import DeviceSpec
+
+# The guide's memory levers, each rung adding to the one before: checkpointing, 8-bit
+# optimizer states, then DeepSpeed ZeRO (stage 2 over several ranks, stage 3) and its CPU
+# offload, whose optimizer must have a CPU implementation (DeepSpeed's CPU Adam).
+FALLBACKS: tuple[dict[str, Any], ...] = (
+    {"gradient_checkpointing": True},
+    {"gradient_checkpointing": True, "optim": "adamw_bnb_8bit"},
+    {"gradient_checkpointing": True, "zero_stage": 2},
+    {"gradient_checkpointing": True, "zero_stage": 3},
+    {"gradient_checkpointing": True, "zero_stage": 3, "offload": "optimizer",
+     "optim": "adamw_torch"},
+    {"gradient_checkpointing": True, "zero_stage": 3, "offload": "optimizer+param",
+     "optim": "adamw_torch"},
+)
+
+
+def _admits(values: Mapping[str, Any], device: DeviceSpec, installs: bool) -> bool:
+    return knobs.device_rule(TrialConfig(1, 1, Family.of(values)), device,
+                             installs=installs) is None
+
+
+def recipe_family(device: DeviceSpec, available: Mapping[str, set], *, real_data: bool = False,
+                  installs: bool = True) -> Family:
+    """The recipe's knob values: per knob the first preferred value in `available` (what
+    the model and data allow, or what a landscape measured) that the rules admit."""
+    values: dict[str, Any] = {}
+    for k in knobs.table():
+        allowed = available.get(k.name, {k.baseline})
+        chosen = next((v for v in k.preferred(device, real_data) if v in allowed
+                       and _admits(values | {k.name: v}, device, installs)), k.baseline)
+        values[k.name] = chosen
+    return Family.of(values)
+
+
+def recipe_rungs(device: DeviceSpec, available: Mapping[str, set], *, world_size: int = 1,
+                 real_data: bool = False, installs: bool = True) -> list[Family]:
+    """The recipe, then each memory fallback the device and `available` admit, in the
+    guide's order; ZeRO-2 only over several ranks (on one it partitions nothing)."""
+    base = recipe_family(device, available, real_data=real_data, installs=installs)
+    out = [base]
+    for change in FALLBACKS:
+        if change.get("zero_stage") == 2 and world_size < 2:
+            continue
+        values = base.to_dict() | change
+        if all(v in available.get(k, {knobs.knob(k).baseline}) for k, v in change.items()) \
+                and _admits(values, device, installs):
+            fam = Family.of(values)
+            if fam not in out:
+                out.append(fam)
+    return out
+
+
+def available_values(spec: Any) -> dict[str, set]:
+    """Per knob, every value the table allows that this spec's model and data admit (the
+    recipe is not bound by the search space: it is what the user would do instead)."""
+    from autotune.space import applicable
+
+    return {k.name: {v for v in k.allowed() if applicable(spec, k, v) is None}
+            for k in knobs.table()}
+
+
+def landscape_values(configs: list[TrialConfig]) -> dict[str, set]:
+    """Per knob, the values a landscape measured: the columns it has."""
+    out: dict[str, set] = {k.name: set() for k in knobs.table()}
+    for c in configs:
+        for name, v in c.family.items:
+            out[name].add(v)
+    return out
