@@ -11,12 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from autotune.bench.bench import run_bench, run_one, summarise, verdicts
+from autotune.bench.bench import baseline_config, run_bench, run_one, summarise, verdicts
 from autotune.bench.landscape import load_landscape
 
 LANDSCAPES = Path(__file__).resolve().parents[2] / "shared" / "landscapes"
 SHIPPED = sorted(p for p in LANDSCAPES.glob("*/") if (p / "meta.json").is_file()) \
     if LANDSCAPES.is_dir() else []
+# The landscapes with the GPU's own levers (attention kernel, compile, Liger): grids of
+# 7-16k configs, judged at half a percent of their cost (30-60 trials).
+GPUKNOBS = [p for p in SHIPPED if p.name.endswith("-gpuknobs")]
+CLASSIC = [p for p in SHIPPED if p not in GPUKNOBS]
 
 FIELDS = ["per_device_train_batch_size", "gradient_accumulation_steps", "precision", "optim",
           "gradient_checkpointing", "zero_stage", "offload", "status", "samples_per_second",
@@ -122,31 +126,44 @@ DISPUTED = {"sim-llama-7b-8xa100-80gb": 0.96}
 @pytest.mark.skipif(not SHIPPED, reason="needs ../shared/landscapes")
 def test_bench_cli_meets_targets_on_shipped_landscapes(tmp_path):
     """Issue 16's bars, over 10 repeats: median quality >= 0.98 with the 10th percentile
-    >= 0.95, at <= 2% of the grid with <= 3 OOM trials (median); the memory model,
+    >= 0.95, at <= 2% of the grid with <= 3 OOM trials (median); issue 35's on the GPU
+    levers' landscapes: the same quality at 0.5% of their grids; the memory model,
     calibrated by the trials the search ran, right about OOM vs fits for >= 97.5% of
     configs. (Random and TPE at equal cost: `autotune bench` without --strategies; their
     replays cost more than the tuner's, so the suite leaves them to the README's figures.)"""
-    # Two bench processes, half the landscapes each: one per core.
+    # Two bench processes, half the landscapes each: one per core; the GPU levers' at half
+    # a percent of their grids (issue 35's bar), the others at the default 3%.
     procs = []
-    for i, half in enumerate((SHIPPED[::2], SHIPPED[1::2])):
+    runs = [(CLASSIC[::2], "0.03", "10"), (CLASSIC[1::2], "0.03", "10"),
+            (GPUKNOBS, "0.005", "5")]
+    for i, (some, fraction, repeats) in enumerate(runs):
+        if i == 2:  # after the first of the others: two at a time
+            procs[0][1].wait(timeout=900)
         args = [sys.executable, "-m", "autotune", "bench", "--json",
-                str(tmp_path / f"bench{i}.json"), "--repeats", "10", "--strategies", "autotune"]
-        for p in half:
+                str(tmp_path / f"bench{i}.json"), "--repeats", repeats, "--strategies",
+                "autotune", "--budget-fraction", fraction]
+        for p in some:
             args += ["--landscape", str(p)]
-        procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                      text=True))
+        procs.append((i, subprocess.Popen(args, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.PIPE, text=True)))
     records = []
-    for i, proc in enumerate(procs):
-        _, err = proc.communicate(timeout=600)
+    for i, proc in procs:
+        _, err = proc.communicate(timeout=900)
         assert proc.returncode == 0, err[-2000:]
         records += json.loads((tmp_path / f"bench{i}.json").read_text())
     assert {r["landscape"] for r in records} == {p.name for p in SHIPPED}
+    unfit = {p.name: int(baseline_config(load_landscape(p)) is None) for p in SHIPPED}
     rows = summarise(records)
     for row in rows:
-        if row["strategy"] == "autotune":
+        if row["strategy"] == "autotune" and row["landscape"].endswith("-gpuknobs"):
+            assert row["quality"] >= 0.98 and row["quality_p10"] >= 0.95, row
+            assert row["ooms"] <= 3, row
+        elif row["strategy"] == "autotune":
             assert row["quality"] >= 0.98 and row["quality_p10"] >= 0.95, row
             assert row["cost_fraction"] <= 0.02, row
-            assert row["ooms"] <= 3, row
+            # Where Trainer's defaults fit at no batch (llama-7b: fp32 states of 7B on one
+            # device), one more: the baseline's one-trial proof that they do not (issue 35).
+            assert row["ooms"] <= 3 + unfit[row["landscape"]], row
             # 98% before the model states followed DeepSpeed's estimator (issue 14): on
             # gpt2-medium, whose simulator holds less LM-head memory than an H100 measured,
             # that moved it to 97.99%; the bar holds it near.

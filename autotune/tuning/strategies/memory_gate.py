@@ -6,6 +6,7 @@ a batch at or above one that ran out of memory in its family will too.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from autotune.config import Family, TrialConfig
@@ -19,6 +20,9 @@ from autotune.tuning.strategies.base import SearchContext
 # calibrated model's own error estimate (10% until measured families say otherwise) on the
 # bytes the prediction extrapolates (all of them for a family not yet measured).
 MARGIN_FIXED = 0.03
+# The spread of a prediction beyond the model's own error, as a share of the limit, for
+# the chance that a config fits (`p_fit`): about half the fixed margin, one sd.
+SPREAD = 0.015
 
 
 class MemoryGate:
@@ -27,6 +31,8 @@ class MemoryGate:
         self.model = (MemoryModel(ctx.shape, ctx.device, ctx.world_size)
                       if ctx.shape is not None else None)
         self.oom_at: dict[Family, int] = {}  # per family, the smallest batch that OOMed
+        self._ooms: list[TrialConfig] = []
+        self._ceiling: float | None = None  # see `ceiling`, until the next update
         self._seen = 0
 
     def update(self, history: Sequence[Record]) -> None:
@@ -38,16 +44,48 @@ class MemoryGate:
                 self.model = MemoryModel(ModelShape(**learned), self.ctx.device,
                                          self.ctx.world_size)
                 self._seen = 0
+        if len(history) > self._seen:
+            self._ceiling = None
         for r in history[self._seen:]:
             if r.outcome.is_oom:
                 b = r.config.per_device_train_batch_size
                 self.oom_at[r.config.family] = min(b, self.oom_at.get(r.config.family, b))
+                if not r.outcome.extra.get("host_memory"):
+                    self._ooms.append(r.config)
             if self.model is not None:
                 self.model.learn(r, self.ctx.memory_limit_bytes)
         self._seen = len(history)
 
     def predicted(self, c: TrialConfig) -> int | None:
         return None if self.model is None else int(self.model.predict_total(c))
+
+    def p_fit(self, c: TrialConfig) -> float:
+        """The chance `c` fits: the calibrated prediction against the limit, with an error
+        that is the model's own on the bytes it extrapolates plus SPREAD of the limit
+        (what no model sees); 0 at or above a batch of its family that ran out."""
+        b, oom = c.per_device_train_batch_size, self.oom_at.get(c.family)
+        if oom is not None and b >= oom:
+            return 0.0
+        if self.model is None:
+            return 1.0
+        sd = (SPREAD * self.ctx.memory_limit_bytes
+              + self.model.family_error * self.model.extrapolated_bytes(c))
+        z = (self.ceiling() - self.model.predict_total(c)) / sd
+        return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
+
+    def ceiling(self) -> float:
+        """The most a config may be predicted to need and still be likely to fit: the
+        limit, or lower where a config predicted to need less ran out of memory (the
+        model ranks configs by memory better than it places them against the limit, so
+        a config predicted above one that did not fit will not fit either)."""
+        if self._ceiling is None:
+            limit = float(self.ctx.memory_limit_bytes)
+            # One sd under the lowest prediction that ran out: a config predicted as much
+            # fits with about a sixth of a chance, not an even one.
+            predicted = [self.model.predict_total(c) - SPREAD * limit
+                         for c in self._ooms] if self.model else []
+            self._ceiling = min([limit, *predicted])
+        return self._ceiling
 
     def fits(self, c: TrialConfig) -> tuple[bool, str]:
         """Whether `c` is worth running memory-wise, and if not, why (for the record)."""

@@ -1,6 +1,7 @@
 """The `autotune` strategy: search the way the problem is built, not as generic HPO.
 
-1. Baseline: what a user gets from Trainer defaults with auto_find_batch_size (baseline.py).
+1. The references (probe.py): what a user gets from Trainer defaults with
+   auto_find_batch_size, then the guide's recipe at the largest batch that fits.
 2. Then the config with the largest expected improvement per second of trial under a
    structured throughput model (surrogate.py), among those the calibrated memory model
    says fit (a slow config's trial costs more to learn the same). A config the
@@ -10,9 +11,9 @@
    by its chance of working, (works + 1) / (works + fails + 2); twice failed and never
    worked, it is written off. One divergence thus costs at most one more trial of it.
 4. Stop when no remaining config is expected to beat the best by `min_gain`, but first
-   give up to NEAR_TIES neighbours (one knob group or one batch step away) of the configs
-   measured within noise of the best one look: the model cannot tell them apart, and a
-   short measurement's noise can hide the best among them.
+   give up to NEAR_TIES neighbours (one knob group or one batch step away) of the best
+   measured config a look, the most promising first: the model cannot tell configs
+   within noise apart, and a short measurement's noise can hide the best among them.
 
 Everything is rebuilt from the history, so a resumed search continues where it stopped.
 """
@@ -27,17 +28,22 @@ import numpy as np
 from autotune.config import Family, TrialConfig
 from autotune.records import FAILED, Record
 from autotune.tuning.strategies.base import Proposal, SearchContext, Strategy
-from autotune.tuning.strategies.baseline import BaselineProbe
 from autotune.tuning.strategies.memory_gate import MemoryGate
+from autotune.tuning.strategies.probe import BaselineProbe, RecipeProbe
 from autotune.tuning.strategies.surrogate import ThroughputModel, expected_improvement
 
 MIN_GAIN = 0.01  # expected relative gain below which another trial is not worth it: half
 # the 2% noise floor of one short measurement (surrogate.NOISE_FLOOR): a trial could not
 # tell such a gain from noise, and near-ties get their own look before stopping.
-NEAR_TIES = 3  # neighbours of near-best configs tried before stopping, per search
+NEAR_TIES = 4  # neighbours of the best config tried before stopping, per best config
 NEAR_TIE_REASON = "near-tie"
 # How much a trial's predicted duration discounts its expected improvement (1: per second).
 COST_WEIGHT = 1.0
+# A config runs where it fits with at least this chance; below, where it is the most
+# promising, it is recorded as pruned with its predicted figure.
+P_RUN = 0.5
+# An OOM's cost as a share of a full trial's, before trials have been timed.
+OOM_COST_SHARE = 0.3
 
 
 class AutotuneStrategy(Strategy):
@@ -48,6 +54,7 @@ class AutotuneStrategy(Strategy):
         self.min_gain = min_gain
         self.gate = MemoryGate(ctx)
         self.baseline = BaselineProbe(ctx)
+        self.recipe = RecipeProbe(ctx)
         self.throughput = ThroughputModel(ctx.candidates, ctx.device, ctx.world_size,
                                           ctx.shape)
         self._families: dict[Family, list[TrialConfig]] = {}
@@ -60,13 +67,14 @@ class AutotuneStrategy(Strategy):
     def ask(self, history: Sequence[Record],
             pending: Sequence[TrialConfig] = ()) -> Proposal | None:
         self.gate.update(history)
-        proposal = self.baseline.next(history, pending, self.gate)
+        proposal = (self.baseline.next(history, pending, self.gate)
+                    or self.recipe.next(history, pending, self.gate))
         if proposal is not None:
             return proposal
         ran = {r.config for r in history if r.outcome.ran} | set(pending)
         pruned = {r.config for r in history if not r.outcome.ran}
         ok = [(r.config, r.outcome.score) for r in history
-              if r.outcome.ok and r.outcome.score]
+              if r.outcome.ok and r.outcome.score and self.throughput.knows(r.config)]
         best = max((math.log(s) for _, s in ok), default=None)
         if len(ran) != self._fitted_on:
             # New evidence: refit, rescore, and walk the candidates from the top again.
@@ -82,10 +90,18 @@ class AutotuneStrategy(Strategy):
                 mu, sd = self.throughput.predict()
             score = (mu + sd) if best is None else expected_improvement(mu, sd, best)
             self._mu = mu
-            self._score = score * self._success(history)
+            # A config that may not fit is worth its improvement times the chance it
+            # fits, and costs a full trial if it does, an OOM's if it does not.
+            p_fit = np.array([self.gate.p_fit(c) for c in self.ctx.candidates])
+            self._p_fit = p_fit
+            gain = score * self._success(history)
+            self._score = gain * p_fit
+            full, oom = self._cost(history, mu)
+            cost = p_fit * full + (1 - p_fit) * oom
+            self._if_it_fit = gain / full ** COST_WEIGHT  # for `_held_back`
             # The walk goes by improvement per second of trial; `worth` by improvement.
             self._order = [int(i) for i in np.argsort(
-                -(self._score / self._cost(history, mu) ** COST_WEIGHT + self._jitter))]
+                -(self._score / cost ** COST_WEIGHT + self._jitter))]
             self._pos = 0
         dead = self._dead_levels(history)
         while self._pos < len(self._order):
@@ -95,21 +111,40 @@ class AutotuneStrategy(Strategy):
             if c in ran or dead.intersection(c.family.levels()):
                 self._pos += 1
                 continue
-            fits, why = self.gate.fits(c)
-            if not fits:
+            if self._p_fit[i] < P_RUN:
                 self._pos += 1
-                if c in pruned or not worth or self._implied(c):
-                    continue
-                # Worth running if it fit: record why it is not run.
-                return Proposal(c, f"predicted-oom: {why}", run=False,
-                                predicted_memory_bytes=self.gate.predicted(c))
+                continue
             if not worth:
                 return self._near_tie(history, ran)
+            held = self._held_back(i, history, ran, pruned, dead)
+            if held is not None:
+                return held
             return Proposal(c, "model" if best is not None else "explore",
                             predicted_memory_bytes=self.gate.predicted(c))
         if not any(r.outcome.ran for r in history) and not pending:
             return self._cheapest()
         return self._near_tie(history, ran)
+
+    def _held_back(self, i: int, history: Sequence[Record], ran: set[TrialConfig],
+                   pruned: set[TrialConfig], dead: set) -> Proposal | None:
+        """Before running candidate `i`: the config the model would rather run if it fit
+        and that the memory model says will not, recorded as pruned with its figure and
+        the limit (one per trial run: the user sees what memory held back, not a list of
+        every config too large)."""
+        if history and not history[-1].outcome.ran:
+            return None  # one already recorded before this trial
+        better = [j for j in np.flatnonzero(self._if_it_fit > self._if_it_fit[i])
+                  if self._p_fit[j] < P_RUN]
+        for j in sorted(better, key=lambda j: -self._if_it_fit[j]):
+            c = self.ctx.candidates[j]
+            if c in ran or c in pruned or dead.intersection(c.family.levels()):
+                continue
+            fits, why = self.gate.fits(c)
+            if fits or self._implied(c):
+                continue
+            return Proposal(c, f"predicted-oom: {why}", run=False,
+                            predicted_memory_bytes=self.gate.predicted(c))
+        return None
 
     def _cheapest(self) -> Proposal | None:
         """Every config is predicted over the limit and nothing has run: an uncalibrated
@@ -121,17 +156,23 @@ class AutotuneStrategy(Strategy):
         return Proposal(c, "explore: every config is predicted over the limit; the "
                         "smallest runs", predicted_memory_bytes=self.gate.predicted(c))
 
-    def _cost(self, history: Sequence[Record], mu: np.ndarray) -> np.ndarray:
-        """Each candidate's predicted trial seconds: fixed overhead plus the timed work,
-        which goes as 1 / samples/s; fitted to the trials so far (equal costs before)."""
+    def _cost(self, history: Sequence[Record],
+              mu: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each candidate's predicted trial seconds if it runs (fixed overhead plus the
+        timed work, which goes as 1 / samples/s; fitted to the trials so far, equal costs
+        before) and if it runs out of memory (the OOMs' median, else the fixed part)."""
         ran = [(r.outcome.wall_seconds, r.outcome.score) for r in history
                if r.outcome.ok and r.outcome.wall_seconds and r.outcome.score]
+        ooms = [r.outcome.wall_seconds for r in history
+                if r.outcome.is_oom and r.outcome.wall_seconds]
         if len(ran) < 2:
-            return np.ones(len(mu))
+            return np.ones(len(mu)), np.full(len(mu), OOM_COST_SHARE)
         A = np.array([[1.0, 1.0 / sps] for _, sps in ran])
         (fixed, work), *_ = np.linalg.lstsq(A, np.array([w for w, _ in ran]), rcond=None)
         fixed = max(fixed, 0.05 * float(np.median([w for w, _ in ran])))
-        return fixed + max(work, 0.0) / np.exp(mu)
+        full = fixed + max(work, 0.0) / np.exp(mu)
+        oom = float(np.median(ooms)) if ooms else fixed
+        return full, np.minimum(full, oom)
 
     def _success(self, history: Sequence[Record]) -> np.ndarray:
         """Per candidate, the chance its knob values work, from the failures seen."""
@@ -151,23 +192,24 @@ class AutotuneStrategy(Strategy):
                          for c in self.ctx.candidates])
 
     def _near_tie(self, history: Sequence[Record], ran: set[TrialConfig]) -> Proposal | None:
-        """Before stopping: the most promising unmeasured neighbour of a config measured
-        within noise of the best, up to NEAR_TIES of them per search."""
-        if sum(1 for r in history if r.reason == NEAR_TIE_REASON) >= NEAR_TIES:
-            return None
-        ok = [r for r in history if r.outcome.ok and r.outcome.score]
+        """Before stopping: up to NEAR_TIES neighbours of the best measured config. The
+        model cannot tell configs within noise of each other apart, and the best among
+        them differs from its neighbours by one knob: a new best starts its own look."""
+        ok = [(n, r) for n, r in enumerate(history) if r.outcome.ok and r.outcome.score
+              and r.config in self.throughput.row]
         if not ok:
             return None
-        top = max(r.outcome.score for r in ok)
-        noise = 2 * self.throughput.noise
-        near = [r.config for r in ok if math.log(top / r.outcome.score) <= noise]
+        at, incumbent = max(ok, key=lambda nr: nr[1].outcome.score or 0.0)
+        if sum(1 for r in history[at + 1:] if r.reason == NEAR_TIE_REASON) >= NEAR_TIES:
+            return None
         dead = self._dead_levels(history)
-        options = [(float(self._mu[i]), c) for i, c in enumerate(self.ctx.candidates)
-                   if c not in ran and any(_neighbours(c, n) for n in near)
-                   and not dead.intersection(c.family.levels()) and self.gate.fits(c)[0]]
+        options = [i for i, c in enumerate(self.ctx.candidates)
+                   if c not in ran and _neighbours(c, incumbent.config)
+                   and not dead.intersection(c.family.levels()) and self._p_fit[i] >= P_RUN]
         if not options:
             return None
-        _, c = max(options, key=lambda o: o[0])
+        i = max(options, key=lambda i: self._score[i])
+        c = self.ctx.candidates[i]
         return Proposal(c, NEAR_TIE_REASON, predicted_memory_bytes=self.gate.predicted(c))
 
     def _implied(self, c: TrialConfig) -> bool:

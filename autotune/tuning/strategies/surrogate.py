@@ -47,12 +47,23 @@ class ThroughputModel:
         self.candidates = list(candidates)
         batches = sorted({c.per_device_train_batch_size for c in self.candidates})
         self.groups: list[_Group] = []
+        self._known: dict[str, set] = {}
+        for c in self.candidates:
+            for g, lv in c.family.levels():
+                self._known.setdefault(g, set()).add(lv)
         for group, members in knobs.groups().items():
             levels = sorted({lv for c in self.candidates for g, lv in c.family.levels()
                              if g == group}, key=repr)
             if self._constant(group, levels):
                 continue
             self.groups.append(_Group(group, levels, max(k.speed.sd for k in members)))
+        self._kins = []
+        for k in knobs.table():
+            kins = sorted({k.speed.kin(getattr(c, k.name)) for c in self.candidates}
+                          ) if k.speed.kin else []
+            if len(kins) > 1:
+                self._kins.append(k)
+                self.groups.append(_Group(f"{k.name} kin", kins, k.speed.kin_sd or 0.0))
         self.groups.append(_Group("batch", batches, 0.6))
         self._curves = []
         for k in knobs.table():
@@ -86,6 +97,8 @@ class ThroughputModel:
     def _prior_mean(self, group: str, level: object) -> float:
         if group == "batch":
             return self._log_efficiency(float(level), None)  # type: ignore[arg-type]
+        if group.endswith(" kin"):
+            return 0.0  # the values' own priors carry the mean
         if group.endswith(" x batch"):
             value, b = level  # type: ignore[misc]
             if group == "precision x batch":  # the curve follows that precision's peak
@@ -117,11 +130,18 @@ class ThroughputModel:
             b = c.per_device_train_batch_size
             cols = [*c.family.levels(), ("batch", b)]
             cols += [(f"{k.name} x batch", (getattr(c, k.name), b)) for k in self._curves]
+            cols += [(f"{k.name} kin", k.speed.kin(getattr(c, k.name))) for k in self._kins]
             for key in cols:
                 j = self._index.get(key)
                 if j is not None:
                     X[i, j] = 1.0
         return X
+
+    def knows(self, c: TrialConfig) -> bool:
+        """Whether every knob value of `c` is one the candidates take (its batch may not
+        be: the baseline's chain). A measurement of a value the space does not search (the
+        recipe's torch.compile where the space has none) would be put down to the rest."""
+        return all(lv in self._known.get(g, ()) for g, lv in c.family.levels())
 
     def fit(self, configs: Sequence[TrialConfig], samples_per_second: Sequence[float]) -> None:
         """Posterior given measured configs; y is log throughput, centred on its mean."""
@@ -149,7 +169,7 @@ class ThroughputModel:
         run-to-run noise a measurement of the config would carry."""
         X = self.X if rows is None else self.X[rows]
         mu = X @ self.mean + self.offset - self.prior_centre
-        var = np.einsum("ij,jk,ik->i", X, self.cov, X) + self.noise**2
+        var = ((X @ self.cov) * X).sum(axis=1) + self.noise**2
         return mu, np.sqrt(var)
 
 
