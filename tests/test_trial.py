@@ -301,3 +301,36 @@ def test_an_exceeded_budget_is_said_with_the_digits_that_tell_the_two_apart():
     assert exceeded(int(1.5 * gib), gib) == "1.50 GiB > 1.00 GiB"
     assert exceeded(int(0.5904 * gib), int(0.5900 * gib)) == "0.5904 GiB > 0.5900 GiB"
     assert exceeded(600 * 2**20 + 1, 600 * 2**20) == "629145601 bytes > 629145600 bytes"
+
+
+def test_a_recompile_is_paid_once_and_one_every_step_is_no_speed():
+    """compile's warm-up and any recompile in the timed steps are a one-time cost, not the
+    config's speed; a graph that recompiles in most timed steps measures compilation."""
+    from autotune.trials.worker import recompiles
+
+    # Two warm-up steps (the first compiles), four timed: the third recompiles (2.5 s).
+    assert recompiles([9.0, 0.5, 0.5, 0.5, 3.0, 0.5], [1, 1, 1, 1, 2, 2], 2) == ([2], 2.5)
+    assert recompiles([9.0, 0.5, 0.5, 0.5], [1, 1, 1, 1], 2) == ([], 0)
+    hit, _ = recompiles([9.0, 2.0, 2.0, 2.0, 2.0], [1, 2, 3, 4, 5], 1)
+    assert hit == [0, 1, 2, 3]
+
+
+def test_compile_is_charged_once_against_the_long_run():
+    """The objective of a compiled trial is its throughput over the whole run, its
+    compilation paid once in it; the projected run time holds it exactly once."""
+    from autotune.records import Outcome
+
+    # The spec's run: 900 steps of 64 samples, 576 s at 100 samples/s.
+    steady = Outcome("ok", samples_per_second=100.0,
+                     extra={"compile_seconds": 60.0, "run_seconds": 576.0})
+    assert steady.score == pytest.approx(100.0 * 576 / 636)
+    assert Outcome("ok", samples_per_second=100.0, extra={"compile_seconds": 60.0}).score == (
+        100.0)  # no long run given: nothing to amortise against
+    from autotune.outputs.report import projected_seconds
+    from autotune.records import Record
+    from autotune.summary import Summary
+
+    rec = Record(TrialConfig.of(8, 8, torch_compile=True), steady, "model", 1)
+    summary = Summary(model={}, device={}, memory_limit_bytes=2**30, target_batch_size=64,
+                      seq_len=128, trials=[rec], projection={"steps": 900})
+    assert projected_seconds(summary, rec) == pytest.approx(576 + 60)

@@ -146,6 +146,7 @@ def _step_timer(sync, warmup: int, memory=None):
         def __init__(self) -> None:
             self.marks: list[float] = []
             self.peaks: list[tuple[int, int]] = []
+            self.compiled: list[int] = []  # frames torch.compile had compiled, per step
 
         def on_train_begin(self, args, state, control, **kw):
             sync()
@@ -155,6 +156,7 @@ def _step_timer(sync, warmup: int, memory=None):
             if state.global_step in (warmup, state.max_steps):
                 sync()
             self.marks.append(time.perf_counter())
+            self.compiled.append(compiled_frames())
             if memory is not None:
                 self.peaks.append(memory())
 
@@ -166,6 +168,30 @@ def _step_timer(sync, warmup: int, memory=None):
             return self.marks[-1] - self.marks[warmup]
 
     return StepTimer()
+
+
+def compiled_frames() -> int:
+    """Frames torch.compile has compiled in this process: one per graph, and one more
+    each time a guard fails and it recompiles."""
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    return int(dynamo.counters["frames"]["total"]) if dynamo is not None else 0
+
+
+def recompiles(durations: list[float], compiled: list[int],
+               warmup: int) -> tuple[list[int], float]:
+    """(timed steps in which torch.compile compiled again, the seconds those steps took
+    beyond the median of the others): a one-time cost, not the config's speed."""
+    timed = durations[warmup:]
+    before = [0, *compiled]  # what had been compiled as each step started
+    hit = [i for i in range(len(timed)) if compiled[warmup + i] > before[warmup + i]]
+    clean = [d for i, d in enumerate(timed) if i not in hit] or timed
+    typical = sorted(clean)[len(clean) // 2]
+    return hit, sum(max(0.0, timed[i] - typical) for i in hit)
+
+
+# A compiled trial that compiles again in this share of its timed steps or more measures
+# compilation, not training: its shapes or guards change every step.
+RECOMPILING_EVERY_STEP = 0.5
 
 
 def _finite(v) -> bool:
@@ -341,6 +367,15 @@ def _measure(timer, spec, cfg, world, model, trainer, tokens: list[int]) -> Outc
     if not timed:
         return Outcome(ERROR, error=f"only {len(durations)} steps ran")
     window = timer.window()
+    again, recompile_seconds = recompiles(durations, timer.compiled, warmup)
+    if cfg.torch_compile and len(again) >= RECOMPILING_EVERY_STEP * len(timed):
+        return Outcome(ERROR, error=(
+            f"torch.compile compiled again in {len(again)} of {len(timed)} timed steps "
+            f"({recompile_seconds:.1f} s): the graph's shapes or guards change from step to "
+            "step, so every step pays a compile; this measures compilation, not training "
+            "speed"), step_seconds=durations, timed_seconds=window,
+            extra={"recompiled_steps": len(again)})
+    window -= recompile_seconds  # a recompile is paid once, like the first compile
     gas = cfg.gradient_accumulation_steps
     per_step = cfg.per_device_train_batch_size * gas * world
     samples_per_s = per_step * len(timed) / window
@@ -357,7 +392,10 @@ def _measure(timer, spec, cfg, world, model, trainer, tokens: list[int]) -> Outc
              "losses": [e["loss"] for e in history if "loss" in e]}
     if cfg.torch_compile:  # the warm-up pays compilation; a long run pays it once
         extra["compile_seconds"] = max(0.0, sum(durations[:warmup])
-                                       - warmup * statistics.median(timed))
+                                       - warmup * statistics.median(timed)) + recompile_seconds
+        extra["recompiled_steps"] = len(again)
+        if spec.run.steps:  # charged once against the long run: the objective amortises it
+            extra["run_seconds"] = spec.run.steps * window / len(timed)
     if spec.data.source != "synthetic":  # padding and packing: real tokens are the goal
         extra["objective"] = "tokens_per_second"
     return Outcome(
