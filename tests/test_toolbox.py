@@ -99,6 +99,61 @@ def test_memory_model_follows_attention_kernel_and_lora(tmp_path):
     assert lora["gradients"] < full.predict(sdpa).components["gradients"] / 10
 
 
+LLAMA = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 256,
+         "intermediate_size": 688, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "vocab_size": 32000}
+
+
+def test_liger_holds_a_chunk_and_the_heads_gradient_not_the_logits(tmp_path):
+    """Liger's fused linear cross-entropy, by hand: a chunk of logits about the size of
+    the tokens' hidden states plus the input's gradient (4 bytes each where the input is
+    fp32), and the head's fp32 gradient it makes in the forward, whatever the batch;
+    without it, the loss's three fp32 vocabulary-wide tensors per token."""
+    spec = load_spec(_spec(tmp_path, model={"config": LLAMA}, data={"seq_len": 512}))
+    model = MemoryModel(model_shape(spec), H100)
+    s, h, v = 512, 256, 32000
+    for b in (1, 8):
+        plain = model.physics(TrialConfig.of(b, 1, precision="bf16")).components["logits"]
+        liger = model.physics(TrialConfig.of(b, 1, precision="bf16", use_liger_kernel=True))
+        assert plain == pytest.approx(b * s * v * 12, rel=1e-6)
+        assert liger.components["logits"] == pytest.approx(b * s * h * 8 + 4 * v * h, rel=1e-6)
+    # What Liger keeps in a system that holds more (a simulator keeping an eighth of the
+    # logits) is one term of its own: calibration learns it from Liger's trials alone.
+    for b in (2, 4, 8):
+        c = TrialConfig.of(b, 1, precision="bf16", use_liger_kernel=True)
+        model.observe(c, int(model.physics(c).total_bytes + b * s * v * 12 / 8 * 1.05))
+    other = TrialConfig.of(16, 1, precision="bf16", use_liger_kernel=True, optim="adamw_bnb_8bit")
+    plain_other = TrialConfig.of(16, 1, precision="bf16", optim="adamw_bnb_8bit")
+    fresh = MemoryModel(model_shape(spec), H100)
+    assert model.predict_total(other) > fresh.predict_total(other) + 16 * s * v * 12 / 8 * 0.7
+    assert model.predict_total(plain_other) < fresh.predict_total(plain_other) * 1.1
+
+
+def test_compile_keeps_a_share_of_the_activations(tmp_path):
+    from autotune.plan.memory import COMPILED_ACTIVATIONS
+
+    model = MemoryModel(model_shape(load_spec(_spec(tmp_path))), H100)
+    eager = model.physics(TrialConfig.of(8, 2, precision="bf16")).components["activations"]
+    compiled = model.physics(TrialConfig.of(8, 2, precision="bf16", torch_compile=True))
+    assert compiled.components["activations"] == pytest.approx(COMPILED_ACTIVATIONS * eager,
+                                                               rel=1e-6)
+
+
+@pytest.mark.slow
+def test_compile_saves_fewer_activations_for_the_backward_on_this_cpu():
+    """The share COMPILED_ACTIVATIONS stands for, measured on a real compiled model here
+    (Inductor's partitioner, which the GPU shares): benchmarks/compile_activations.py."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import compile_activations
+
+    body, lm = compile_activations.measure(
+        "gpt2", {"n_layer": 1, "n_embd": 128, "n_head": 2, "n_positions": 128}, 4, 64)
+    assert 0.4 < body < 0.9 and lm < 0.95
+
+
 # --- real trials ------------------------------------------------------------------------
 
 

@@ -29,8 +29,10 @@ if TYPE_CHECKING:
 # deviations are centred on 0.
 PRIOR_MEAN = np.array([1.0] * len(COMPONENTS) + [0.0] * len(DEVIATIONS))
 # The attention deviation is a yes-or-no in bytes (0: fused kernels, 1: eager, whatever the
-# physics assumed), so its width is one whole term.
-PRIOR_SD = np.array([0.2, 0.2, 0.3, 1.0, 0.2, 1.0, 0.3, 0.3, 0.2, 1.0, 1.0])
+# physics assumed), so its width is one whole term. Compile's share of the activations
+# is known to a few tens of percent; the share of the whole logits Liger keeps (0 in the
+# physics, its chunk aside) to about a tenth.
+PRIOR_SD = np.array([0.2, 0.2, 0.3, 1.0, 0.2, 1.0, 0.3, 0.3, 0.2, 1.0, 1.0, 0.2, 0.1])
 # An OOM says the peak passed the limit, not by how much: it enters the fit as a peak this
 # far over the limit while the prediction is below it (a censored observation).
 OOM_OVERSHOOT = 0.05
@@ -65,6 +67,7 @@ class MemoryModel(Physics):
         self._lower = np.array([0.05] * len(COMPONENTS) + [-1.0] * len(DEVIATIONS))
         self._lower[FEATURES.index("activations|attention")] = (
             -1.0 if self.materialises_attention() else 0.0)
+        self._lower[FEATURES.index("logits|liger")] = 0.0  # the physics holds none of it
 
     @classmethod
     def from_history(cls, shape: ModelShape, device: DeviceSpec, world_size: int,
@@ -167,11 +170,25 @@ class MemoryModel(Physics):
         if not self._family_resid:
             return 0.0
         if self._effects is None:
-            self._effects = _additive_effects(self._family_resid)
+            self._effects = _additive_effects(self._family_resid | self._oom_shortfall())
         intercept, effects = self._effects
         value = intercept + sum(effects.get(level, 0.0) for level in fam.levels())
         self._offsets[fam] = value
         return value
+
+    def _oom_shortfall(self) -> dict[Family, float]:
+        """What the fit still leaves each unmeasured family that ran out of memory below
+        its limit (censored there, as in the scales' fit): knob values that OOM where the
+        physics says they fit, such as a simulator's or a system's offload keeping more on
+        the device, then raise the other families that share them."""
+        out = {}
+        for c, limit in self._ooms.items():
+            if c.family in self._points:
+                continue
+            short = limit * (1 + OOM_OVERSHOOT) - self._regressed(c)
+            if short > 0:
+                out[c.family] = max(short, out.get(c.family, 0.0))
+        return out
 
     def observe(self, c: TrialConfig, measured_bytes: int | None) -> None:
         """A trial that ran: its measured peak (device, per rank) refines the model."""

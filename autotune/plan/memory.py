@@ -51,6 +51,11 @@ CUDA_RUNTIME_BYTES = 1322 * MiB
 # one even at one rank.
 NCCL_COMM_BYTES = 390 * MiB
 CPU_RUNTIME_BYTES = 64 * MiB  # allocator slack of a CPU trial beyond its tensors
+# torch.compile's partitioner saves for the backward fewer tensors than eager autograd
+# (pointwise chains fused, cheap ones recomputed): 0.62-0.66 of a GPT-2 body's saved
+# bytes, 0.78 of a Llama body's, measured on CPU (Inductor's partitioner is the GPU's;
+# benchmarks/compile_activations.txt, 2026-11-26, torch 2.13).
+COMPILED_ACTIVATIONS = 0.7
 # The caching allocator rounds and fragments: the reserved peak runs a few percent over
 # the tensors live at the peak.
 FRAGMENTATION = 0.05
@@ -69,7 +74,8 @@ COMPONENTS = ("weights", "gradients", "optimizer", "activations", "logits", "run
 # estimator's (its reduction buffers aside): a system that holds more than DeepSpeed's
 # estimate shows it, and calibration moves toward it.
 DEVIATIONS = ("activations|checkpointing", "activations|4-byte", "logits|4-byte",
-              "activations|attention", "states|replicated")
+              "activations|attention", "states|replicated", "activations|compile",
+              "logits|liger")
 FEATURES = COMPONENTS + DEVIATIONS
 # Replayed (allocated, reserved) peaks by model and what the replay depends on, for the
 # process: a few bytes each, and one search or benchmark meets a few hundred at most.
@@ -258,7 +264,16 @@ class Physics:
         where attention is eager."""
         traced = self.trace(c)
         if traced is not None:
-            return max(0.0, traced.per_sample - self._logits_formula())
+            return max(0.0, traced.per_sample - self._logits_formula()) * self._compiled(c)
+        return self._formula_activations(c) * self._compiled(c)
+
+    @staticmethod
+    def _compiled(c: TrialConfig) -> float:
+        """What torch.compile keeps of the eager step's activations (COMPILED_ACTIVATIONS;
+        the trace follows eager autograd, and calibration fits the rest)."""
+        return COMPILED_ACTIVATIONS if c.torch_compile else 1.0
+
+    def _formula_activations(self, c: TrialConfig) -> float:
         s, h, layers = self.shape.seq_len, self.shape.hidden_size, self.shape.num_layers
         scale = _compute_bytes(c.precision) / 2
         mlp = 34 * (1 + (self.shape.ffn_size / (4 * h) - 1) * 16 / 34)  # 16 of 34 scale with ffn
@@ -285,8 +300,20 @@ class Physics:
         before the backward; the forward's logits, upcast and log-softmax sum to no more.)
         Classification heads are negligible."""
         if c.use_liger_kernel:
-            return 0.0  # Liger's fused linear cross-entropy never holds the logits
+            # Liger's fused linear cross-entropy holds a chunk of the logits sized to about
+            # the tokens' hidden states (its chunk_size), and the input's gradient, which
+            # it computes in the forward; 4 bytes each where the input is fp32.
+            return self.shape.seq_len * self.shape.hidden_size * (4 + 4) if (
+                self.shape.has_lm_logits) else 0.0
         return self._logits_formula()
+
+    def logits_fixed_bytes(self, c: TrialConfig) -> float:
+        """Liger computes the LM head's gradient in the forward, in the weight's dtype
+        (fp32 under Trainer's AMP), and holds it until the backward hands it to the
+        parameter: one more head-sized gradient at the peak, whatever the batch."""
+        if not (c.use_liger_kernel and self.shape.has_lm_logits):
+            return 0.0
+        return 4.0 * self.shape.vocab_size * self.shape.hidden_size
 
     def _logits_formula(self) -> float:
         if not self.shape.has_lm_logits:
@@ -332,7 +359,8 @@ class Physics:
         states, host = self._model_states(c)
         b = c.per_device_train_batch_size
         comps = states | {"activations": b * self.activation_bytes_per_sample(c),
-                          "logits": b * self.logits_bytes_per_sample(c)}
+                          "logits": b * self.logits_bytes_per_sample(c)
+                          + self.logits_fixed_bytes(c)}
         tensors = sum(comps.values())
         slack = self._slack_factor(c, tensors)
         if slack < 0:  # the replay's peak is below the components at once: scale them
@@ -467,5 +495,10 @@ class Physics:
                                                * self.attention_bytes_per_sample(c)
                                                * (c.attn_implementation == "auto"))
             terms["states|replicated"] = slack * self.replicated_difference(c)
+            # What compile keeps of the activations, and what Liger keeps of the logits,
+            # differ by system (kernels, fusion, chunking): calibration fits each.
+            terms["activations|compile"] = terms["activations"] * c.torch_compile
+            terms["logits|liger"] = (c.per_device_train_batch_size * slack
+                                     * self._logits_formula() * c.use_liger_kernel)
             cached = self._cache[c] = np.array([terms[k] for k in FEATURES], float)
         return cached
