@@ -13,8 +13,54 @@ physics, so a strategy that does well here has not merely learned its own formul
   forward;
 - log-normal noise per config, failures (fp16 that diverges, bf16 without Ampere).
 
-    .venv/bin/python benchmarks/simulate_landscape.py OUT_DIR
-writes OUT_DIR/<name>/{meta.json,trials.csv} for each scenario below.
+The `*-gpuknobs` scenarios (GPUKNOB_SCENARIOS, Scenario.gpuknobs) add the columns
+attn_implementation, torch_compile and use_liger_kernel as the shared `sim-*-gpuknobs`
+landscapes spell them, with a step model of their own built from the layer's parts (model
+states as above; noise 2%). Grid: batch divisors of the per-rank target, 4 precisions,
+adamw_torch / adamw_torch_fused / adamw_bnb_8bit, checkpointing, the 8 (stage, offload)
+pairs DeepSpeed has (offload only under ZeRO, parameters only at stage 3; offloading an
+optimizer with no CPU version stays an `error` row), the three levers; no
+use_liger_kernel=true rows where Liger does not cover the model type.
+- shape: GEMM FLOPs from the non-embedding parameters plus the LM head (tied or not), at
+  an efficiency rising with micro-batch tokens and hidden size. Elementwise time is per-op
+  traffic over 80% of the memory bandwidth, as HF's eager modules run the ops: RMSNorm as
+  a chain of fp32 kernels (~120h bytes per token and layer), SiLU*up, residual adds, RoPE
+  (RMSNorm/SwiGLU models); native LayerNorm, GELU (gpt2's Python tanh chain is ~8x the
+  fused one), three dropouts (LayerNorm/GELU models); plus cross-entropy traffic over the
+  vocabulary. Its share of the step grows with peak/bandwidth and falls with hidden size.
+  Host overhead: ~100 kernel launches per layer and micro-batch. Activations: what the
+  GEMMs keep (6h+3f or 6h+2f per token and layer) plus the elementwise intermediates.
+- attention: eager keeps scores and probabilities (2 x s^2 per head, a mask byte with
+  dropout), computes the whole square (no causal skipping) at 85% of GEMM efficiency and
+  moves ~7 bytes per score for mask/softmax. sdpa: the flash backend (40% of 16-bit peak)
+  in 16-bit on cc 8.0+, the memory-efficient one (28%) below, fp32/tf32 at 55% of the fp32
+  rate; causal squares half computed. flash_attention_2: sdpa's kernels faster by
+  50% x (s-1024)/(s+1024) (none at 1k tokens, ~2-3% of the step at 4k); `error` without
+  fp16/bf16, below cc 8.0, or for a model that is not a causal LM.
+- torch.compile: per-op traffic factors (RMSNorm chain 0.35, SiLU 0.55, RoPE 0.3, GELU
+  chain 0.15, dropouts 0.4, native LayerNorm 0.8, ...), so the cut depends on the model;
+  60% fewer launches; 40% of the elementwise intermediates not kept and eager keeping only
+  the probabilities. Compile costs 15 s + 2 s x layers^0.9 + 2.5 s x log2(batch) once.
+  Graph breaks weaken it: under ZeRO-3 (gather hooks) half the gain is kept and compile
+  costs 35% more; with (reentrant) checkpointing 40% is kept, compile costs 50% more and
+  guards add 0.45 ms per layer and micro-batch, so it can lose there. `error` with
+  parameter offload (optimizer+param).
+- Liger (llama, mistral, qwen2, gemma, ...): the fused linear cross-entropy holds logits for
+  chunks of next_pow2(tokens / ceil(vocab / hidden)) tokens, plus fp32 hidden gradients
+  and a head-weight gradient buffer, moves (a+2) instead of (2a+12) bytes per logit, and
+  runs the head GEMM 8% slower in chunks; its RMSNorm/SwiGLU/RoPE kernels move 0.25/0.45/
+  0.3 of those ops' traffic (compile does not fuse them further) and drop the SiLU output,
+  RoPE copies and the norms' fp32 copies from the kept activations; 12 fewer launches.
+- offload: CPU Adam at 0.6 G params/s per rank, gradients to the host once per step at
+  stage 1 but every micro-batch at stages 2-3; ZeRO-2 reduce-scatters every micro-batch.
+The shared simulator instead keeps eager's s^2 as one term, cuts a flat 45% of
+elementwise time and 30% of overhead under compile (a 30 s + 1.5 s/layer compile that is
+an error under ZeRO-3), and keeps an eighth of the logits under Liger with 70% less
+logits traffic.
+
+    .venv/bin/python benchmarks/simulate_landscape.py OUT_DIR [--gpuknobs]
+writes OUT_DIR/<name>/{meta.json,trials.csv} for each scenario in SCENARIOS, or with
+--gpuknobs for each in GPUKNOB_SCENARIOS only.
 """
 
 from __future__ import annotations
@@ -66,6 +112,12 @@ class Scenario:
     noise: float = 0.03
     seed: int = 0
     extra: dict = field(default_factory=dict)
+    # gpuknobs scenarios only: the attention/compile/Liger columns and their physics.
+    gpuknobs: bool = False
+    model_name: str = ""
+    model_type: str = ""  # transformers' model_type: decides the layer parts and Liger
+    ffn: int = 0  # intermediate size; 0: 4 x hidden
+    tied: bool = False  # LM head shares the input embedding
 
 
 A100_40 = Device("A100-40GB", 40, (8, 0), {"fp32": 19.5, "tf32": 156, "fp16": 312,
@@ -91,7 +143,8 @@ def _mixed(p: str) -> bool:
     return p in ("fp16", "bf16")
 
 
-def memory_gib(s: Scenario, b: int, p: str, o: str, ck: bool, z: int, off: str) -> float:
+def model_states(s: Scenario, p: str, o: str, z: int, off: str) -> tuple[float, float, float]:
+    """Bytes of weights, gradients and optimizer states on one rank."""
     n, world = s.params, s.world
     state = {"adamw_torch": 8, "adamw_torch_fused": 8, "adamw_bnb_8bit": 2, "adafactor": 0.1,
              "sgd": 0}[o]
@@ -110,6 +163,11 @@ def memory_gib(s: Scenario, b: int, p: str, o: str, ck: bool, z: int, off: str) 
         opt, grads = 0.0, grads * 0.1  # reduction buckets stay
     if off == "optimizer+param":
         weights = 2 * 12 * s.hidden**2 * (2 if _mixed(p) else 4)
+    return weights, grads, opt
+
+
+def memory_gib(s: Scenario, b: int, p: str, o: str, ck: bool, z: int, off: str) -> float:
+    weights, grads, opt = model_states(s, p, o, z, off)
     act_bytes = 2 if _mixed(p) else 4
     per_layer = s.seq * s.hidden * 34 * act_bytes / 2 * 1.7
     quad = 5 * s.heads * s.seq * s.seq * act_bytes / 2 if s.eager else 0.0
@@ -200,14 +258,327 @@ def landscape(s: Scenario) -> tuple[dict, list[dict]]:
     return meta, rows
 
 
-def main(out: str) -> None:
-    for s in SCENARIOS:
+# --- gpuknobs: attention kernel, torch.compile, Liger --------------------------------------
+
+GK_FIELDS = FIELDS[:7] + ["attn_implementation", "torch_compile", "use_liger_kernel"] + FIELDS[7:]
+GK_OPTIMS = ["adamw_torch", "adamw_torch_fused", "adamw_bnb_8bit"]
+# The (stage, offload) pairs DeepSpeed has: offload only under ZeRO, parameters at stage 3.
+ZERO_OFFLOAD = [(0, "none"), (1, "none"), (1, "optimizer"), (2, "none"), (2, "optimizer"),
+                (3, "none"), (3, "optimizer"), (3, "optimizer+param")]
+ATTENTION = ["eager", "sdpa", "flash_attention_2"]
+# Model types Liger patches; they are also the RMSNorm/SwiGLU/RoPE (no dropout) layers here.
+LIGER_TYPES = ("llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2", "phi3")
+
+A100_80 = Device("A100-80GB", 80, (8, 0), {"fp32": 19.5, "tf32": 156, "fp16": 312,
+                                           "bf16": 312}, 2039, 240)
+A10G = Device("A10G-24GB", 24, (8, 6), {"fp32": 31.2, "tf32": 35, "fp16": 70, "bf16": 70},
+              600, 16, pcie=12.0)
+V100 = Device("V100-16GB", 16, (7, 0), {"fp32": 15.7, "fp16": 125}, 900, 150, pcie=12.0)
+T4_GEN3 = Device("T4-16GB", 16, (7, 5), {"fp32": 8.1, "fp16": 65}, 320, 16, pcie=12.0)
+
+GPUKNOB_SCENARIOS = [
+    Scenario("sim2-llama-8b-h100-80gb-gpuknobs", 8.03e9, 32, 4096, 32, 128256, 4096, H100, 1,
+             32, noise=0.02, seed=10, gpuknobs=True, model_name="llama-8b",
+             model_type="llama", ffn=14336),
+    Scenario("sim2-qwen2-1.5b-a10g-24gb-gpuknobs", 1.54e9, 28, 1536, 12, 151936, 2048, A10G,
+             1, 32, fp16_diverges=True, noise=0.02, seed=11, gpuknobs=True,
+             model_name="qwen2-1.5b", model_type="qwen2", ffn=8960, tied=True),
+    Scenario("sim2-mistral-7b-2xa100-80gb-gpuknobs", 7.24e9, 32, 4096, 32, 32000, 2048,
+             A100_80, 2, 64, noise=0.02, seed=12, gpuknobs=True, model_name="mistral-7b",
+             model_type="mistral", ffn=14336),
+    Scenario("sim2-gpt2-small-a100-40gb-gpuknobs", 124e6, 12, 768, 12, 50257, 1024, A100_40,
+             1, 64, noise=0.02, seed=13, gpuknobs=True, model_name="gpt2-small",
+             model_type="gpt2", tied=True),
+    Scenario("sim2-bert-large-v100-16gb-gpuknobs", 335e6, 24, 1024, 16, 30522, 512, V100, 1,
+             64, causal=False, noise=0.02, seed=14, gpuknobs=True, model_name="bert-large",
+             model_type="bert"),
+    Scenario("sim2-llama-1b-t4-16gb-gpuknobs", 1.24e9, 16, 2048, 32, 128256, 1024, T4_GEN3, 1,
+             32, noise=0.02, seed=15, gpuknobs=True, model_name="llama-1b", model_type="llama",
+             ffn=8192, tied=True),
+]
+
+
+@dataclass(frozen=True)
+class Knobs:
+    b: int
+    gas: int
+    p: str
+    o: str
+    ck: bool
+    z: int
+    off: str
+    attn: str
+    comp: bool
+    lig: bool
+
+
+def _swiglu(s: Scenario) -> bool:
+    return s.model_type in LIGER_TYPES
+
+
+def _ffn(s: Scenario) -> int:
+    return s.ffn or 4 * s.hidden
+
+
+def _act_bytes(p: str) -> int:
+    return 2 if _mixed(p) else 4
+
+
+def _compile_keep(k: Knobs) -> float:
+    """Share of torch.compile's gain that survives its graph breaks."""
+    keep = 1.0
+    if k.ck:
+        keep *= 0.4  # reentrant checkpointing: one graph per layer
+    if k.z >= 3:
+        keep *= 0.5  # ZeRO-3's parameter-gather hooks
+    return keep
+
+
+def _fused(factor: float, k: Knobs, keep: float) -> float:
+    """An op's traffic multiplier under torch.compile (1 without it)."""
+    return 1 - (1 - factor) * keep if k.comp else 1.0
+
+
+def _elementwise_ops(s: Scenario, a: int) -> list[tuple[float, float, float]]:
+    """Per token and layer, forward and backward, as HF's eager modules run them: (bytes
+    moved, factor under torch.compile, factor under Liger; 1.0 where Liger leaves it)."""
+    h, f = s.hidden, _ffn(s)
+    if _swiglu(s):
+        return [(120 * h, 0.35, 0.25),  # two RMSNorms, each a chain of fp32 kernels
+                (12 * a * f, 0.55, 0.45),  # SiLU(gate) * up
+                (12 * a * h, 0.6, 1.0),  # residual adds
+                (24 * a * h, 0.3, 0.3),  # RoPE on q and k (rotate_half: slice, neg, cat)
+                (4 * a * h, 0.7, 1.0)]  # heads split and merged
+    gelu = (40 * a * f, 0.15) if s.model_type == "gpt2" else (5 * a * f, 0.7)  # tanh in Python
+    return [(12 * a * h, 0.8, 1.0),  # two LayerNorms (native kernels)
+            (*gelu, 1.0),
+            (3 * (4 * a + 2) * h, 0.4, 1.0),  # three dropouts with their masks
+            (12 * a * h, 0.6, 1.0),  # residual adds
+            (8 * a * h, 0.6, 1.0)]  # heads split and merged
+
+
+def _flce_chunk(s: Scenario, tokens: int) -> int:
+    """Tokens per chunk of Liger's fused linear cross-entropy."""
+    chunks = math.ceil(s.vocab / s.hidden)
+    return 1 << max(0, math.ceil(math.log2(max(1, math.ceil(tokens / chunks)))))
+
+
+def gk_memory_gib(s: Scenario, k: Knobs) -> float:
+    weights, grads, opt = model_states(s, k.p, k.o, k.z, k.off)
+    a = _act_bytes(k.p)
+    h, f = s.hidden, _ffn(s)
+    tokens = k.b * s.seq
+    if _swiglu(s):  # + RoPE'd q and k, SiLU output, the norms' fp32 copies
+        kept, inter = a * (6 * h + 3 * f), a * (2 * h + f) + 8 * h
+        if k.lig:  # no SiLU output, in-place RoPE, RMSNorm keeps only 1/rms
+            inter -= a * (h + f) + 6 * h
+    else:  # + GELU's (gpt2: its Python tanh chain's) intermediates, 3 dropout mask bytes
+        kept = a * (6 * h + 2 * f)
+        inter = a * (2 * h + (3 if s.model_type == "gpt2" else 1) * f) + 3 * h
+    if k.comp:
+        inter *= 1 - 0.4 * _compile_keep(k)
+    drop = 1 if not _swiglu(s) else 0
+    if k.attn == "eager":
+        scores = s.heads * s.seq * ((1 if k.comp else 2) * a + drop)
+    else:
+        scores = s.heads * 4  # log-sum-exp per head
+    layer = (kept + inter + scores) * 1.12  # allocator rounding
+    # Checkpointing keeps the layers' inputs, and one layer's activations and gradients.
+    act = tokens * (s.layers * h * a + 1.5 * layer if k.ck else s.layers * layer)
+    if not s.causal:
+        logits = 0.0
+    elif k.lig:
+        chunk = _flce_chunk(s, tokens)
+        head_grad = 4 if k.z == 0 or not _mixed(k.p) else 2  # in the head weight's dtype
+        logits = chunk * s.vocab * (4 + a) + tokens * h * 4 + s.vocab * h * head_grad
+    else:
+        logits = tokens * s.vocab * (a + (5 if k.comp else 8))
+    extra = 0.75 + 0.35 * k.comp + 0.1 * k.lig  # context, Inductor/Triton workspaces
+    return (weights + grads + opt + act + logits) * 1.03 / GiB + extra
+
+
+def _gemm_eff(s: Scenario, p: str, tokens: float) -> float:
+    half = {"fp32": 384, "tf32": 768}.get(p, 1536)
+    return 0.66 * s.hidden / (s.hidden + 512) * tokens / (tokens + half)
+
+
+def _compile_seconds(s: Scenario, k: Knobs) -> float:
+    if not k.comp:
+        return 0.0
+    sec = 15 + 2.0 * s.layers**0.9 + 2.5 * math.log2(k.b)
+    return sec * (1.5 if k.ck else 1.0) * (1.35 if k.z >= 3 else 1.0)
+
+
+def gk_micro_seconds(s: Scenario, k: Knobs) -> float:
+    """One micro-batch's forward and backward."""
+    dev = s.device
+    a = _act_bytes(k.p)
+    h = s.hidden
+    tokens = k.b * s.seq
+    bw = dev.bandwidth * 1e9 * 0.8
+    keep = _compile_keep(k)
+    # GEMMs: the layers (recomputed under checkpointing) and the LM head.
+    emb = s.vocab * h * (1 if s.tied or not s.causal else 2)
+    body = 6 * (s.params - emb) * tokens * (4 / 3 if k.ck else 1.0)
+    head = 6 * s.vocab * h * tokens if s.causal else 0.0
+    peak = dev.peak[k.p] * 1e12
+    eff = _gemm_eff(s, k.p, tokens)
+    t = body / (peak * eff) + head / (peak * eff * (0.92 if k.lig else 1.0))
+    # Attention: 4sh FLOPs per token and layer forward, twice that backward.
+    fwd = 4 * s.seq * h * s.layers * tokens
+    if k.attn == "eager":
+        flops = fwd * (3 + k.ck)
+        t += flops / (peak * eff * 0.85)
+        drop = 0 if _swiglu(s) else 3
+        traffic = s.heads * s.seq * (7 * a + drop) * s.layers * tokens
+        t += traffic * _fused(0.55, k, keep) * (1.4 if k.ck else 1.0) / bw
+    else:
+        flops = fwd * (3.5 + k.ck) * (0.5 if s.causal else 1.0)
+        if _mixed(k.p):
+            kern = 0.40 * peak if dev.cc >= (8, 0) else 0.28 * peak
+        else:
+            kern = 0.55 * dev.peak["fp32"] * 1e12
+        if k.attn == "flash_attention_2":
+            kern *= 1 + 0.5 * max(0, s.seq - 1024) / (s.seq + 1024)
+        t += flops / kern
+    # Elementwise ops: memory bound.
+    ew = 0.0
+    for traffic, comp, lig in _elementwise_ops(s, a):
+        ew += traffic * (lig if k.lig and lig < 1 else _fused(comp, k, keep))
+    t += ew * s.layers * tokens * (4 / 3 if k.ck else 1.0) / bw
+    if s.causal:  # cross-entropy over the vocabulary
+        # logits written and read, fp32 upcast, softmax and its gradient
+        per = a + 2 if k.lig else a + 6 if k.comp else 2 * a + 12
+        t += per * s.vocab * tokens / bw
+    if k.z == 0 and _mixed(k.p):  # autocast's weight casts
+        t += s.params * 6 / bw
+    # Host overhead: kernel launches per layer.
+    kernels = (100 if _swiglu(s) else 110) - 12 * k.lig + 4 * (k.attn == "eager")
+    kernels *= 1.35 if k.ck else 1.0
+    host = 0.0025
+    if k.comp:
+        kernels *= 1 - 0.6 * keep
+        host *= 0.7
+        if k.ck:
+            host += 0.00045 * s.layers  # guards at each layer's graph break
+    t += host + s.layers * kernels * 3.5e-6
+    if k.z >= 3:
+        t += s.layers * 0.00025  # gather hooks
+    return t
+
+
+def gk_step_seconds(s: Scenario, k: Knobs) -> float:
+    """One optimizer step: the micro-batches, the optimizer, ZeRO traffic, offload."""
+    dev = s.device
+    n, w = s.params, s.world
+    w16 = _act_bytes(k.p)
+    bw = dev.bandwidth * 1e9
+    micro = gk_micro_seconds(s, k)
+    n_rank = n / w if k.z >= 1 else n
+    t = micro * k.gas
+    per_param = {"adamw_torch": 32, "adamw_torch_fused": 20, "adamw_bnb_8bit": 14}[k.o]
+    if k.off == "none":
+        t += n_rank * per_param / (bw * 0.8)
+        if k.z >= 1 and _mixed(k.p):
+            t += n_rank * 6 / bw  # fp32 master to 16-bit copy
+    else:  # DeepSpeed's CPU Adam and the 16-bit weights back over PCIe
+        t += n_rank / 0.6e9 + n_rank * w16 / (dev.pcie * 1e9)
+        # Gradients go to the host: at stage 1 once per step, at 2-3 every micro-batch
+        # (accumulated there), partly overlapped with the backward.
+        t += (1 if k.z == 1 else k.gas * 0.7) * n_rank * w16 / (dev.pcie * 1e9)
+    if k.off == "optimizer+param":
+        t += k.gas * 2 * n_rank * w16 / (dev.pcie * 1e9)
+    ring = (w - 1) / w
+    link = dev.link * 1e9
+    if w > 1:
+        if k.z == 0:  # DDP: fp32 gradients all-reduced once per step, 40% hidden
+            t += 2 * ring * n * 4 / link * 0.6
+        elif k.z == 1:
+            t += 3 * ring * n * w16 / link
+        elif k.z == 2:  # reduce-scatter every micro-batch, gather once
+            t += ring * n * w16 / link * (k.gas + 1)
+        else:  # gathers forward and backward, reduce-scatter, every micro-batch
+            t += 3 * ring * n * w16 / link * k.gas * 0.7
+    elif k.z in (1, 2):
+        t += 0.015 + n * w16 * 2 / bw
+    elif k.z == 3:
+        t += 0.015 + k.gas * n * w16 * 2 / bw
+    return t
+
+
+def gk_status(s: Scenario, k: Knobs) -> str | None:
+    """"error" where the config cannot start, "compile" where torch.compile fails."""
+    if status(s, k.p, k.o, k.z, k.off) == "error":
+        return "error"
+    if k.attn == "flash_attention_2" and (not _mixed(k.p) or s.device.cc < (8, 0)
+                                          or not s.causal):
+        return "error"
+    if k.comp and k.off == "optimizer+param":  # Dynamo on ZeRO-3's offloaded parameters
+        return "compile"
+    return None
+
+
+def gk_landscape(s: Scenario) -> tuple[dict, list[dict]]:
+    rng = np.random.default_rng(1000 + s.seed)
+    per_rank = s.target // s.world
+    batches = [b for b in (1, 2, 4, 8, 16, 32, 64) if per_rank % b == 0]
+    ligers = [False, True] if s.model_type in LIGER_TYPES and s.causal else [False]
+    rows = []
+    for b, p, o, ck, (z, off), attn, comp, lig in itertools.product(
+            batches, ["fp32", "tf32", "fp16", "bf16"], GK_OPTIMS, [False, True], ZERO_OFFLOAD,
+            ATTENTION, [False, True], ligers):
+        k = Knobs(b, per_rank // b, p, o, ck, z, off, attn, comp, lig)
+        noise = math.exp(rng.normal(0, s.noise))
+        bad = gk_status(s, k)
+        mem = gk_memory_gib(s, k) if bad is None else 0.0
+        startup = (8 + s.params * 2 / 2e9 + 9 * (z > 0) + 2 * lig
+                   + (5 + s.params / s.world * 12 / 5e9) * (off != "none"))
+        compile_s = _compile_seconds(s, k)
+        if bad is None and mem > s.device.memory_gib * 0.97:
+            bad = "oom"
+        if bad is None and p == "fp16" and s.fp16_diverges:
+            bad = "nan"
+        sps = 0.0
+        if bad == "error":  # at load or argument checks
+            cost = startup * 0.4
+        elif bad == "compile":  # in the first forward, halfway through the compile
+            bad, cost = "error", startup + 0.5 * compile_s
+        elif bad == "oom":
+            cost = startup + 0.7 * compile_s + 1.2 * gk_micro_seconds(s, k)
+        else:
+            step = gk_step_seconds(s, k) * noise
+            cost = startup + compile_s + (4 if bad == "nan" else 8) * step
+            if bad is None:
+                sps = s.target / step
+        rows.append({"per_device_train_batch_size": b, "gradient_accumulation_steps": k.gas,
+                     "precision": p, "optim": o, "gradient_checkpointing": str(ck).lower(),
+                     "zero_stage": z, "offload": off, "attn_implementation": attn,
+                     "torch_compile": str(comp).lower(), "use_liger_kernel": str(lig).lower(),
+                     "status": bad or "ok", "samples_per_second": round(sps, 4),
+                     "peak_memory_gib": round(min(mem, s.device.memory_gib), 3),
+                     "seconds": round(cost, 1)})
+    meta = {"description": (f"simulated by benchmarks/simulate_landscape.py (gpuknobs): "
+                            f"{s.model_name} seq {s.seq} on {s.world}x {s.device.name}, "
+                            f"target effective batch {s.target}"),
+            "simulated": True,
+            "model": {"name": s.model_name, "num_parameters": int(s.params),
+                      "num_layers": s.layers, "hidden_size": s.hidden,
+                      "num_attention_heads": s.heads, "vocab_size": s.vocab,
+                      "causal_lm": s.causal, "seq_len": s.seq},
+            "device": {"name": s.device.name, "memory_gib": s.device.memory_gib,
+                       "count": s.world},
+            "world_size": s.world, "target_effective_batch_size": s.target}
+    return meta, rows
+
+
+def main(out: str, gpuknobs: bool = False) -> None:
+    for s in GPUKNOB_SCENARIOS if gpuknobs else SCENARIOS:
         folder = Path(out) / s.name
         folder.mkdir(parents=True, exist_ok=True)
-        meta, rows = landscape(s)
+        meta, rows = gk_landscape(s) if s.gpuknobs else landscape(s)
         (folder / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
         with (folder / "trials.csv").open("w", newline="") as f:
-            w = csv.DictWriter(f, FIELDS)
+            w = csv.DictWriter(f, GK_FIELDS if s.gpuknobs else FIELDS)
             w.writeheader()
             w.writerows(rows)
         ok = sum(r["status"] == "ok" for r in rows)
@@ -215,4 +586,5 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/landscapes")
+    args = [a for a in sys.argv[1:] if a != "--gpuknobs"]
+    main(args[0] if args else "benchmarks/landscapes", "--gpuknobs" in sys.argv[1:])
