@@ -1,15 +1,19 @@
 """Everything the project claims about GPUs, proved in one device call of at most 9 minutes.
 
-    benchmarks/gpu_proof.sh OUTDIR              on a GPU (one H100: at most 9 minutes)
+    benchmarks/gpu_proof.sh OUTDIR              on a GPU (one H100 or H200: at most 9 minutes)
     benchmarks/gpu_proof.sh --rehearse OUTDIR   the same steps on CPU with tiny shapes
 
-Steps run in order of value, each in its own process with its own time box, so a slow
-step cannot starve the rest: the GPU tests; the seeds' BERT-large benchmark (vanilla
-batch 4 fp32 against the tuner's pick, same data); the GPT-2 search of
-examples/gpt2-small-gpu.yaml; memory accuracy on two shapes; then the searches' trials
-written as a measured landscape (`simulated: false`, the shared trials.csv format). What
-comes back is at most 8 files: summary.md, versions.json, results.tar.gz (every step's
-log and outputs) and the landscape's two files.
+Two searches on the default space, each with about four minutes of its own: GPT-2 124M at
+seq 1024 (examples/gpt2-small-gpu.yaml) and the seeds' BERT-large at seq 512. Each runs
+Trainer's defaults and the guide's recipe beside its own trials and confirms both with
+the winner; the summary gives each one's samples/s, MFU and speedups with intervals, and
+the memory error of every trial that ran (the configs the search chose, not a curated
+family). Then the GPT-2 search's trials as a measured landscape (`simulated: false`).
+Asked for with --only (a second call): the GPU tests, the seeds' vanilla BERT trial, and
+the memory step (memory accuracy on two shapes with the ZeRO rows' allocator histories).
+Each step runs in its own process with its own time box, so a slow step cannot starve
+the rest. What comes back is at most 8 files: summary.md, versions.json, results.tar.gz
+(every step's log and outputs) and the landscape's two files.
 """
 
 from __future__ import annotations
@@ -37,31 +41,37 @@ PACKAGES = ("torch", "transformers", "accelerate", "deepspeed", "bitsandbytes", 
 SEED_BERT = [("seed 1 (vanilla, bs 4, fp32)", 12.5, 12.9), ("seed 2 (vanilla, bs 4, fp32)",
                                                             8.86, 14.9)]
 
-# (name, seconds) in order of value. On a GPU they sum to 500 s, which with the wheels'
-# install, versions, pip check and the report fits 9 minutes; each box is also cut to
-# what is left of them (--budget), so the last steps give way when the first ran long.
-# On an H200 (2026-11-26) the install and versions took 25 s, and the steps 52 s, 100 s
-# (cut by its box: vanilla 25 s, then Ray's start and a 60 s search), 102 s (a 90 s
-# search) and 95 s; in a second call the BERT step with a 90 s search was cut at 125 s.
-GPU_BOXES = {"gpu_tests": 70, "bert": 150, "gpt2_search": 160, "memory": 120}
-BERT_SEARCH_S = 75  # the vanilla trial, Ray's start and the search's exports fit the box
-REHEARSAL_BOXES = {"gpu_tests": 60, "bert": 150, "gpt2_search": 150, "memory": 120}
+# The default steps, in order of value, with their boxes (seconds): the two searches sum
+# to 500 s, which with the wheels' install, versions and pip check (25 s on the H200,
+# 2026-11-26) and the report (FINISH_S) fits 9 minutes. Each box is also cut to what is
+# left of the call (--budget), and each search's own timeout to its box.
+GPU_BOXES = {"gpt2_search": 250, "bert_search": 250}
+# Asked for with --only, in a call of their own (the boxes they had when they were part
+# of every call: the GPU tests took 52 s, the vanilla trial 25 s, the memory step 95 s).
+EXTRA_BOXES = {"gpu_tests": 70, "bert_vanilla": 60, "memory": 120}
+STEPS = {**GPU_BOXES, **EXTRA_BOXES}
+REHEARSAL_BOXES = {"gpt2_search": 150, "bert_search": 150, "gpu_tests": 60,
+                   "bert_vanilla": 60, "memory": 120}
+SEARCH_S = 240  # each search's own time on a GPU (its timeout), when its box allows
+REHEARSAL_SEARCH_S = 110
 GPU_BUDGET_S = 540  # from gpu_proof.sh's start (GPU_PROOF_T0): 9 minutes
-GRACE_S = 20  # a step is interrupted (Ctrl-C) this long before its box ends, then killed
+GRACE_S = 8  # a step is interrupted (Ctrl-C) this long before its box ends, then killed
+STARTUP_S = 12  # a search step's process start and its exports, beside its timeout
 FINISH_S = 15  # kept back for the landscape and the report after the last step
 
 
 def boxes_for(wanted: set[str], boxes: dict[str, int]) -> dict[str, int]:
-    """Each asked-for step's box, with the time of the steps left out shared among them in
-    proportion: `--only memory` may take the whole call (its rows are no longer cut at
-    two minutes), and every box is still cut to what is left of the call."""
+    """Each asked-for step's box, with the time of the default steps left out shared among
+    them in proportion: `--only memory` may take the whole call, and every box is still
+    cut to what is left of the call."""
     asked = sum(boxes[s] for s in wanted)
-    return {s: boxes[s] * sum(boxes.values()) // asked for s in wanted}
+    total = max(asked, sum(boxes[s] for s in GPU_BOXES))
+    return {s: boxes[s] * total // asked for s in wanted}
 
 
-def _bert_spec(rehearse: bool, out: Path) -> dict:
+def _bert_spec(rehearse: bool, out: Path, timeout_s: int = 60) -> dict:
     """The seeds' benchmark: BERT-large for sequence classification, seq 512, dummy data,
-    target batch 4 (the vanilla run's batch, accumulation 1)."""
+    at effective batch 16, on the default space."""
     if rehearse:
         config = {"model_type": "bert", "num_hidden_layers": 2, "hidden_size": 64,
                   "num_attention_heads": 2, "intermediate_size": 256, "vocab_size": 1024,
@@ -74,22 +84,47 @@ def _bert_spec(rehearse: bool, out: Path) -> dict:
         seq, budget = 512, None
     spec = {"model": {"config": config, "task": "sequence-classification"},
             "data": {"seq_len": seq}, "target_batch_size": 16,
-            "search": {"n_trials": 8, "timeout": f"{BERT_SEARCH_S}s",
-                       "trial_timeout": "60s", "confirm_repeats": 0,
+            "search": {"n_trials": 40, "timeout": f"{timeout_s}s",
+                       "trial_timeout": "90s", "confirm_repeats": 3,
                        "space": str(ROOT / "search_spaces" / "default.yaml")},
-            "measure": {"warmup_steps": 2, "steps": 4}, "output": str(out / "bert-search")}
+            "measure": {"warmup_steps": 2, "steps": 4}, "run": {"steps": 10000},
+            "output": str(out / "bert-search")}
     if budget:
         spec["hardware"] = {"memory_budget": budget}
     return spec
 
 
-def _gpt2_spec(rehearse: bool, out: Path) -> tuple[Path, list[str]]:
-    if rehearse:
-        # Room past the baseline's probes (up to four here): a winner trains the target.
-        return ROOT / "examples" / "tiny-gpt2.yaml", ["--trials", "6", "--timeout", "100s",
-                                                       "--output", str(out / "gpt2-search")]
-    return ROOT / "examples" / "gpt2-small-gpu.yaml", ["--timeout", "120s", "--output",
-                                                       str(out / "gpt2-search")]
+def _gpt2_spec(rehearse: bool, out: Path, timeout_s: int) -> dict:
+    """GPT-2 124M at seq 1024 on a GPU, on the whole device (not the example's plan for a
+    40 GiB card: the proof measures what this GPU does against the recipe a user would
+    run on it); the tiny example in a rehearsal, with room past the references' probes
+    for a trial of its own."""
+    import yaml
+
+    name = "tiny-gpt2.yaml" if rehearse else "gpt2-small-gpu.yaml"
+    spec = yaml.safe_load((ROOT / "examples" / name).read_text())
+    spec["search"] |= {"timeout": f"{timeout_s}s", "n_trials": 7 if rehearse else 40}
+    if not rehearse:
+        spec["hardware"].pop("memory_budget", None)
+    return spec | {"output": str(out / "gpt2-search")}
+
+
+def search_timeout(box: int, rehearse: bool) -> int:
+    """A search step's own time: what its box leaves after its process's start and its
+    exports, and before the interrupt, up to SEARCH_S."""
+    return max(10, min(REHEARSAL_SEARCH_S if rehearse else SEARCH_S,
+                       box - GRACE_S - STARTUP_S))
+
+
+def search_step(name: str, rehearse: bool, out: Path, box: int) -> None:
+    """One search of the proof, in this process: interrupted at its box's end, it writes
+    what it finished (the search's own Ctrl-C path)."""
+    import autotune
+
+    timeout = search_timeout(box, rehearse)
+    spec = (_gpt2_spec if name == "gpt2_search" else _bert_spec)(rehearse, out, timeout)
+    result = autotune.search(spec)
+    print(f"{name}: best {result.best.config.label() if result.best else 'none'}")
 
 
 def versions() -> tuple[dict[str, str], list[str]]:
@@ -132,14 +167,18 @@ def _interruptible_child() -> None:
     die_with_parent()
 
 
+def _cut(box: int, deadline: float | None) -> int:
+    """A box cut to what is left of the call before its report."""
+    return box if deadline is None else min(box, int(deadline - FINISH_S - time.time()))
+
+
 def _step(name: str, cmd: list[str], box: int, out: Path, log: list[dict],
           deadline: float | None = None, grace: int = GRACE_S) -> int | None:
     """Run one step in its own process group within its time box, cut to what is left
     before `deadline`, and die with this script (a device call cut off at its limit).
     Past the box less `grace` the step is interrupted as Ctrl-C would (a search then
     writes its summary and exports with the trials it finished), and killed at the box."""
-    if deadline is not None:
-        box = min(box, int(deadline - FINISH_S - time.time()))
+    box = _cut(box, deadline)
     if box < max(2 * grace, 1):  # a box of none (grace 0) is no box either
         log.append({"step": name, "exit": "no time left", "seconds": 0, "box": box,
                     "log": ""})
@@ -187,39 +226,17 @@ def _vanilla_trial(spec: dict) -> dict:
     return result.to_dict()
 
 
-def bert_step(rehearse: bool, out: Path) -> None:
-    """Vanilla against the tuner's pick, same model and data; printed and saved (whole:
-    the report reads the file while this step may be killed)."""
+def bert_vanilla_step(rehearse: bool, out: Path) -> None:
+    """The seeds' vanilla run on this device, as one trial; saved whole for the report."""
     from autotune.files import write_atomically
 
-    spec = _bert_spec(rehearse, out)
-    vanilla = _vanilla_trial(spec)
-    rows = {"vanilla": {"config": "b4x1 fp32 adamw_torch",
-                        "samples_per_second": vanilla.get("samples_per_second"),
-                        "peak_memory_bytes": vanilla.get("peak_memory_bytes"),
-                        "mfu": (vanilla.get("extra") or {}).get("mfu"),
-                        "status": vanilla.get("status")}}
-    write_atomically(out / "bert.json", json.dumps(rows, indent=2))  # kept if the search is cut
-    import autotune
-    from autotune.errors import AutotuneError
-    from autotune.summary import load_summary
-
-    interrupted = False
-    try:
-        best = autotune.search(spec).best
-    except KeyboardInterrupt:  # the box's end: the best of the trials it finished
-        interrupted, best = True, None
-        with contextlib.suppress(AutotuneError):  # none, if it ended before the first
-            best = load_summary(spec["output"]).best
-    if best is not None:
-        rows["tuned"] = {"config": best.config.label(),
-                         "samples_per_second": best.outcome.samples_per_second,
-                         "peak_memory_bytes": best.outcome.peak_memory_bytes,
-                         "mfu": best.outcome.extra.get("mfu"), "status": best.outcome.status}
-        if interrupted:
-            rows["tuned"]["note"] = "the best of the trials finished by the step's box"
-    write_atomically(out / "bert.json", json.dumps(rows, indent=2))
-    print(json.dumps(rows, indent=2))
+    vanilla = _vanilla_trial(_bert_spec(rehearse, out))
+    row = {"config": "b4x1 fp32 adamw_torch",
+           "samples_per_second": vanilla.get("samples_per_second"),
+           "peak_memory_bytes": vanilla.get("peak_memory_bytes"),
+           "mfu": (vanilla.get("extra") or {}).get("mfu"), "status": vanilla.get("status")}
+    write_atomically(out / "bert-vanilla.json", json.dumps(row, indent=2))
+    print(json.dumps(row, indent=2))
 
 
 def memory_step(rehearse: bool, out: Path) -> None:
@@ -243,27 +260,15 @@ class _Report:
 
     def publish(self, land: Path | None = None, done: bool = False) -> list[str]:
         out, final = self.out, self.final
-        try:
-            bert = json.loads((out / "bert.json").read_text())
-        except (OSError, json.JSONDecodeError):  # the step never wrote it
-            bert = {}
         title = f"# GPU proof {'rehearsal (CPU, tiny shapes)' if self.rehearse else ''}".rstrip()
         lines = [title + ("" if done else " (in progress)"), "",
                  f"device: {self.found.get('device')} · {time.time() - self.started:.0f} s "
                  "in all", "", "| step | exit | seconds | box |", "| --- | --- | --- | --- |"]
         lines += [f"| {s['step']} | {'past its box' if s['exit'] is None else s['exit']} | "
                   f"{s['seconds']} | {s['box']} |" for s in self.log]
-        if bert:
-            lines += ["", "| BERT benchmark | config | samples/s | peak memory GB | MFU |",
-                      "| --- | --- | --- | --- | --- |"]
-            for label, sps, gb in ([] if self.rehearse else SEED_BERT):
-                lines.append(f"| {label} | b4x1 fp32 | {sps} | {gb} | |")
-            for key, row in bert.items():
-                peak = row.get("peak_memory_bytes")
-                sps, mfu = row.get("samples_per_second"), row.get("mfu")
-                lines.append(f"| {key} | {row['config']} | {f'{sps:.1f}' if sps else '—'} | "
-                             f"{f'{peak / 1e9:.2f}' if peak else '—'} | "
-                             f"{f'{mfu:.1%}' if mfu else '—'} |")
+        for folder, title in (("gpt2-search", "GPT-2 search"), ("bert-search", "BERT search")):
+            lines += search_lines(out / folder, title)
+        lines += bert_lines(out, self.rehearse)
         lines += memory_lines(out / "memory.log")
         lines += ["", "skipped: " + ("; ".join(self.skipped) if self.skipped else "nothing")]
         (out / "summary.md").write_text("\n".join(lines) + "\n")
@@ -277,6 +282,96 @@ class _Report:
             for f in ("meta.json", "trials.csv"):
                 shutil.copy(land / f, final / f"landscape-{f}")
         return lines
+
+
+def _num(value: float | None, fmt: str = "{:.1f}") -> str:
+    return "—" if value is None else fmt.format(value)
+
+
+def _ratio(value: float | None, low: float | None, high: float | None) -> str:
+    if value is None:
+        return "—"
+    return f"{value:.2f}×" + (f" ({low:.2f}–{high:.2f})" if low is not None
+                              and high is not None and low != high else "")
+
+
+def search_lines(folder: Path, title: str) -> list[str]:
+    """One search's figures: the winner and both references (confirmed medians, MFU,
+    peak), the speedups with their intervals, and every trial that ran with its
+    predicted and measured peak memory."""
+    from autotune.errors import AutotuneError
+    from autotune.summary import load_summary
+
+    try:
+        summary = load_summary(folder)
+    except AutotuneError:
+        return []
+    c = summary.confirmation
+    lines = ["", f"## {title}: {summary.model.get('name', 'model')} · "
+             f"{sum(t.counted for t in summary.trials)} trials, "
+             f"{_num(summary.search.get('wall_seconds'), '{:.0f}')} s", "",
+             "| role | config | samples/s | confirmation runs | MFU | peak memory GiB |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for role, rec in (("winner", summary.best), ("guide's recipe", summary.recipe),
+                      ("Trainer defaults", summary.baseline)):
+        if rec is None:
+            lines.append(f"| {role} | — | | | | |")
+            continue
+        row = c.row(rec.config) if c else None
+        runs = len(row.samples_per_second) if row else 0
+        peak = rec.outcome.peak_memory_bytes
+        lines.append(f"| {role} | {rec.config.label()} | {_num(summary.throughput(rec))} | "
+                     f"{runs} | {_num(rec.outcome.extra.get('mfu'), '{:.1%}')} | "
+                     f"{_num(peak / 2**30 if peak else None, '{:.2f}')} |")
+    vs = (c.vs_recipe or {}) if c else {}
+    defaults = ("their smallest batch did not fit" if summary.defaults_do_not_fit else
+                _ratio(summary.speedup, c.speedup_low if c else None,
+                       c.speedup_high if c else None))
+    recipe = _ratio(summary.vs_recipe, vs.get("low"), vs.get("high"))
+    lines += ["", f"speedup vs Trainer defaults: {defaults} · vs the guide's recipe: {recipe}"]
+    errors = []
+    lines += ["", "| # | config | reason | status | samples/s | predicted GiB | peak GiB | "
+              "error |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for t in summary.trials:
+        o = t.outcome
+        if not o.ran:
+            continue
+        pred, peak = o.predicted_memory_bytes, o.peak_memory_bytes
+        err = (pred - peak) / peak if o.ok and pred and peak else None
+        if err is not None:
+            errors.append(abs(err))
+        lines.append(f"| {t.number} | {t.config.label()} | {t.reason} | {o.status} | "
+                     f"{_num(o.samples_per_second)} | "
+                     f"{_num(pred / 2**30 if pred else None, '{:.2f}')} | "
+                     f"{_num(peak / 2**30 if peak else None, '{:.2f}')} | "
+                     f"{_num(err, '{:+.1%}')} |")
+    if errors:
+        lines += ["", f"memory: predicted against measured peak over {len(errors)} ok trials: "
+                  f"median {statistics.median(errors):.1%}, max {max(errors):.1%}"]
+    return lines
+
+
+def bert_lines(out: Path, rehearse: bool) -> list[str]:
+    """The tuned BERT-large against the seeds' vanilla runs (their GPUs) and, where the
+    step ran, the vanilla run on this device."""
+    from autotune.errors import AutotuneError
+    from autotune.summary import load_summary
+
+    try:
+        summary = load_summary(out / "bert-search")
+    except AutotuneError:
+        summary = None
+    tuned = summary.throughput(summary.best) if summary and summary.best else None
+    rows = [] if rehearse else [(label, sps) for label, sps, _ in SEED_BERT]
+    with contextlib.suppress(OSError, json.JSONDecodeError):
+        vanilla = json.loads((out / "bert-vanilla.json").read_text())
+        rows.append(("vanilla on this device", vanilla.get("samples_per_second")))
+    if not rows or tuned is None:
+        return []
+    return ["", "| BERT-large vanilla (b4x1 fp32) | samples/s | the winner over it |",
+            "| --- | --- | --- |"] + [f"| {label} | {_num(sps)} | "
+                                      f"{_num(tuned / sps if sps else None, '{:.1f}×')} |"
+                                      for label, sps in rows]
 
 
 def memory_lines(log: Path) -> list[str]:
@@ -338,21 +433,25 @@ def main() -> int:
                     f"all steps must end within (default {GPU_BUDGET_S} on a GPU, none in a "
                     "rehearsal)")
     ap.add_argument("--only", metavar="STEPS", help="a comma-separated subset of "
-                    f"{','.join(GPU_BOXES)} (a second call that redoes some)")
+                    f"{','.join(STEPS)} (default: {','.join(GPU_BOXES)})")
     ap.add_argument("--step", help=argparse.SUPPRESS)  # internal: run one step in-process
+    ap.add_argument("--box", type=int, help=argparse.SUPPRESS)  # that step's box
     args = ap.parse_args()
     wanted = set(GPU_BOXES) if args.only is None else {s for s in args.only.split(",") if s}
     if not wanted:
-        ap.error(f"--only: name one step or more of {', '.join(GPU_BOXES)}")
-    if wanted - set(GPU_BOXES):
-        ap.error(f"--only: {', '.join(sorted(wanted - set(GPU_BOXES)))} is no step; the "
-                 f"steps are {', '.join(GPU_BOXES)}")
+        ap.error(f"--only: name one step or more of {', '.join(STEPS)}")
+    if wanted - set(STEPS):
+        ap.error(f"--only: {', '.join(sorted(wanted - set(STEPS)))} is no step; the "
+                 f"steps are {', '.join(STEPS)}")
     out = Path(args.outdir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     if args.step is None:  # the steps work beside OUTDIR; only the final files go in it
         final, out = out, Path(tempfile.mkdtemp(prefix="gpu-proof-"))
-    if args.step == "bert":
-        bert_step(args.rehearse, out)
+    if args.step in GPU_BOXES:
+        search_step(args.step, args.rehearse, out, args.box or STEPS[args.step])
+        return 0
+    if args.step == "bert_vanilla":
+        bert_vanilla_step(args.rehearse, out)
         return 0
     if args.step == "memory":
         memory_step(args.rehearse, out)
@@ -368,12 +467,12 @@ def main() -> int:
     print("versions:", ", ".join(f"{k} {v}" for k, v in found.items()), flush=True)
     gpu = found.get("device", "cpu") != "cpu"
     skipped = [f"missing {m}" for m in missing] + [
-        f"{name}: not asked for (--only)" for name in GPU_BOXES if name not in wanted]
+        f"{name}: not asked for (--only)" for name in STEPS if name not in wanted]
     if not gpu and not args.rehearse:
         print("no CUDA device: run with --rehearse to prove the steps on CPU",
               file=sys.stderr)
         return 2
-    boxes = boxes_for(wanted, REHEARSAL_BOXES if args.rehearse else GPU_BOXES)
+    boxes = boxes_for(wanted, REHEARSAL_BOXES if args.rehearse else STEPS)
     budget = args.budget if args.budget is not None else (None if args.rehearse
                                                           else GPU_BUDGET_S)
     t0 = float(os.environ.get("GPU_PROOF_T0") or started)
@@ -390,14 +489,12 @@ def main() -> int:
     elif "gpu_tests" in wanted:
         skipped.append("gpu_tests: no CUDA device (pytest -m gpu would skip every test)")
     report.publish()
-    if "bert" in wanted:
-        _step("bert", [*me, "--step", "bert", str(out)], boxes["bert"], out, log, deadline)
-        report.publish()
-    if "gpt2_search" in wanted:
-        spec, extra = _gpt2_spec(args.rehearse, out)
-        _step("gpt2_search", [sys.executable, "-m", "autotune", "search", str(spec), *extra],
-              boxes["gpt2_search"], out, log, deadline)
-        report.publish()
+    for name in ("gpt2_search", "bert_search", "bert_vanilla"):
+        if name in wanted:
+            box = _cut(boxes[name], deadline)
+            _step(name, [*me, "--step", name, "--box", str(box), str(out)], box, out, log,
+                  deadline)
+            report.publish()
     if "memory" in wanted:
         # Killed at its box, not interrupted first: its launchers would die of the Ctrl-C
         # and take their trials with them (it prints each trial's figures as it ends).

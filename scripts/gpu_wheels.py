@@ -10,8 +10,9 @@ tested with, for the image's Python (3.12, x86-64 Linux):
   installed metadata, stopping at what the image already has;
 - DeepSpeed built from its sdist (PyPI has no wheel; its ops compile just in time);
 - Ray without its Java jar, dashboard client and unused libraries (75.6 MiB to about 38);
-- bitsandbytes last, only if it still fits (without it the 8-bit optimizers are pruned
-  from the space, as on any machine without it).
+- liger-kernel (pinned: no requirement of autotune's) and bitsandbytes last, only if
+  they still fit (without them Liger and the 8-bit optimizers are pruned from the space,
+  as on any machine without them).
 
     .venv/bin/python scripts/gpu_wheels.py            # then: run(carry=[".whl"], ...)
 
@@ -79,7 +80,12 @@ TARGET = {"sys_platform": "linux",
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64", "manylinux_2_34_x86_64",
              "manylinux_2_35_x86_64", "manylinux_2_24_x86_64", "manylinux_2_31_x86_64"]
-OPTIONAL = ("bitsandbytes",)  # pruned from the space where missing: carried if it fits
+# Pruned from the space where missing: carried if they fit, in this order. liger-kernel is
+# no requirement of autotune's (its Triton kernels need a GPU), so its version is pinned
+# here; it needs only torch and triton, which the image has. flash-attn has no wheel on
+# PyPI (an sdist that compiles for hours against CUDA): it is not carried.
+OPTIONAL = ("liger-kernel", "bitsandbytes")
+GPU_ONLY = {"liger-kernel": "0.8.5"}
 NO_WHEEL = ("deepspeed",)  # sdist only on PyPI
 # Java workers, the dashboard's web client (autotune starts Ray without the dashboard),
 # and libraries autotune does not use (Ray imports them lazily, on first use).
@@ -218,8 +224,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("*.whl"):  # a fresh set: two versions of one stop the install
         old.unlink()
-    need = missing(python=args.python)
-    order = sorted(need, key=lambda n: (n in OPTIONAL, n))
+    need = missing(python=args.python) | GPU_ONLY
+    order = sorted(n for n in need if n not in OPTIONAL) + [n for n in OPTIONAL if n in need]
     total, left_out = 0.0, []
     with tempfile.TemporaryDirectory() as scratch:
         for name in order:

@@ -93,7 +93,7 @@ def test_only_some_steps_run_and_the_summary_says_which_were_left(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stdout + done.stderr
     summary = (tmp_path / "summary.md").read_text()
-    assert "bert: not asked for (--only)" in summary and "| bert |" not in summary
+    assert "bert_search: not asked for (--only)" in summary and "| bert_search |" not in summary
     assert "gpu_tests: no CUDA device" in summary
 
 
@@ -103,16 +103,27 @@ def test_the_boxes_fit_the_call_with_the_install_as_an_h200_took_it():
 
 
 def test_steps_asked_for_alone_take_the_time_of_those_left_out():
-    """`--only memory` gets the call's steps' whole time (its offload rows at batches 8
-    and 16 ran about 90 s beside each other, close to its two-minute box); all the steps
-    keep their boxes; two share the rest in proportion."""
-    boxes = gpu_proof.GPU_BOXES
+    """`--only memory` gets the default steps' whole time (its offload rows at batches 8
+    and 16 ran about 90 s beside each other, close to its two-minute box); the default
+    steps keep their boxes; two share the call in proportion."""
+    boxes, steps = gpu_proof.GPU_BOXES, gpu_proof.STEPS
     total = sum(boxes.values())
-    assert gpu_proof.boxes_for(set(boxes), boxes) == boxes
-    assert gpu_proof.boxes_for({"memory"}, boxes) == {"memory": total}
-    two = gpu_proof.boxes_for({"bert", "gpt2_search"}, boxes)
-    assert sum(two.values()) <= total and two["bert"] > boxes["bert"]
-    assert abs(two["bert"] / two["gpt2_search"] - boxes["bert"] / boxes["gpt2_search"]) < 0.01
+    assert gpu_proof.boxes_for(set(boxes), steps) == boxes
+    assert gpu_proof.boxes_for({"memory"}, steps) == {"memory": total}
+    two = gpu_proof.boxes_for({"bert_vanilla", "memory"}, steps)
+    assert sum(two.values()) <= total and two["memory"] > steps["memory"]
+    assert abs(two["memory"] / two["bert_vanilla"] - steps["memory"] / steps["bert_vanilla"]
+               ) < 0.01
+
+
+def test_a_search_step_keeps_its_own_time_inside_its_box():
+    """Each search's timeout leaves its process's start and the interrupt's grace inside
+    the box, so the search ends (confirmation and exports) before it is interrupted."""
+    for name, box in gpu_proof.GPU_BOXES.items():
+        timeout = gpu_proof.search_timeout(box, rehearse=False)
+        assert timeout >= 230, name  # about four minutes of its own
+        assert timeout + gpu_proof.STARTUP_S + gpu_proof.GRACE_S <= box
+    assert gpu_proof.search_timeout(60, rehearse=False) == 60 - 8 - 12
 
 
 def test_the_landscape_folds_confirmation_runs_into_one_row_per_config(tmp_path):
