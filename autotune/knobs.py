@@ -101,6 +101,12 @@ class Knob:
     # recipe takes the first value that the device rules and the model allow. None: the
     # baseline's value. Called with the device and whether the data is real (not synthetic).
     recipe: Callable[[DeviceSpec, bool], Sequence] | None = None
+    # The model-loading kwargs a value sets (`from_pretrained(..., **kwargs)`), given the
+    # whole config: the attention kernel, a quantized base's BitsAndBytesConfig.
+    loading: Callable[[Any, TrialConfig], dict[str, Any]] | None = None
+    # A listed value that cannot apply to the spec is an input error, not a pruned value
+    # (a quantized base without LoRA is a mistake, not a lever that does not fit).
+    strict: bool = False
 
     def allowed(self) -> list:
         return list(self.values() if callable(self.values) else self.values)
@@ -375,6 +381,7 @@ ATTENTION = Knob(
     "attn_implementation", ("auto", "eager", "sdpa", "flash_attention_2"), "auto",
     "attention kernel", "attn", tag=lambda a: "" if a == "auto" else f"attn:{a}",
     affects_model=True,
+    loading=lambda a, c: {} if a == "auto" else {"attn_implementation": a},
     rules=(
         Rule("attn_implementation=flash_attention_2", "flash_attention_2 needs flash-attn, "
              "which is not installed", lambda c, d: c.attn_implementation ==
@@ -393,6 +400,59 @@ ATTENTION = Knob(
     recipe=lambda d, real: ["flash_attention_2", "sdpa", "auto"],
     speed=Speed(_attention_prior, sd=0.1, batch_sd=0.1, kin_sd=0.2,
                 kin=lambda a: "materialised" if a == "eager" else "fused"))
+
+
+# --- a quantized base (QLoRA) ------------------------------------------------------------
+
+def _quantization_applies(spec: Spec, q: Any) -> str | None:
+    if spec.model.lora is None:
+        return (f"quantization {q} needs model.lora: a quantized base is frozen, only LoRA "
+                "adapters train on it (add `lora: {}` to the model section, or leave "
+                "quantization out of the space)")
+    if spec.model.factory and not (spec.model.config or spec.model.name_or_path):
+        return (f"quantization {q} loads the base through from_pretrained: model.factory "
+                "builds the model itself")
+    return None
+
+
+_COMPUTE_DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+def quantization_config(q: str, precision: str) -> dict[str, Any]:
+    """`BitsAndBytesConfig(**kwargs)` for a quantized base: NF4 with double quantization
+    (QLoRA's), computing in the precision knob's dtype; or LLM.int8."""
+    if q == "nf4":
+        return {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+                "bnb_4bit_use_double_quant": True,
+                "bnb_4bit_compute_dtype": _COMPUTE_DTYPE.get(precision, "float32")}
+    return {"load_in_8bit": True}
+
+
+QUANTIZATION = Knob(
+    "quantization", ("none", "int8", "nf4"), "none", "quantized base", "quant",
+    tag=lambda q: "" if q == "none" else q, affects_model=True, strict=True,
+    applies=_quantization_applies,
+    loading=lambda q, c: {} if q == "none" else {
+        "quantization_config": quantization_config(q, c.precision)},
+    rules=(
+        Rule("quantization={quantization}", "a quantized base needs bitsandbytes, which is "
+             "not installed", lambda c, d: c.quantization != "none"
+             and not _installed("bitsandbytes"), install=True),
+        # ZeRO-1/2 partition only the adapters' states and gradients: the frozen quantized
+        # base stays whole on each rank (trained here on CPU at the installed versions).
+        Rule("quantization={quantization} with zero_stage=3", "ZeRO-3 would partition the "
+             "packed quantized weights, which needs bnb_4bit_quant_storage and loading "
+             "under zero.Init; a quantized base combines with ZeRO-1/2 here",
+             lambda c, d: c.quantization != "none" and c.zero_stage == 3),
+        Rule("quantization={quantization} with fsdp={fsdp}", "FSDP would shard the packed "
+             "quantized weights (FSDP-QLoRA needs bnb_4bit_quant_storage in the compute "
+             "dtype); a quantized base combines with ZeRO-1/2 here",
+             lambda c, d: c.quantization != "none" and c.fsdp != "none"),
+    ),
+    # Dequantizing each weight before its matmul: NF4 about 15% slower than 16-bit
+    # LoRA, LLM.int8's mixed-precision matmuls more.
+    speed=Speed(lambda q, d, w: {"none": 0.0, "nf4": math.log(0.85),
+                                 "int8": math.log(0.6)}[q], sd=0.3))
 
 
 # --- fused kernels ------------------------------------------------------------------------
@@ -439,6 +499,10 @@ def _packing_applies(spec: Spec, on: Any = True) -> str | None:
         return "synthetic rows are all seq_len tokens: there is no padding to remove"
     if spec.model.task != "causal-lm":
         return "padding-free packing (DataCollatorWithFlattening) is for causal LMs"
+    if spec.trainer == "sft":
+        return ("under trainer: sft, TRL batches padding-free only without max_length or "
+                "with its own packing of several samples into a row, which would change the "
+                "effective batch; SFTConfig's packing is yours to set")
     return None
 
 
@@ -466,7 +530,7 @@ PIN_MEMORY = Knob(
 # --- the table -------------------------------------------------------------------------
 
 _TABLE: list[Knob] = [PRECISION, OPTIM, GRADIENT_CHECKPOINTING, ZERO_STAGE, OFFLOAD, FSDP,
-                      TORCH_COMPILE, COMPILE_MODE, ATTENTION, LIGER, PACKING,
+                      TORCH_COMPILE, COMPILE_MODE, ATTENTION, QUANTIZATION, LIGER, PACKING,
                       DATALOADER_WORKERS, PIN_MEMORY]
 
 

@@ -4,6 +4,7 @@ and the knob table's rules, which remove what cannot run before anything runs.""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,12 +27,16 @@ class Space:
     batch_sizes: list[int]
     values: dict[str, list[Any]]  # knob -> values to search, in table order
     source: str = "default"
-    # Per device kind ("cuda"), knob lists that replace `values`' on that kind of device
-    on_device: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
+    # Knob lists that replace `values`' where a section's condition holds (SECTIONS)
+    sections: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
 
-    def for_device(self, device: DeviceSpec) -> Space:
-        """The lists this device searches: `values` with its kind's section laid over."""
-        values = self.values | self.on_device.get(device.kind, {})
+    def applied(self, device: DeviceSpec, spec: Spec | None = None) -> Space:
+        """The lists this device and spec search: `values` with the sections whose
+        condition holds laid over, in SECTIONS' order."""
+        values = dict(self.values)
+        for name, holds in SECTIONS.items():
+            if name in self.sections and holds(device, spec):
+                values |= self.sections[name]
         return Space(self.batch_sizes, {k.name: values[k.name] for k in knobs.table()},
                      self.source)
 
@@ -109,7 +114,7 @@ def load_space(name_or_path: str, target_batch_size: int, world_size: int = 1) -
     if not isinstance(raw, dict):
         raise SpecError(f"search space {path.name}: expected a mapping of knob: [values], "
                         f"got a {type(raw).__name__}")
-    allowed_keys = [BATCH, *knobs.names(), *DEVICE_SECTIONS]
+    allowed_keys = [BATCH, *knobs.names(), *SECTIONS]
     unknown = sorted(set(raw) - set(allowed_keys))
     if unknown:
         raise SpecError(f"search space {path.name}: key {not_allowed(unknown[0], allowed_keys)}")
@@ -119,22 +124,26 @@ def load_space(name_or_path: str, target_batch_size: int, world_size: int = 1) -
                else _values(raw, BATCH, [], path.name))
     _check_values(BATCH, batches, divisors(per_rank), path.name)
     values = _knob_values(raw, path.name, defaults=True)
-    on_device = {}
-    for kind in DEVICE_SECTIONS:
-        section = raw.get(kind) or {}
-        where = f"{path.name} ({kind}:)"
+    sections = {}
+    for name in SECTIONS:
+        section = raw.get(name) or {}
+        where = f"{path.name} ({name}:)"
         if not isinstance(section, dict):
             raise SpecError(f"search space {where}: expected a mapping of knob: [values]")
         extra = sorted(set(section) - set(knobs.names()))
         if extra:
             raise SpecError(f"search space {where}: key {not_allowed(extra[0], knobs.names())}")
-        on_device[kind] = _knob_values(section, where, defaults=False)
-    return Space(sorted(int(b) for b in batches), values, str(path), on_device)
+        sections[name] = _knob_values(section, where, defaults=False)
+    return Space(sorted(int(b) for b in batches), values, str(path), sections)
 
 
-# Sections of a space file that add to (replace) knobs' lists on one kind of device: the
-# default space searches the GPU's own levers on CUDA and stays quick on a CPU.
-DEVICE_SECTIONS = ("cuda",)
+# Sections of a space file whose knob lists replace the top level's where their condition
+# holds: the default space searches the GPU's own levers on CUDA (and stays quick on a
+# CPU), and a quantized base where the model trains LoRA adapters.
+SECTIONS: dict[str, Callable[[DeviceSpec, Spec | None], bool]] = {
+    "cuda": lambda device, spec: device.is_cuda,
+    "lora": lambda device, spec: spec is not None and spec.model.lora is not None,
+}
 
 
 def _knob_values(raw: dict, where: str, *, defaults: bool) -> dict[str, list[Any]]:
@@ -173,6 +182,8 @@ def _applicable(space: Space, spec: Spec, pruned: dict[str, str]) -> Space:
             reason = applicable(spec, k, v)
             if reason is None:
                 kept.append(v)
+            elif k.strict:
+                raise SpecError(f"search space {space.source}: {k.name}: {reason}")
             else:
                 pruned.setdefault(f"{k.name}={v}", reason)
         values[k.name] = kept or [k.baseline]
@@ -182,7 +193,7 @@ def _applicable(space: Space, spec: Spec, pruned: dict[str, str]) -> Space:
 def build_space(spec: Spec, device: DeviceSpec, space: Space | None = None) -> SpaceResult:
     """Every config the space allows on `device`, with accumulation derived from the target."""
     space = space or load_space(spec.search.space, spec.target_batch_size, spec.world_size)
-    space = space.for_device(device)
+    space = space.applied(device, spec)
     result = SpaceResult(space, [])
     space = result.space = _applicable(space, spec, result.pruned)
     for family in space.families():

@@ -166,13 +166,25 @@ class ModelSpec(_Strict):
         return str(self.factory).split(":")[-1]
 
 
+DATA_FILES = (".jsonl", ".json", ".parquet")
+
+
 class DataSpec(_Strict):
     seq_len: int = Field(128, gt=0)
+    """Tokens per row: longer rows are truncated, shorter ones padded (or packed)."""
     source: str = "synthetic"
-    """'synthetic' (random tokens, as in the seeds), a saved dataset folder or a JSONL file."""
+    """'synthetic' (random tokens, as in the seeds), a .jsonl/.json/.parquet file, a saved
+    dataset folder, or a hub dataset id where the hub is reachable."""
     tokenizer: str | None = None
-    """Tokenizer folder, needed for a text source."""
+    """Tokenizer folder (or hub id), needed for a text source."""
+    format: Literal["auto", "text", "messages", "prompt-completion"] = "auto"
+    """What the rows hold: text (one column, data.text_field); messages (role/content
+    lists, rendered by the tokenizer's chat template); prompt and completion (strings,
+    or lists of messages). auto: found from the columns."""
     text_field: str = "text"
+    """The column of a text source."""
+    completion_only_loss: bool = False
+    """Loss on the completion (the assistant's turns) only, not on the prompt."""
 
     @field_validator("source")
     @classmethod
@@ -180,10 +192,13 @@ class DataSpec(_Strict):
         if v == "synthetic":
             return v
         path = _base(info) / Path(v).expanduser()
-        if not path.exists():
+        if path.exists():
+            return str(path.resolve())
+        if path.suffix in DATA_FILES or v.startswith(("/", "./", "../", "~")):
             raise ValueError(f"{v!r}: no such file or folder ({path.resolve()}; allowed: "
-                             "synthetic, a saved dataset folder, a .jsonl file)")
-        return str(path.resolve())
+                             "synthetic, a .jsonl/.json/.parquet file, a saved dataset "
+                             "folder, a hub dataset id)")
+        return v  # a hub dataset id, read by the trial where the hub is reachable
 
     @field_validator("tokenizer")
     @classmethod
@@ -195,6 +210,11 @@ class DataSpec(_Strict):
     def _text_source(self) -> DataSpec:
         if self.source != "synthetic" and self.tokenizer is None:
             raise ValueError(f"source {self.source!r} is text: data.tokenizer is required")
+        if self.completion_only_loss and (self.source == "synthetic"
+                                          or self.format == "text"):
+            raise ValueError("completion_only_loss needs rows with a completion (format "
+                             "messages or prompt-completion), not "
+                             + ("synthetic tokens" if self.source == "synthetic" else "text"))
         return self
 
 
@@ -207,6 +227,21 @@ class HardwareSpec(_Strict):
     memory_budget: str | int | None = None
     """Cap on one trial's peak memory (e.g. 2GiB). None: the GPU's memory, or on CPU a
     share of free RAM."""
+    device: str | None = None
+    """The GPU `autotune estimate` plans for when --device is not given (e.g. L4-24GB, a
+    name of plan.device's table); a search always runs on the device it finds."""
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, v: str | None) -> str | None:
+        if v is not None:
+            from autotune.plan.device import named_device
+
+            try:
+                named_device(v)
+            except Exception as exc:  # noqa: BLE001 - its message names the known ones
+                raise ValueError(str(exc).removeprefix("--device: ")) from None
+        return v
 
     @field_validator("memory_budget")
     @classmethod
@@ -300,12 +335,29 @@ class RunSpec(_Strict):
 class Spec(_Strict):
     model: ModelSpec
     data: DataSpec = DataSpec()
+    trainer: Literal["trainer", "sft"] = "trainer"
+    """What trains each trial and the long run: transformers' Trainer, or TRL's
+    SFTTrainer (its SFTConfig is exported as sft_config.json)."""
     target_batch_size: int = Field(64, gt=0)
     hardware: HardwareSpec = HardwareSpec()
     search: SearchSpec = SearchSpec()
     measure: MeasureSpec = MeasureSpec()
     run: RunSpec = RunSpec()
     output: str = "reports/autotune"
+
+    @model_validator(mode="after")
+    def _sft(self) -> Spec:
+        if self.trainer != "sft":
+            return self
+        import importlib.util
+
+        if importlib.util.find_spec("trl") is None:
+            raise ValueError("trainer: sft runs TRL's SFTTrainer, and TRL is not installed "
+                             "(pip install trl)")
+        if self.data.tokenizer is None:
+            raise ValueError("trainer: sft needs data.tokenizer (SFTTrainer tokenizes the "
+                             "rows itself)")
+        return self
 
     @model_validator(mode="after")
     def _divisible(self) -> Spec:
@@ -333,9 +385,18 @@ class Spec(_Strict):
 
     def fingerprint(self) -> str:
         """What makes two searches comparable: the model, data and target, not the budget."""
-        key = {"model": self.model.model_dump(), "data": self.data.model_dump(),
-               "target": self.target_batch_size, "hw": self.hardware.model_dump(),
+        # Fields added later count only where set: a study made before them resumes.
+        later = {"format": "auto", "completion_only_loss": False, "device": None,
+                 "trainer": "trainer"}
+        unset = object()
+        data = {k: v for k, v in self.data.model_dump().items() if later.get(k, unset) != v}
+        hw = {k: v for k, v in self.hardware.model_dump().items()
+              if later.get(k, unset) != v}
+        key = {"model": self.model.model_dump(), "data": data,
+               "target": self.target_batch_size, "hw": hw,
                "space": self.search.space, "measure": self.measure.model_dump()}
+        if self.trainer != later["trainer"]:
+            key["trainer"] = self.trainer
         return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
 
 

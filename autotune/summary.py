@@ -182,13 +182,30 @@ class Summary:
                 "table); only the baseline's probes, whose effective batch shrank, ran")
 
     def throughput(self, record: Record | None) -> float | None:
-        """A config's samples/s: its confirmed median where confirmed, else its trial's."""
+        """A config's objective (samples/s, or real tokens/s on real data, over the long run
+        where compile is paid once): its confirmed median where confirmed, else its
+        trial's."""
         if record is None:
             return None
         row = self.confirmation.row(record.config) if self.confirmation else None
         if row is not None and row.median:
             return row.median
         return record.outcome.score
+
+    def samples_per_second(self, record: Record | None) -> float | None:
+        """`throughput` in samples/s where the objective is real tokens/s (its trial's
+        ratio of samples to tokens carries the confirmed figure over)."""
+        value = self.throughput(record)
+        if value is None or not self.objective_is_tokens(record):
+            return value
+        o = record.outcome  # type: ignore[union-attr]
+        if not o.tokens_per_second or not o.samples_per_second:
+            return None
+        return value * o.samples_per_second / o.tokens_per_second
+
+    def objective_is_tokens(self, record: Record | None) -> bool:
+        return record is not None and record.outcome.extra.get("objective") == (
+            "tokens_per_second")
 
     @property
     def baseline(self) -> Record | None:

@@ -9,8 +9,9 @@ Trainer's defaults and the guide's recipe beside its own trials and confirms bot
 the winner; the summary gives each one's samples/s, MFU and speedups with intervals, and
 the memory error of every trial that ran (the configs the search chose, not a curated
 family). Then the GPT-2 search's trials as a measured landscape (`simulated: false`).
-Asked for with --only (a second call): the GPU tests, the seeds' vanilla BERT trial, and
-the memory step (memory accuracy on two shapes with the ZeRO rows' allocator histories).
+Asked for with --only (a second call): the GPU tests, the seeds' vanilla BERT trial, the
+memory step (memory accuracy on two shapes with the ZeRO rows' allocator histories), and
+a QLoRA search of a TinyLlama-1.1B shape at seq 2048 (a 4-bit base under LoRA).
 Each step runs in its own process with its own time box, so a slow step cannot starve
 the rest. What comes back is at most 8 files: summary.md, versions.json, results.tar.gz
 (every step's log and outputs) and the landscape's two files.
@@ -48,10 +49,11 @@ SEED_BERT = [("seed 1 (vanilla, bs 4, fp32)", 12.5, 12.9), ("seed 2 (vanilla, bs
 GPU_BOXES = {"gpt2_search": 250, "bert_search": 250}
 # Asked for with --only, in a call of their own (the boxes they had when they were part
 # of every call: the GPU tests took 52 s, the vanilla trial 25 s, the memory step 95 s).
-EXTRA_BOXES = {"gpu_tests": 70, "bert_vanilla": 60, "memory": 120}
+EXTRA_BOXES = {"gpu_tests": 70, "bert_vanilla": 60, "memory": 120, "qlora_search": 250}
 STEPS = {**GPU_BOXES, **EXTRA_BOXES}
 REHEARSAL_BOXES = {"gpt2_search": 150, "bert_search": 150, "gpu_tests": 60,
-                   "bert_vanilla": 60, "memory": 120}
+                   "bert_vanilla": 60, "memory": 120, "qlora_search": 150}
+SEARCHES = ("gpt2_search", "bert_search", "qlora_search")
 SEARCH_S = 240  # each search's own time on a GPU (its timeout), when its box allows
 REHEARSAL_SEARCH_S = 110
 GPU_BUDGET_S = 540  # from gpu_proof.sh's start (GPU_PROOF_T0): 9 minutes
@@ -109,6 +111,31 @@ def _gpt2_spec(rehearse: bool, out: Path, timeout_s: int) -> dict:
     return spec | {"output": str(out / "gpt2-search")}
 
 
+def _qlora_spec(rehearse: bool, out: Path, timeout_s: int) -> dict:
+    """A QLoRA search (issue 36): a TinyLlama-1.1B shape at seq 2048 with LoRA r=16 on
+    synthetic rows, on the default space (its lora section adds a 4-bit base); the
+    bundled chat example in a rehearsal."""
+    import yaml
+
+    if rehearse:
+        spec = yaml.safe_load((ROOT / "examples" / "qlora-chat.yaml").read_text())
+        for key in ("source", "tokenizer"):
+            spec["data"][key] = str(ROOT / "examples" / spec["data"][key])
+        spec["search"]["space"] = str(ROOT / "examples" / spec["search"]["space"])
+        spec["search"] |= {"timeout": f"{timeout_s}s", "n_trials": 7}
+        return spec | {"output": str(out / "qlora-search")}
+    return {"model": {"config": {"model_type": "llama", "hidden_size": 2048,
+                                 "intermediate_size": 5632, "num_hidden_layers": 22,
+                                 "num_attention_heads": 32, "num_key_value_heads": 4,
+                                 "vocab_size": 32000, "max_position_embeddings": 2048},
+                      "lora": {"r": 16, "alpha": 32}},
+            "data": {"seq_len": 2048}, "target_batch_size": 16,
+            "search": {"n_trials": 40, "timeout": f"{timeout_s}s", "trial_timeout": "90s",
+                       "space": str(ROOT / "search_spaces" / "default.yaml")},
+            "measure": {"warmup_steps": 2, "steps": 4}, "run": {"steps": 10000},
+            "output": str(out / "qlora-search")}
+
+
 def search_timeout(box: int, rehearse: bool) -> int:
     """A search step's own time: what its box leaves after its process's start and its
     exports, and before the interrupt, up to SEARCH_S."""
@@ -122,7 +149,8 @@ def search_step(name: str, rehearse: bool, out: Path, box: int) -> None:
     import autotune
 
     timeout = search_timeout(box, rehearse)
-    spec = (_gpt2_spec if name == "gpt2_search" else _bert_spec)(rehearse, out, timeout)
+    spec = {"gpt2_search": _gpt2_spec, "bert_search": _bert_spec,
+            "qlora_search": _qlora_spec}[name](rehearse, out, timeout)
     result = autotune.search(spec)
     print(f"{name}: best {result.best.config.label() if result.best else 'none'}")
 
@@ -266,7 +294,8 @@ class _Report:
                  "in all", "", "| step | exit | seconds | box |", "| --- | --- | --- | --- |"]
         lines += [f"| {s['step']} | {'past its box' if s['exit'] is None else s['exit']} | "
                   f"{s['seconds']} | {s['box']} |" for s in self.log]
-        for folder, title in (("gpt2-search", "GPT-2 search"), ("bert-search", "BERT search")):
+        for folder, title in (("gpt2-search", "GPT-2 search"), ("bert-search", "BERT search"),
+                              ("qlora-search", "QLoRA search")):
             lines += search_lines(out / folder, title)
         lines += bert_lines(out, self.rehearse)
         lines += memory_lines(out / "memory.log")
@@ -320,7 +349,7 @@ def search_lines(folder: Path, title: str) -> list[str]:
         row = c.row(rec.config) if c else None
         runs = len(row.samples_per_second) if row else 0
         peak = rec.outcome.peak_memory_bytes
-        lines.append(f"| {role} | {rec.config.label()} | {_num(summary.throughput(rec))} | "
+        lines.append(f"| {role} | {rec.config.label()} | {_num(summary.samples_per_second(rec))} | "
                      f"{runs} | {_num(rec.outcome.extra.get('mfu'), '{:.1%}')} | "
                      f"{_num(peak / 2**30 if peak else None, '{:.2f}')} |")
     vs = (c.vs_recipe or {}) if c else {}
@@ -361,7 +390,7 @@ def bert_lines(out: Path, rehearse: bool) -> list[str]:
         summary = load_summary(out / "bert-search")
     except AutotuneError:
         summary = None
-    tuned = summary.throughput(summary.best) if summary and summary.best else None
+    tuned = summary.samples_per_second(summary.best) if summary and summary.best else None
     rows = [] if rehearse else [(label, sps) for label, sps, _ in SEED_BERT]
     with contextlib.suppress(OSError, json.JSONDecodeError):
         vanilla = json.loads((out / "bert-vanilla.json").read_text())
@@ -447,7 +476,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.step is None:  # the steps work beside OUTDIR; only the final files go in it
         final, out = out, Path(tempfile.mkdtemp(prefix="gpu-proof-"))
-    if args.step in GPU_BOXES:
+    if args.step in SEARCHES:
         search_step(args.step, args.rehearse, out, args.box or STEPS[args.step])
         return 0
     if args.step == "bert_vanilla":
@@ -489,7 +518,7 @@ def main() -> int:
     elif "gpu_tests" in wanted:
         skipped.append("gpu_tests: no CUDA device (pytest -m gpu would skip every test)")
     report.publish()
-    for name in ("gpt2_search", "bert_search", "bert_vanilla"):
+    for name in (*SEARCHES, "bert_vanilla"):
         if name in wanted:
             box = _cut(boxes[name], deadline)
             _step(name, [*me, "--step", name, "--box", str(box), str(out)], box, out, log,

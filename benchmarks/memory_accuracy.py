@@ -13,6 +13,9 @@ allocator's peak reserved bytes plus what NVML sees beyond them (context, worksp
         (re-predict recorded measurements with the current model; runs no trial)
     .venv/bin/python benchmarks/memory_accuracy.py --toolbox
         (eager vs sdpa attention, and LoRA vs full fine-tuning, on one CPU shape)
+    .venv/bin/python benchmarks/memory_accuracy.py --families
+        (Llama, Qwen2, Mistral and Gemma shapes on CPU: full fine-tuning, LoRA and QLoRA;
+         benchmarks/memory_accuracy_families.txt)
     python benchmarks/memory_accuracy.py --proof --parallel 4
         (the GPU proof's step: two shapes, a few trials each, the first with ZeRO rows)
     .venv/bin/python benchmarks/memory_accuracy.py --holdout N --from FILE,FILE
@@ -176,9 +179,10 @@ def shape_table(device: DeviceSpec) -> tuple[dict, object]:
 
 
 def measure(name: str, quick: bool, device: DeviceSpec, parallel: int,
-            configs: list[TrialConfig] | None = None, **model: object) -> list[float]:
+            configs: list[TrialConfig] | None = None, spec=None,
+            **model: object) -> list[float]:
     _, config_fn = shape_table(device)
-    spec = shape_spec(name, device, model)
+    spec = spec or shape_spec(name, device, model)
     shape = model_shape(spec)
 
     if parallel > 1:  # trials share the device on purpose: no process's own peak changes
@@ -432,6 +436,8 @@ def main() -> None:
                     "figures stay per process)")
     ap.add_argument("--from", dest="recorded", help="re-predict a recorded output, run nothing")
     ap.add_argument("--toolbox", action="store_true", help="attention kernels and LoRA")
+    ap.add_argument("--families", action="store_true", help="Llama, Qwen2, Mistral and "
+                    "Gemma shapes on CPU, full fine-tuning and QLoRA")
     ap.add_argument("--proof", action="store_true", help="the GPU proof's few trials")
     ap.add_argument("--holdout", type=int, nargs="?", const=1, choices=(1, 2, 3),
                     help="a round of ZeRO rows no file had: with --from FILE,FILE predicted "
@@ -445,6 +451,9 @@ def main() -> None:
         return
     if args.toolbox:
         toolbox()
+        return
+    if args.families:
+        families()
         return
     device = local_device()
     if device.is_cuda:
@@ -467,6 +476,50 @@ def main() -> None:
               f"relative error {statistics.median(all_errors):.1%}, max {max(all_errors):.1%}")
     else:
         print("overall: no trial measured")
+
+
+# The Llama family's shapes on CPU (`--families`): RoPE, grouped-query attention, SwiGLU
+# MLPs, RMSNorm, untied heads; 4 layers x 256 at seq 256, an 8192-token vocabulary.
+FAMILY_SHAPES = {
+    "llama": {"model_type": "llama", "intermediate_size": 688, "num_key_value_heads": 2},
+    "qwen2": {"model_type": "qwen2", "intermediate_size": 688, "num_key_value_heads": 2},
+    "mistral": {"model_type": "mistral", "intermediate_size": 688, "num_key_value_heads": 2},
+    "gemma": {"model_type": "gemma", "intermediate_size": 688, "num_key_value_heads": 1,
+              "head_dim": 64},
+}
+
+
+def family_spec(family: str, **model: object):
+    config = FAMILY_SHAPES[family] | {"hidden_size": 256, "num_hidden_layers": 4,
+                                      "num_attention_heads": 4, "vocab_size": 8192,
+                                      "max_position_embeddings": 512,
+                                      "tie_word_embeddings": False}
+    return load_spec({"model": {"config": config} | model, "data": {"seq_len": 256},
+                      "target_batch_size": 16, "measure": {"warmup_steps": 1, "steps": 2},
+                      "output": "/tmp/autotune-memacc"})
+
+
+def families() -> None:
+    """Per Llama-family model on CPU: full fine-tuning configs, and QLoRA (LoRA r=8 on a
+    4-bit base) against LoRA on the same model."""
+    device = local_device()
+    c = lambda *a, **k: _c(16, *a, **k)  # noqa: E731
+    full = [c(4), c(8), c(16), c(16, ck=True), c(8, o="adamw_bnb_8bit"), c(8, "bf16")]
+    lora = [c(b, quantization=q) for q in ("none", "nf4") for b in (4, 8, 16)]
+    overall = []
+    for family in FAMILY_SHAPES:
+        for label, configs, model in (("full fine-tuning", full, {}),
+                                      ("QLoRA and LoRA r=8", lora, {"lora": {"r": 8}})):
+            print(f"{family}: {label}", flush=True)
+            errors = measure(family, False, device, 1, configs,
+                             spec=family_spec(family, **model))
+            overall += errors
+            if errors:
+                print(f"  {family} {label}: calibrated median "
+                      f"{statistics.median(errors):.1%}, max {max(errors):.1%}", flush=True)
+    if overall:
+        print(f"overall: {len(overall)} trials, median calibrated (leave-one-out) relative "
+              f"error {statistics.median(overall):.1%}, max {max(overall):.1%}")
 
 
 def toolbox() -> None:

@@ -9,10 +9,12 @@ tested with, for the image's Python (3.12, x86-64 Linux):
 - the missing part of autotune's requirement closure, walked from this environment's
   installed metadata, stopping at what the image already has;
 - DeepSpeed built from its sdist (PyPI has no wheel; its ops compile just in time);
-- Ray without its Java jar, dashboard client and unused libraries (75.6 MiB to about 38);
-- liger-kernel (pinned: no requirement of autotune's) and bitsandbytes last, only if
-  they still fit (without them Liger and the 8-bit optimizers are pruned from the space,
-  as on any machine without them).
+- Ray without its Java jar, dashboard client and unused libraries (Tune, Train and AIR
+  among them: neither the driver nor a worker imports them; 75.6 MiB to about 37);
+- liger-kernel (pinned: no requirement of autotune's) and bitsandbytes (slimmed to the
+  image's CUDA 13.0 kernels, 41 to about 4 MiB) last, only if they still fit (without
+  them Liger, the 8-bit optimizers and a quantized base are pruned from the space, as on
+  any machine without them).
 
     .venv/bin/python scripts/gpu_wheels.py            # then: run(carry=[".whl"], ...)
 
@@ -90,9 +92,14 @@ NO_WHEEL = ("deepspeed",)  # sdist only on PyPI
 # Java workers, the dashboard's web client (autotune starts Ray without the dashboard),
 # and libraries autotune does not use (Ray imports them lazily, on first use).
 RAY_DROP = ("ray/jars/", "ray/dashboard/client/", "ray/rllib/", "ray/data/", "ray/serve/",
-            "ray/llm/")
+            "ray/llm/", "ray/tune/", "ray/train/", "ray/air/")
 # Plotly's JupyterLab extension (the report embeds plotly.js from package_data).
-SLIMMED = {"ray": RAY_DROP, "plotly": ("/labextension/", ".data/data/share/")}
+# bitsandbytes ships a kernel library per CUDA and ROCm release (41 MiB): the image's
+# torch is built for CUDA 13.0, whose library (and the CPU one) is all it loads.
+BNB_DROP = ("libbitsandbytes_cuda11", "libbitsandbytes_cuda12", "libbitsandbytes_cuda132",
+            "libbitsandbytes_rocm", "libbitsandbytes_xpu")
+SLIMMED = {"ray": RAY_DROP, "plotly": ("/labextension/", ".data/data/share/"),
+           "bitsandbytes": BNB_DROP}
 CARRY_MIB = 64.0  # what one device call carries, the working tree included
 MARGIN_MIB = 0.5
 

@@ -13,6 +13,8 @@ from autotune.files import write_atomically
 from autotune.trials.trainargs import (
     accelerate_config,
     deepspeed_config,
+    model_kwargs,
+    sft_fields_for,
     training_arguments_kwargs,
 )
 
@@ -26,20 +28,14 @@ DEEPSPEED_FILE = "ds_config.json"
 ACCELERATE_FILE = "accelerate_config.yaml"
 LORA_FILE = "lora_config.json"
 MODEL_KWARGS_FILE = "model_kwargs.json"
-
-
-def model_kwargs(config: TrialConfig) -> dict[str, Any]:
-    """The winner's knobs that are not TrainingArguments but model-loading kwargs (the
-    attention kernel): `from_pretrained(..., **kwargs)`."""
-    from autotune import knobs
-
-    return {k.name: getattr(config, k.name) for k in knobs.table()
-            if k.affects_model and getattr(config, k.name) != k.baseline}
+QUANTIZATION_FILE = "quantization_config.json"
+SFT_FILE = "sft_config.json"
 
 
 def export_config(config: TrialConfig, output: Path, *, on_cpu: bool, seed: int,
                   world_size: int = 1, lora: dict[str, Any] | None = None,
-                  task: str = "causal-lm") -> dict[str, str | None]:
+                  task: str = "causal-lm",
+                  sft: dict[str, Any] | None = None) -> dict[str, str | None]:
     """Write the winner's files into `output`; returns {kind: file name or None}.
 
     training_args.json carries the DeepSpeed config inline, so
@@ -49,7 +45,11 @@ def export_config(config: TrialConfig, output: Path, *, on_cpu: bool, seed: int,
     ds_config.json by its absolute path: accelerate reads it from the launching folder, so
     a relative one worked only from `output`); lora_config.json,
     under LoRA, is `peft.LoraConfig(**kwargs)`; model_kwargs.json, where the winner
-    changes how the model is loaded (its attention kernel), is `from_pretrained`'s."""
+    changes how the model is loaded (its attention kernel, a quantized base), is
+    `from_pretrained`'s; quantization_config.json, for a quantized base, is
+    `BitsAndBytesConfig(**kwargs)` (the same dict model_kwargs.json holds); under
+    `trainer: sft`, sft_config.json is `SFTConfig(**kwargs)`: training_args.json's kwargs
+    and SFTConfig's own fields (`sft`)."""
     from autotune.trials.lora import lora_config_kwargs
 
     output.mkdir(parents=True, exist_ok=True)
@@ -58,10 +58,12 @@ def export_config(config: TrialConfig, output: Path, *, on_cpu: bool, seed: int,
                           deepspeed_file=str((output / DEEPSPEED_FILE).resolve())),
         sort_keys=False))
     model_path, loading = output / MODEL_KWARGS_FILE, model_kwargs(config)
-    if loading:
-        write_atomically(model_path, json.dumps(loading, indent=2) + "\n")
-    elif model_path.exists():
-        model_path.unlink()
+    quant_path, quantized = output / QUANTIZATION_FILE, loading.get("quantization_config")
+    for path, content in ((model_path, loading), (quant_path, quantized)):
+        if content:
+            write_atomically(path, json.dumps(content, indent=2) + "\n")
+        elif path.exists():  # a stale file from an earlier winner would mislead
+            path.unlink()
     lora_path = output / LORA_FILE
     if lora is not None:
         write_atomically(lora_path, json.dumps(lora_config_kwargs(lora, task), indent=2) + "\n")
@@ -69,6 +71,11 @@ def export_config(config: TrialConfig, output: Path, *, on_cpu: bool, seed: int,
         lora_path.unlink()
     kwargs = training_arguments_kwargs(config, seed=seed, world_size=world_size, on_cpu=on_cpu)
     write_atomically(output / TRAINING_ARGS_FILE, json.dumps(kwargs, indent=2) + "\n")
+    sft_path = output / SFT_FILE
+    if sft is not None:  # the same kwargs and SFTConfig's own fields
+        write_atomically(sft_path, json.dumps(kwargs | sft, indent=2) + "\n")
+    elif sft_path.exists():
+        sft_path.unlink()
     ds = deepspeed_config(config, world_size=world_size)
     ds_path = output / DEEPSPEED_FILE
     if ds is not None:
@@ -78,7 +85,9 @@ def export_config(config: TrialConfig, output: Path, *, on_cpu: bool, seed: int,
     return {"training_args": TRAINING_ARGS_FILE,
             "deepspeed": DEEPSPEED_FILE if ds is not None else None,
             "accelerate": ACCELERATE_FILE, "lora": LORA_FILE if lora is not None else None,
-            "model": MODEL_KWARGS_FILE if loading else None}
+            "model": MODEL_KWARGS_FILE if loading else None,
+            "quantization": QUANTIZATION_FILE if quantized else None,
+            "sft": SFT_FILE if sft is not None else None}
 
 
 def load_training_args(path: str | Path, output_dir: str, **overrides: Any):
@@ -97,6 +106,7 @@ def write_outputs(summary: Summary, output: Path, spec: Spec, *, on_cpu: bool) -
         summary.exports = export_config(
             summary.best.config, output, on_cpu=on_cpu, seed=spec.search.seed,
             world_size=spec.world_size, task=spec.model.task,
-            lora=spec.model.lora.model_dump() if spec.model.lora else None)
+            lora=spec.model.lora.model_dump() if spec.model.lora else None,
+            sft=sft_fields_for(spec, summary.best.config))
     summary.write(output)
     write_report(output)

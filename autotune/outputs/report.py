@@ -109,9 +109,11 @@ def projected_seconds(summary: Summary, record: Record | None) -> float | None:
     if proj is None or record is None:
         return None
     _, samples, tokens = proj
-    sps = known(summary.throughput(record))
+    sps = known(summary.samples_per_second(record))
     seq = known(summary.seq_len)
-    tps = sps * seq if sps and seq else known(record.outcome.tokens_per_second)
+    o = record.outcome
+    tps = (sps * o.tokens_per_second / o.samples_per_second if sps and o.tokens_per_second
+           and o.samples_per_second else sps * seq if sps and seq else None)
     if samples is not None:
         return samples / sps if sps else None
     return tokens / tps if tokens and tps else None
@@ -120,10 +122,27 @@ def projected_seconds(summary: Summary, record: Record | None) -> float | None:
 def headline(summary: Summary) -> list[Fact]:
     """The figures a user looks for first, best config first."""
     best, base = summary.best, summary.baseline
-    return [_best_fact(summary), _throughput_fact(summary, best), _speedup_fact(summary, base),
-            _memory_fact(summary, best), _mfu_fact(summary, best),
-            _projection_fact(summary, best, base),
-            _search_fact(summary)]
+    facts = [_best_fact(summary), _throughput_fact(summary, best),
+             _speedup_fact(summary, base), _memory_fact(summary, best),
+             _mfu_fact(summary, best), _projection_fact(summary, best, base),
+             _search_fact(summary)]
+    data = _data_fact(summary)
+    return facts + ([data] if data else [])
+
+
+def _data_fact(summary: Summary) -> Fact | None:
+    """Real data's rows: the length distribution padding and packing are judged on."""
+    lengths = next((t.outcome.extra["lengths"] for t in summary.trials
+                    if t.outcome.extra.get("lengths")), None)
+    if not lengths:
+        return None
+    seq = int(lengths["seq_len"])
+    return Fact("Rows", f"{lengths['p50']:.0f} tokens (median)",
+                f"of seq_len {seq}: p90 {lengths['p90']:.0f}, max {lengths['max']:.0f}, "
+                f"min {lengths['min']:.0f}; {lengths['padding']:.0%} of a padded batch is "
+                f"padding, {lengths['truncated']:.0%} of rows truncated; the loss sees "
+                f"{lengths['loss_tokens']:.0%} of the real tokens · the objective is real "
+                "(non-pad) tokens/s")
 
 
 def _best_fact(summary: Summary) -> Fact:
@@ -148,11 +167,11 @@ def _best_fact(summary: Summary) -> Fact:
 
 
 def _throughput_fact(summary: Summary, best: Record | None) -> Fact:
-    value = summary.throughput(best)
+    value = summary.samples_per_second(best)
     sps = fmt_num(value)
     o = best.outcome if best else None
-    real = o is not None and o.extra.get("objective") == "tokens_per_second"
-    if real and value and o.samples_per_second and o.tokens_per_second:
+    real = summary.objective_is_tokens(best)
+    if value and o is not None and o.samples_per_second and o.tokens_per_second:
         # Real (non-pad) tokens, at the confirmed samples/s.
         tps = fmt_num(value * o.tokens_per_second / o.samples_per_second, 0)
     else:
@@ -194,8 +213,8 @@ def _speedup_fact(summary: Summary, base: Record | None) -> Fact:
         shrunk = (f", effective batch {effective} not {summary.target_batch_size}"
                   if effective != summary.target_batch_size else "")
         notes.append(f"baseline: Trainer defaults with auto_find_batch_size, "
-                     f"{base.config.label()}{shrunk}: {fmt_num(summary.throughput(base))} "
-                     "samples/s")
+                     f"{base.config.label()}{shrunk}: "
+                     f"{fmt_num(summary.samples_per_second(base))} samples/s")
     recipe = summary.recipe
     if recipe is not None:
         vs = c.vs_recipe if c is not None and c.vs_recipe else {}
@@ -205,7 +224,7 @@ def _speedup_fact(summary: Summary, base: Record | None) -> Fact:
                           "the tuner found nothing faster than the guide's recipe, which is "
                           "the winner"))
         notes.append(f"recipe: {recipe.config.label()}: "
-                     f"{fmt_num(summary.throughput(recipe))} samples/s")
+                     f"{fmt_num(summary.samples_per_second(recipe))} samples/s")
     elif any(t.reason == "recipe" for t in summary.searched):
         notes.append("the guide's recipe did not run to the end (see its trials)")
     return Fact("Speedup", " · ".join(parts) or DASH, "; ".join(notes))
@@ -328,6 +347,15 @@ def exports_of(summary: Summary) -> list[tuple[str, str]]:
     if ex.get("model"):
         out.append((ex["model"], "model = AutoModelForCausalLM.from_pretrained(name, "
                     f"**json.load(open(\"{ex['model']}\")))\n# e.g. the attention kernel"))
+    if ex.get("quantization"):
+        out.append((ex["quantization"], "from transformers import BitsAndBytesConfig\n"
+                    f"bnb = BitsAndBytesConfig(**json.load(open(\"{ex['quantization']}\")))\n"
+                    "# also inside model_kwargs.json; then peft's "
+                    "prepare_model_for_kbit_training(model)"))
+    if ex.get("sft"):
+        out.append((ex["sft"], "from trl import SFTConfig, SFTTrainer\nargs = SFTConfig(**"
+                    f"json.load(open(\"{ex['sft']}\")) | {{\"output_dir\": \"runs/my-run\"}})"
+                    "\n# SFTTrainer(model, args=args, train_dataset=..., processing_class=tok)"))
     if ex.get("lora"):
         out.append((ex["lora"], "import json; from peft import LoraConfig, get_peft_model\n"
                     f"model = get_peft_model(model, LoraConfig(**json.load(open("

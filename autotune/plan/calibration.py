@@ -32,7 +32,13 @@ PRIOR_MEAN = np.array([1.0] * len(COMPONENTS) + [0.0] * len(DEVIATIONS))
 # physics assumed), so its width is one whole term. Compile's share of the activations
 # is known to a few tens of percent; the share of the whole logits Liger keeps (0 in the
 # physics, its chunk aside) to about a tenth.
-PRIOR_SD = np.array([0.2, 0.2, 0.3, 1.0, 0.2, 1.0, 0.3, 0.3, 0.2, 1.0, 1.0, 0.2, 0.1])
+# A quantized base's packed bytes follow from its format, to a tenth.
+PRIOR_SD = np.array([{
+    "weights": 0.2, "quantized": 0.1, "gradients": 0.2, "optimizer": 0.3, "activations": 1.0,
+    "logits": 0.2, "runtime": 1.0, "activations|checkpointing": 0.3,
+    "activations|4-byte": 0.3, "logits|4-byte": 0.2, "activations|attention": 1.0,
+    "states|replicated": 1.0, "activations|compile": 0.2, "logits|liger": 0.1}[name]
+    for name in FEATURES])
 # An OOM says the peak passed the limit, not by how much: it enters the fit as a peak this
 # far over the limit while the prediction is below it (a censored observation).
 OOM_OVERSHOOT = 0.05

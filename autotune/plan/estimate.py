@@ -62,6 +62,7 @@ def estimate(spec_or_path: Any, *, device: str | None = None,
              memory: str | None = None) -> EstimateResult:
     """Every config of the spec's space with its predicted memory and whether it fits."""
     spec = load_spec(spec_or_path)
+    device = device or spec.hardware.device
     dev = named_device(device, spec.world_size) if device else local_device()
     shape = model_shape(spec)
     if shape is None:
@@ -69,9 +70,10 @@ def estimate(spec_or_path: Any, *, device: str | None = None,
                         "model.name_or_path); a bare model.factory has none to read")
     # A plan for a named device uses that device's memory: the spec's budget is for the
     # machine the search runs on (a CPU's 600MiB says nothing of an A100).
-    budget = None if device else spec.hardware.budget_bytes()
+    planned = device is not None and device == spec.hardware.device
+    budget = None if device and not planned else spec.hardware.budget_bytes()
     limit_from = "hardware.memory_budget" if budget else "the device's memory"
-    if device and spec.hardware.budget_bytes():
+    if device and not planned and spec.hardware.budget_bytes():
         limit_from += (f"; the spec's hardware.memory_budget {spec.hardware.memory_budget} "
                        "is for its own machine: --memory sets one for this plan")
     if memory is not None:
@@ -92,15 +94,15 @@ def estimate(spec_or_path: Any, *, device: str | None = None,
     return EstimateResult(shape, dev, int(limit), rows, space.pruned, limit_from)
 
 
-_SHORT = {"weights": "weights", "gradients": "grads", "optimizer": "optim",
-          "activations": "activ", "runtime": "runtime"}
+_SHORT = {"weights": "weights", "quantized": "quant", "gradients": "grads",
+          "optimizer": "optim", "activations": "activ", "runtime": "runtime"}
 
 
 def _gib(n: float) -> str:
     return f"{n / GiB:.2f}"
 
 
-COMPONENTS_WIDTH = 110
+COMPONENTS_WIDTH = 118
 
 
 def render_estimate(result: EstimateResult, console: Console, *, all_rows: bool = False) -> None:

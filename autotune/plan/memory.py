@@ -63,7 +63,12 @@ FRAGMENTATION = 0.05
 # 40 trials (benchmarks/memory_accuracy.txt): malloc arenas keep freed blocks and CPU
 # kernels keep fp32 intermediates. Uncalibrated CPU predictions use the median.
 CPU_OVERHEAD_FACTOR = 0.95
-COMPONENTS = ("weights", "gradients", "optimizer", "activations", "logits", "runtime")
+COMPONENTS = ("weights", "quantized", "gradients", "optimizer", "activations", "logits",
+              "runtime")
+# A quantized base's bytes per quantized weight: NF4 packs two in a byte, with an 8-bit
+# absmax per block of 64 and, double-quantized, an fp32 constant per 256 blocks (QLoRA's
+# 0.127 bits); LLM.int8 one byte and an fp32 scale per output row (counted as nothing).
+QUANTIZED_BYTES = {"nf4": 0.5 + 1 / 64 + 4 / (64 * 256), "int8": 1.0}
 # Per-sample terms a knob switches to another formula: calibration may let each stray
 # from the shared scale where measurements say so. "activations|attention" is the s^2
 # attention term (scores, softmax, dropout) where the physics assumed fused kernels that
@@ -136,19 +141,32 @@ class Physics:
             state = opt.state_bytes * (t - e) + sum(opt.states_of(0, True)) * e
         if c.fsdp != "none":
             return self._fsdp_states(c, p, t, n, state)
+        quantized = self.quantized_bytes(c)
+        if quantized:  # the base's linear weights live in `quantized`, not in weights
+            p -= float(self.shape.quantizable_parameters or 0)
         if c.zero_stage == 0:
             # Trainer's own AMP (the seeds' anatomy): fp32 weights, and under mixed
             # precision the 16-bit copies autocast keeps of them (or what the trace saw
-            # the step hold once, those copies among it); fp32 gradients, and over
-            # several ranks DDP's buckets beside them; states.
+            # the step hold once, those copies among it; a quantized base dequantizes its
+            # own); fp32 gradients, and over several ranks DDP's buckets beside them.
             mixed = c.precision in ("fp16", "bf16")
-            traced = self.trace(c)
+            traced = None if quantized else self.trace(c)
             extra = traced.fixed if traced else (2 * p if mixed else 0)
             grads = 4 * t + self.ddp_bucket_bytes(c)
-            return {"weights": 4 * p + extra, "gradients": grads, "optimizer": state}, 0.0
+            return {"weights": 4 * p + extra, "quantized": quantized, "gradients": grads,
+                    "optimizer": state}, 0.0
         states, host = self._deepspeed_states(c, p, n, state, t)
         states["gradients"] += self.zero_bucket_bytes(c)
-        return states, host
+        return states | {"quantized": quantized}, host
+
+    def quantized_bytes(self, c: TrialConfig) -> float:
+        """A quantized base (QLoRA): the packed weights with their quantization constants,
+        and the one weight a layer dequantizes to the compute dtype at a time."""
+        per = QUANTIZED_BYTES.get(c.quantization)
+        if per is None or not self.shape.quantizable_parameters:
+            return 0.0
+        return (per * self.shape.quantizable_parameters
+                + _compute_bytes(c.precision) * float(self.shape.largest_linear or 0))
 
     def ddp_bucket_bytes(self, c: TrialConfig) -> float:
         """DDP's all-reduce buckets, one more copy of the gradients over several ranks
@@ -178,7 +196,8 @@ class Physics:
             weights += (4 + (2 if mixed else 0)) * self.largest_layer_params()
         elif mixed:
             weights += 2 * p  # autocast's 16-bit copies of the whole replicated model
-        return {"weights": weights, "gradients": grads, "optimizer": optim}, host
+        return {"weights": weights, "quantized": 0.0, "gradients": grads,
+                "optimizer": optim}, host
 
     def _deepspeed_states(self, c: TrialConfig, p: float, n: int, state: float,
                           t: float | None = None) -> tuple[dict[str, float], float]:

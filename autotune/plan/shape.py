@@ -53,6 +53,10 @@ class ModelShape:
     # Trainable parameters of nn.Embedding modules: Trainer keeps their states in 32 bits
     # under bitsandbytes' 8-bit optimizers. None: not known.
     embedding_parameters: int | None = None
+    # Weights bitsandbytes quantizes in a quantized base: every linear layer's but the
+    # output head's (transformers keeps that in the compute dtype). None: not known.
+    quantizable_parameters: int | None = None
+    largest_linear: int | None = None  # the largest such weight, dequantized one at a time
 
     @property
     def has_lm_logits(self) -> bool:
@@ -117,11 +121,12 @@ def load_hf_config(model: dict[str, Any]):
 
 
 def count_parameters(hf_config: Any, task: str = "causal-lm",
-                     lora: dict[str, Any] | None = None) -> tuple[int, str, int | None, int]:
+                     lora: dict[str, Any] | None = None) -> tuple[int, str, int | None, int,
+                                                                  tuple[int, int]]:
     """Parameters of the model the config describes, built on the meta device (no weights
     allocated, so a 70B model counts in seconds), the attention implementation
-    transformers resolves for it, under LoRA the adapters' (trainable) count, and the
-    trainable parameters of its embeddings."""
+    transformers resolves for it, under LoRA the adapters' (trainable) count, the
+    trainable parameters of its embeddings, and what a quantized base quantizes."""
     import torch
     import transformers
 
@@ -129,6 +134,7 @@ def count_parameters(hf_config: Any, task: str = "causal-lm",
     with torch.device("meta"):
         model = auto.from_config(hf_config)
         attn = getattr(model.config, "_attn_implementation", None) or "eager"
+        quantizable = quantizable_parameters(model)
         trainable = None
         if lora is not None:
             from autotune.trials.lora import with_lora
@@ -136,7 +142,20 @@ def count_parameters(hf_config: Any, task: str = "causal-lm",
             model = with_lora(model, lora, task)
             trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     n = sum(p.numel() for p in model.parameters())
-    return n, str(attn), trainable, embedding_parameters(model)
+    return n, str(attn), trainable, embedding_parameters(model), quantizable
+
+
+def quantizable_parameters(model: Any) -> tuple[int, int]:
+    """(weights of the linear layers bitsandbytes replaces in a quantized base, the
+    largest one): every nn.Linear and GPT-2's Conv1D but the output head, which
+    transformers leaves in the compute dtype."""
+    import torch
+    from transformers.pytorch_utils import Conv1D
+
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    sizes = [m.weight.numel() for m in model.modules()
+             if isinstance(m, torch.nn.Linear | Conv1D) and m is not head]
+    return sum(sizes), max(sizes, default=0)
 
 
 def embedding_parameters(model: Any) -> int:
@@ -152,7 +171,8 @@ def embedding_parameters(model: Any) -> int:
 def _from_config(cfg: Any, num_parameters: int, seq_len: int, task: str, name: str,
                  attn_implementation: str, trainable: int | None = None,
                  lora: dict[str, Any] | None = None,
-                 embeddings: int | None = None) -> ModelShape:
+                 embeddings: int | None = None,
+                 quantizable: tuple[int, int] | None = None) -> ModelShape:
     return ModelShape(
         num_parameters=int(num_parameters),
         num_layers=int(_first(cfg, _LAYER_KEYS) or 1),
@@ -162,7 +182,9 @@ def _from_config(cfg: Any, num_parameters: int, seq_len: int, task: str, name: s
         seq_len=int(seq_len), causal_lm=task == "causal-lm", task=task,
         intermediate_size=_first(cfg, _FFN_KEYS), name=name,
         attn_implementation=attn_implementation, trainable_parameters=trainable,
-        hf_config=_config_dict(cfg), lora=lora, embedding_parameters=embeddings)
+        hf_config=_config_dict(cfg), lora=lora, embedding_parameters=embeddings,
+        quantizable_parameters=quantizable[0] if quantizable else None,
+        largest_linear=quantizable[1] if quantizable else None)
 
 
 def _config_dict(cfg: Any) -> dict[str, Any] | None:
@@ -195,10 +217,12 @@ def shape_from_hf_config(hf_config: Any, seq_len: int, task: str = "causal-lm",
                          lora: dict[str, Any] | None = None) -> ModelShape:
     if attn_implementation:
         hf_config._attn_implementation = attn_implementation
-    n_params, resolved, trainable, embeddings = count_parameters(hf_config, task, lora)
+    n_params, resolved, trainable, embeddings, quantizable = count_parameters(
+        hf_config, task, lora)
     name = str(getattr(hf_config, "name_or_path", "") or hf_config.model_type)
     return _from_config(hf_config, n_params, seq_len, task, name,
-                        attn_implementation or resolved, trainable, lora, embeddings)
+                        attn_implementation or resolved, trainable, lora, embeddings,
+                        quantizable)
 
 
 def max_positions(hf_config: Any) -> int | None:

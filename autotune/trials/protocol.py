@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.files import write_atomically
 from autotune.records import Outcome
-from autotune.trials.trainargs import training_arguments_kwargs
+from autotune.trials.trainargs import trainer_kwargs
 
 if TYPE_CHECKING:
     from autotune.config import TrialConfig
@@ -61,8 +61,7 @@ def make_request(spec: Spec, config: TrialConfig, *, on_cpu: bool, shape: dict |
         dumped["measure"]["steps"] = steps
     return TrialRequest(
         spec=dumped, config=config.to_dict(),
-        training_args=training_arguments_kwargs(config, seed=seed,
-                                                world_size=spec.world_size, on_cpu=on_cpu),
+        training_args=trainer_kwargs(spec, config, on_cpu=on_cpu),
         shape=shape, memory_budget_bytes=memory_budget_bytes, timeout_s=timeout_s,
         cpu_threads=cpu_threads, world_size=spec.world_size, on_cpu=on_cpu,
         node_trials=node_trials, seed=seed,

@@ -7,11 +7,14 @@ adds the settings every run shares and the DeepSpeed config that ZeRO needs.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune import knobs
 from autotune.config import TrialConfig
 from autotune.optimizers import optimizer
+
+if TYPE_CHECKING:
+    from autotune.spec import Spec
 
 OUTPUT_DIR_PLACEHOLDER = "OUTPUT_DIR"
 # TrainingArguments defaults that the DeepSpeed config must repeat (HF's integration
@@ -55,6 +58,51 @@ def training_arguments_kwargs(
     if ds is not None:
         kwargs["deepspeed"] = ds
     return kwargs
+
+
+def trainer_kwargs(spec: Spec, config: TrialConfig, *, on_cpu: bool,
+                   output_dir: str = OUTPUT_DIR_PLACEHOLDER) -> dict[str, Any]:
+    """The kwargs the spec's trainer takes for `config`: TrainingArguments', or under
+    `trainer: sft` SFTConfig's (a TrainingArguments subclass: the same kwargs and its
+    own fields)."""
+    kwargs = training_arguments_kwargs(config, seed=spec.search.seed,
+                                       world_size=spec.world_size, on_cpu=on_cpu,
+                                       output_dir=output_dir)
+    return kwargs | (sft_fields_for(spec, config) or {})
+
+
+def sft_fields_for(spec: Spec, config: TrialConfig) -> dict[str, Any] | None:
+    """`sft_fields` for the spec's data under `trainer: sft`; None under Trainer."""
+    if spec.trainer != "sft":
+        return None
+    from autotune.trials.data import resolved_format
+
+    data = spec.data.model_dump()
+    return sft_fields(config, data, resolved_format(data))
+
+
+def sft_fields(config: TrialConfig, data: dict[str, Any], fmt: str) -> dict[str, Any]:
+    """What an SFTConfig adds to the TrainingArguments kwargs (TRL's SFTTrainer tokenizes
+    and collates itself): the sequence length, padding-free batching from its knob, no
+    packing of rows into each other, and the loss on completions (prompt-completion rows)
+    or on the assistant's turns (messages) where the spec asks. `fmt`: the data's format
+    (data.resolved_format)."""
+    only = bool(data.get("completion_only_loss"))
+    return {"max_length": int(data["seq_len"]), "packing": False,
+            "padding_free": bool(config.padding_free),
+            "completion_only_loss": only and fmt == "prompt-completion",
+            "assistant_only_loss": only and fmt == "messages",
+            "dataset_text_field": data.get("text_field", "text")}
+
+
+def model_kwargs(config: TrialConfig) -> dict[str, Any]:
+    """The config's model-loading kwargs, `from_pretrained(..., **kwargs)`: the knobs that
+    change how the model is built (the attention kernel, a quantized base)."""
+    out: dict[str, Any] = {}
+    for k in knobs.table():
+        if k.loading is not None:
+            out |= k.loading(getattr(config, k.name), config)
+    return out
 
 
 def deepspeed_config(config: TrialConfig, *, world_size: int = 1) -> dict[str, Any] | None:

@@ -243,8 +243,10 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
     from autotune.plan.device import local_device
     from autotune.spec import Spec
     from autotune.trials.build_lock import install as guard_build_locks
-    from autotune.trials.model_builder import build_dataset, build_model
+    from autotune.trials.data import build_dataset
+    from autotune.trials.model_builder import build_model, prepare_quantized
     from autotune.trials.oom import is_oom_exception
+    from autotune.trials.trainargs import model_kwargs
 
     guard_build_locks()  # DeepSpeed loads its JIT ops in every trial: see build_lock.py
     hf_logging.set_verbosity_error()
@@ -267,7 +269,9 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     history = cuda and record_history(cfg.zero_stage)
     try:
-        model = build_model(spec.model.model_dump(), cfg.attn_implementation)
+        model = build_model(spec.model.model_dump(), model_kwargs(cfg))
+        if cfg.quantization != "none":
+            model = prepare_quantized(model)
         if spec.model.lora is not None:
             from autotune.trials.lora import with_lora
 
@@ -279,18 +283,24 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
         # Every rank gets b x gas micro-batch samples per step, for exactly n_steps steps.
         samples = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * n_steps
         samples *= world
-        dataset = build_dataset(spec.model_dump(), model, samples, seed=request.seed)
         kwargs = request.training_args | TRIAL_ONLY | {
             "output_dir": str(Path.cwd() / "out"), "max_steps": n_steps}
         timer = _step_timer(sync, spec.measure.warmup_steps,
                             allocator_peaks if cuda else None)
-        extra_args = {"data_collator": _packing_collator()} if cfg.padding_free else {}
-        trainer = Trainer(model=model, args=TrainingArguments(**kwargs), train_dataset=dataset,
-                          callbacks=[timer], **extra_args)
+        if spec.trainer == "sft":
+            trainer, lengths = _sft_trainer(spec, model, kwargs, samples, timer)
+        else:
+            dataset = build_dataset(spec.model_dump(), model, samples, seed=request.seed)
+            lengths = dataset.lengths
+            extra_args = {"data_collator": _packing_collator()} if cfg.padding_free else {}
+            trainer = Trainer(model=model, args=TrainingArguments(**kwargs),
+                              train_dataset=dataset, callbacks=[timer], **extra_args)
         micro_batches, tokens = _count_micro_batches(trainer, cfg.padding_free)
         trainer.train()
         outcome = _measure(timer, spec, cfg, world, model, trainer, tokens)
         outcome.extra["micro_batches"] = micro_batches
+        if lengths:  # the rows' real tokens: what padding and packing are judged on
+            outcome.extra["lengths"] = lengths
         if timer.peaks:  # running (allocated, reserved) peak bytes after each step
             outcome.extra["peaks_by_step"] = timer.peaks
         # What the Trainer really wrapped the model in (DDP, FSDP, a DeepSpeed engine):
@@ -323,6 +333,32 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
         if mfu is not None:
             outcome.extra["mfu"] = mfu
     return outcome
+
+
+def _sft_trainer(spec, model, kwargs: dict, samples: int, timer):
+    """TRL's SFTTrainer on the source's own rows (it renders, tokenizes and collates
+    them), with the SFTConfig the driver built; and the rows' token lengths as it
+    tokenized them."""
+    from trl import SFTConfig, SFTTrainer
+
+    from autotune.errors import SetupError
+    from autotune.trials.data import length_stats, load_tokenizer, sft_dataset
+
+    data = spec.data.model_dump()
+    tok = load_tokenizer(data)
+    try:
+        trainer = SFTTrainer(model=model, args=SFTConfig(**kwargs), callbacks=[timer],
+                             train_dataset=sft_dataset(data, samples), processing_class=tok)
+    except (ValueError, KeyError) as exc:  # TRL's word on the rows or the template
+        raise SetupError("data", f"SFTTrainer refused the data: "
+                         f"{' '.join(str(exc).split())[:400]}") from exc
+    rows = trainer.train_dataset
+    masks = [c for c in ("completion_mask", "assistant_masks") if c in rows.column_names]
+    labels = rows[masks[0]] if masks and data["completion_only_loss"] else None
+    encoded = [(ids, ids if labels is None else [t if m else -100 for t, m in
+                                                zip(ids, labels[i], strict=False)])
+               for i, ids in enumerate(rows["input_ids"])]
+    return trainer, length_stats(encoded, int(data["seq_len"]))
 
 
 def _sharding_fallback(cfg: TrialConfig, wrapped_as: str) -> str | None:

@@ -127,14 +127,18 @@ class ConfirmStrategy(Strategy):
         self.exported: dict[TrialConfig, dict] = {}
 
     def _exported(self, config: TrialConfig) -> dict:
-        """The config's training_args.json, written once under the confirm folder."""
+        """The config's training_args.json (sft_config.json under SFT), written once under
+        the confirm folder."""
         if config not in self.exported:
-            from autotune.outputs.export import TRAINING_ARGS_FILE, export_config
+            from autotune.outputs.export import SFT_FILE, TRAINING_ARGS_FILE, export_config
+            from autotune.trials.trainargs import sft_fields_for
 
             where = self.folder / config.label().replace(" ", "-").replace(":", "_")
+            sft = sft_fields_for(self.spec, config)
             export_config(config, where, on_cpu=self.on_cpu, seed=self.spec.search.seed,
-                          world_size=self.spec.world_size)
-            self.exported[config] = json.loads((where / TRAINING_ARGS_FILE).read_text())
+                          world_size=self.spec.world_size, sft=sft)
+            name = SFT_FILE if sft is not None else TRAINING_ARGS_FILE
+            self.exported[config] = json.loads((where / name).read_text())
         return self.exported[config]
 
     def ask(self, history: Sequence[Record],
