@@ -18,7 +18,15 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 HERE = Path(__file__).resolve().parent
-WORDS = ["the", "a", "model", "train", "training", "batch", "size", "memory", "gpu", "fast", "slow", "run", "step", "loss", "learning", "rate", "token", "tokens", "sequence", "long", "short", "data", "set", "chat", "assistant", "user", "answer", "question", "why", "how", "what", "is", "are", "can", "will", "should", "would", "could", "my", "your", "our", "it", "this", "that", "these", "those", "with", "without", "for", "to", "of", "in", "on", "at", "by", "from", "and", "or", "but", "not", "very", "more", "less", "most", "least", "good", "better", "best", "bad", "worse", "number", "large", "small", "tiny", "huge", "checkpoint", "gradient", "optimizer", "adam", "precision", "half", "float", "bits", "quantized", "base", "adapter", "lora", "rank", "kernel", "attention", "flash", "compile", "fused", "cache", "time", "second", "minute", "hour", "day", "please", "thanks", "hello", "yes", "no", "maybe", "sure", "okay", "here", "there", "then", "now"]
+WORDS = (  # noqa: SIM905 - a paragraph of words reads better than a list literal
+    "the a model train training batch size memory gpu fast slow run step loss learning "
+    "rate token tokens sequence long short data set chat assistant user answer question "
+    "why how what is are can will should would could my your our it this that these "
+    "those with without for to of in on at by from and or but not very more less most "
+    "least good better best bad worse number large small tiny huge checkpoint gradient "
+    "optimizer adam precision half float bits quantized base adapter lora rank kernel "
+    "attention flash compile fused cache time second minute hour day please thanks "
+    "hello yes no maybe sure okay here there then now").split()
 SPECIALS = ["<unk>", "<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
 TEMPLATE = (
     "{% for m in messages %}<|im_start|> {{ m['role'] }} "
