@@ -1,4 +1,4 @@
-"""The `autotune` command: search, estimate, bench, report, show."""
+"""The `autotune` command: search, init, knobs, estimate, bench, report, show."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console, Group
 from rich.live import Live
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from autotune.errors import AutotuneError
@@ -123,49 +122,82 @@ def _waited(outcome) -> str:
 
 
 class SearchView:
-    """Progress of a search. On a terminal: a live table of the trials that ran over a
-    progress bar (trials n/N, elapsed, best so far, configs pruned); in a log: one line
-    per finished trial. Configs pruned on a prediction are counted, not listed (the
-    report lists them)."""
+    """Progress of a search. On a terminal: a live status block (trials done and in
+    flight with their elapsed time, configs pruned, the best so far with its speedup over
+    Trainer's defaults, elapsed against the time budget) over the table of the trials
+    that ran; in a log: one line per finished trial. Configs pruned on a prediction are
+    counted, not listed (the report lists them)."""
 
     STYLES = {"ok": "green", "oom": "yellow", "nan": "magenta"}
+    SHOWN = 12  # rows of the trials table a terminal keeps in view
 
-    def __init__(self, n_trials: int, out: Console) -> None:
+    def __init__(self, n_trials: int, out: Console, budget_s: float | None = None) -> None:
+        import time
+
         self.out, self.live = out, out.is_terminal
-        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                                 TextColumn("{task.completed}/{task.total} trials"),
-                                 TimeElapsedColumn(), TextColumn("{task.fields[best]}"),
-                                 TextColumn("[dim]{task.fields[pruned]}"), console=out)
-        self.task = self.progress.add_task("starting", total=n_trials, best="", pruned="")
-        self.table = Table(expand=False, box=None, header_style="bold")
-        for col in ("#", "config", "why", "status", "samples/s", "peak GiB", "trial s"):
-            self.table.add_column(col)
-        self.best, self.pruned = 0.0, 0
+        self.n_trials, self.budget_s, self.started = n_trials, budget_s, time.time()
+        self.rows: list[tuple[str, ...]] = []
+        self.in_flight: dict[str, tuple[str, float]] = {}  # label -> (reason, started)
+        self.done = self.pruned = 0
+        self.best: tuple[float, str] | None = None  # (score, label)
+        self.baseline = 0.0
 
-    def renderable(self) -> Group:
-        return Group(self.table, self.progress)
+    def __rich__(self) -> Group:
+        import time
+
+        from rich.text import Text
+
+        now = time.time()
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="bold")
+        grid.add_column()
+        elapsed = now - self.started
+        budget = f" of {_duration(self.budget_s)}" if self.budget_s else ""
+        grid.add_row("trials", f"{self.done}/{self.n_trials} done · {len(self.in_flight)} "
+                     f"running · {self.pruned} pruned by prediction · "
+                     f"{_duration(elapsed)}{budget}")
+        for label, (reason, since) in self.in_flight.items():
+            grid.add_row("running", f"{label} ({reason}), {now - since:.0f} s")
+        if self.best is not None:
+            score, label = self.best
+            speedup = (f", {score / self.baseline:.2f}x Trainer's defaults so far"
+                       if self.baseline else "")
+            grid.add_row("best", f"{label}: {score:,.1f}{speedup}")
+        table = Table(expand=False, box=None, header_style="bold")
+        for col in ("#", "config", "why", "status", "samples/s", "peak GiB", "trial s"):
+            table.add_column(col)
+        for row in self.rows[-self.SHOWN:]:
+            table.add_row(*row)
+        hidden = len(self.rows) - self.SHOWN
+        parts = [table] + ([Text(f"  ... and {hidden} earlier", style="dim")]
+                           if hidden > 0 else []) + [grid]
+        return Group(*parts)
 
     def on_start(self, proposal) -> None:
-        self.progress.update(self.task, description=f"running {proposal.config.label()}")
+        import time
+
+        self.in_flight[proposal.config.label()] = (proposal.reason, time.time())
 
     def on_record(self, record) -> None:
         o = record.outcome
+        self.in_flight.pop(record.config.label(), None)
         if not o.ran:
             self.pruned += 1
-            self.progress.update(self.task, pruned=f"{self.pruned} pruned by prediction")
             return
         if not record.confirming:
-            self.progress.advance(self.task)
-        if o.ok and (o.samples_per_second or 0) > self.best:
-            self.best = o.samples_per_second or 0.0
-            self.progress.update(self.task, best=f"best {self.best:.1f} samples/s")
+            self.done += 1
+        if o.ok and o.score:
+            if record.reason == "baseline":
+                self.baseline = max(self.baseline, o.score)
+            if self.best is None or o.score > self.best[0]:
+                self.best = (o.score, record.config.label())
         style = self.STYLES.get(o.status, "red")
         cells = (str(record.number), record.config.label(), record.reason,
                  f"[{style}]{o.status}[/]",
                  _fmt(None if o.is_oom else o.samples_per_second),
                  _gib(o.peak_memory_bytes), _fmt(o.wall_seconds))
         if self.live:
-            self.table.add_row(*cells[:-1], cells[-1] + _waited(o))
+            self.rows.append((*cells[:-1], cells[-1] + _waited(o)))
         else:
             self.out.print(f"trial {cells[0]}: {cells[1]} ({cells[2]}) {cells[3]} "
                            f"{cells[4]} samples/s, peak {cells[5]} GiB, {cells[6]} s"
@@ -175,6 +207,21 @@ class SearchView:
         if not self.live and self.pruned:
             self.out.print(f"{self.pruned} configs not run: predicted over the memory "
                            "limit (listed in the report)")
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes} min {secs:02d} s" if minutes else f"{secs} s"
+
+
+def _study_lines(parsed) -> str:
+    """Where the study is kept, and how to watch it (Optuna's dashboard reads it live)."""
+    storage = parsed.search.storage or (
+        f"sqlite:///{(Path(parsed.output) / 'study.db').resolve()}")
+    return (f"study: {storage}\nwatch it live: pip install 'autotune[dashboard]' && "
+            f"optuna-dashboard {storage}")
 
 
 @app.command()
@@ -200,8 +247,12 @@ def search(
                                         "search.storage": storage,
                                         "search.study_name": study_name,
                                         "output": str(output) if output else None})
-            view = SearchView(parsed.search.n_trials, console)
-            live = Live(view.renderable(), console=console, refresh_per_second=4,
+            from autotune.spec import parse_duration
+
+            console.print(_study_lines(parsed), highlight=False, soft_wrap=True)
+            view = SearchView(parsed.search.n_trials, console,
+                              parse_duration(parsed.search.timeout))
+            live = Live(view, console=console, refresh_per_second=2,
                         transient=False) if view.live else contextlib.nullcontext()
             with live:
                 result = run_search(
@@ -223,6 +274,51 @@ def search(
                   + ", ".join([*files, "summary.json", "report.md", "report.html"]))
     if result.best is None:
         raise typer.Exit(1)
+
+
+@app.command()
+def init(
+    model: Annotated[str, typer.Argument(help="a model folder, a shape such as llama-8b or "
+                                         "qwen2-1.5b, or a hub id")],
+    seq_len: Annotated[int, typer.Option(help="tokens per row")] = 1024,
+    target_batch: Annotated[int, typer.Option(help="effective batch per step")] = 32,
+    device: Annotated[str | None, typer.Option(help='plan for a device, e.g. "A100-80GB" '
+                                                    "(default: this machine's)")] = None,
+    lora: Annotated[bool, typer.Option("--lora", help="train LoRA adapters")] = False,
+    qlora: Annotated[bool, typer.Option("--qlora", help="LoRA on a base the search may "
+                                        "quantize to 4 bits")] = False,
+    output: Annotated[Path, typer.Option(help="the spec to write")] = Path("model.yaml"),
+) -> None:
+    """Write a commented spec for a model, from its config alone (no weights)."""
+    from autotune.plan import init as spec_init
+
+    try:
+        planned = spec_init.plan(model, seq_len=seq_len, target_batch=target_batch,
+                                 device=device, lora=lora, qlora=qlora,
+                                 output=f"runs/{output.stem}")
+        spec_init.write(output, spec_init.render(planned))
+    except AutotuneError as exc:
+        _fail(exc)
+    console.print(f"wrote {output}: {planned.source}, {planned.parameters / 1e6:,.1f}M "
+                  f"parameters; on {planned.device_name} {planned.fits} of {planned.configs} "
+                  f"configs are expected to fit. Next: autotune search {output}",
+                  highlight=False, soft_wrap=True)
+
+
+@app.command()
+def knobs(
+    device: Annotated[str | None, typer.Option(help='a device, e.g. "A100-80GB" (default: '
+                                                    "this machine's)")] = None,
+) -> None:
+    """The knob table: each lever's values, what this (or a named) device allows and why
+    not the rest, Trainer's default and the guide's pick."""
+    from autotune.outputs.reference import render_knobs
+    from autotune.plan.device import local_device, named_device
+
+    try:
+        render_knobs(named_device(device) if device else local_device(), console)
+    except AutotuneError as exc:
+        _fail(exc)
 
 
 @app.command()

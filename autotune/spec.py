@@ -87,7 +87,7 @@ def _local(value: str | None, info: ValidationInfo) -> Path | None:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -106,17 +106,25 @@ class LoraSpec(_Strict):
     fine-tune. `lora: {}` takes these defaults (rank 8 on every linear layer)."""
 
     r: int = Field(8, ge=1)
+    """The adapters' rank."""
     alpha: int = Field(16, ge=1)
+    """LoRA's scaling numerator (the update is scaled by alpha / r)."""
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapters' input."""
     target_modules: list[str] | Literal["all-linear"] = "all-linear"
+    """Module names to adapt, or every linear layer but the output head."""
 
 
 class ModelSpec(_Strict):
+    """The model to tune: a local folder (or hub id), an inline config with random
+    weights, or a factory; one of them."""
+
     name_or_path: str | None = None
     """A local model folder (or a Hugging Face id where the hub is reachable)."""
     config: dict[str, Any] | None = None
     """An inline config (model_type plus fields): random weights, no download."""
     task: Literal["causal-lm", "masked-lm", "sequence-classification"] = "causal-lm"
+    """The head trained: next-token prediction, masked tokens, or a class per row."""
     factory: str | None = None
     """'package.module:function' returning a torch model (takes the HF config or None)."""
     attn_implementation: str | None = None
@@ -170,6 +178,8 @@ DATA_FILES = (".jsonl", ".json", ".parquet")
 
 
 class DataSpec(_Strict):
+    """What each trial trains on: synthetic tokens, or rows as people have them."""
+
     seq_len: int = Field(128, gt=0)
     """Tokens per row: longer rows are truncated, shorter ones padded (or packed)."""
     source: str = "synthetic"
@@ -219,6 +229,8 @@ class DataSpec(_Strict):
 
 
 class HardwareSpec(_Strict):
+    """What one trial runs on, and how many run at once."""
+
     gpus_per_trial: int = Field(1, ge=1)
     """GPUs (on CPU: processes) one trial uses, as data-parallel ranks."""
     parallel_trials: int | None = Field(None, ge=1)
@@ -255,6 +267,8 @@ class HardwareSpec(_Strict):
 
 
 class SearchSpec(_Strict):
+    """How the search runs: its space, its budget, where its study is kept."""
+
     space: str = "default"
     """A name under search_spaces/ or a path to a space YAML."""
     n_trials: int = Field(40, ge=1)
@@ -264,7 +278,11 @@ class SearchSpec(_Strict):
     trial_timeout: str | int = "10m"
     """Wall time for one trial, model load included; it is killed after that."""
     storage: str | None = None
+    """The Optuna storage URL (default: sqlite:///OUTPUT/study.db); several drivers on one
+    database share a search."""
     study_name: str | None = None
+    """The Optuna study's name (default: autotune- and a fingerprint of what makes two
+    searches' measurements comparable)."""
     seed: int = 0
     """One seed for every trial and for the exported TrainingArguments."""
     sampler: Literal["autotune", "tpe", "gp", "random"] = "autotune"
@@ -316,8 +334,12 @@ class SearchSpec(_Strict):
 
 
 class MeasureSpec(_Strict):
+    """How each trial is timed."""
+
     warmup_steps: int = Field(2, ge=0)
+    """Optimizer steps run first and not timed (allocator, kernels, compilation)."""
     steps: int = Field(5, ge=1)
+    """Optimizer steps timed per trial (a confirmation run times twice as many)."""
     loss_tolerance: float = Field(0.05, gt=0)
     """How far a trial's mean step loss may be from the full-precision reference's (same
     weights, data and order), past the noise of the paired steps, and how far beyond the
@@ -329,7 +351,10 @@ class RunSpec(_Strict):
     """The long run the user is tuning for, to project its wall time in the report."""
 
     steps: int | None = Field(None, gt=0)
+    """Optimizer steps of target_batch_size samples; torch.compile's one-time cost is
+    charged once against them."""
     tokens: int | None = Field(None, gt=0)
+    """Or the run's length in tokens."""
 
 
 class Spec(_Strict):
@@ -339,11 +364,14 @@ class Spec(_Strict):
     """What trains each trial and the long run: transformers' Trainer, or TRL's
     SFTTrainer (its SFTConfig is exported as sft_config.json)."""
     target_batch_size: int = Field(64, gt=0)
+    """The effective batch per optimizer step, all ranks: batch x accumulation x ranks.
+    Every config trains exactly this (accumulation is derived)."""
     hardware: HardwareSpec = HardwareSpec()
     search: SearchSpec = SearchSpec()
     measure: MeasureSpec = MeasureSpec()
     run: RunSpec = RunSpec()
     output: str = "reports/autotune"
+    """The folder the winner's files, summary.json, the report and the study go to."""
 
     @model_validator(mode="after")
     def _sft(self) -> Spec:

@@ -122,8 +122,8 @@ def projected_seconds(summary: Summary, record: Record | None) -> float | None:
 def headline(summary: Summary) -> list[Fact]:
     """The figures a user looks for first, best config first."""
     best, base = summary.best, summary.baseline
-    facts = [_best_fact(summary), _throughput_fact(summary, best),
-             _speedup_fact(summary, base), _memory_fact(summary, best),
+    facts = [_best_fact(summary), _speedup_fact(summary, base),
+             _throughput_fact(summary, best), _memory_fact(summary, best),
              _mfu_fact(summary, best), _projection_fact(summary, best, base),
              _search_fact(summary)]
     data = _data_fact(summary)
@@ -318,13 +318,15 @@ def trial_row(t: Record, shown: list[knobs.Knob] | None = None) -> list[tuple[st
             (fmt_bytes(o.peak_memory_bytes), known(o.peak_memory_bytes)),
             (fmt_bytes(o.predicted_memory_bytes), known(o.predicted_memory_bytes)),
             (fmt_num(o.median_step, 3), o.median_step), (t.reason, t.reason),
-            (error_tail(o.error), error_tail(o.error))]
+            # A pruned config's error only repeats its reason ("not run: " and the reason).
+            ("", "") if not o.ran else (error_tail(o.error), error_tail(o.error))]
 
 
 def ranked(trials: list[Record]) -> list[Record]:
-    """Fastest successful trials first, then the rest in the order they ran."""
-    return sorted(trials, key=lambda t: (not t.outcome.ok, -(t.throughput or 0.0),
-                                         t.number or 0))
+    """Fastest successful trials first, then the rest in the order they ran, and the
+    configs pruned on a prediction (never run) last."""
+    return sorted(trials, key=lambda t: (not t.outcome.ok, not t.outcome.ran,
+                                         -(t.throughput or 0.0), t.number or 0))
 
 
 # --- exported files ---------------------------------------------------------------------
@@ -593,7 +595,7 @@ def _html_header(summary: Summary) -> str:
             f"target batch {summary.target_batch_size}" if summary.target_batch_size else None]
     cards = []
     for i, f in enumerate(headline(summary)):
-        cls = "card hero" if i == 0 else "card"
+        cls = "card hero" if i < 2 else "card"  # the best config and its speedups
         cards.append(f'<div class="{cls}"><div class="label">{esc(f.label)}</div>'
                      f'<div class="value">{esc(f.value)}</div>'
                      f'<div class="detail">{esc(f.detail)}</div></div>')

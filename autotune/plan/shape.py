@@ -137,9 +137,13 @@ def count_parameters(hf_config: Any, task: str = "causal-lm",
         quantizable = quantizable_parameters(model)
         trainable = None
         if lora is not None:
+            import warnings
+
             from autotune.trials.lora import with_lora
 
-            model = with_lora(model, lora, task)
+            with warnings.catch_warnings():  # PEFT asks transformers 5 a renamed question
+                warnings.simplefilter("ignore", FutureWarning)
+                model = with_lora(model, lora, task)
             trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     n = sum(p.numel() for p in model.parameters())
     return n, str(attn), trainable, embedding_parameters(model), quantizable
