@@ -224,6 +224,11 @@ def _study_lines(parsed) -> str:
             f"optuna-dashboard {storage}")
 
 
+def _print_study(console, parsed) -> None:
+    # markup=False: rich would read "[dashboard]" as a style tag and drop it.
+    console.print(_study_lines(parsed), highlight=False, soft_wrap=True, markup=False)
+
+
 @app.command()
 def search(
     spec: Annotated[Path, typer.Argument(help="model.yaml")],
@@ -249,7 +254,7 @@ def search(
                                         "output": str(output) if output else None})
             from autotune.spec import parse_duration
 
-            console.print(_study_lines(parsed), highlight=False, soft_wrap=True)
+            _print_study(console, parsed)
             view = SearchView(parsed.search.n_trials, console,
                               parse_duration(parsed.search.timeout))
             live = Live(view, console=console, refresh_per_second=2,

@@ -11,7 +11,7 @@ import yaml
 from rich.console import Console
 from typer.testing import CliRunner
 
-from autotune.cli import SearchView, _study_lines, app
+from autotune.cli import SearchView, _print_study, app
 from autotune.config import TrialConfig
 from autotune.records import Outcome, Record
 from autotune.spec import load_spec
@@ -88,9 +88,10 @@ def test_a_log_gets_one_line_per_trial_and_the_study_first():
     assert console.export_text().startswith(
         "trial 0: b8x4 fp32 adamw_torch (baseline) ok 10.0 samples/s")
     spec = load_spec({"model": {"config": {"model_type": "gpt2"}}, "output": "/tmp/x"})
-    assert _study_lines(spec) == ("study: sqlite:////tmp/x/study.db\nwatch it live: pip install "
-                                  "'autotune[dashboard]' && optuna-dashboard "
-                                  "sqlite:////tmp/x/study.db")
+    _print_study(console, spec)
+    assert console.export_text().endswith(
+        "study: sqlite:////tmp/x/study.db\nwatch it live: pip install 'autotune[dashboard]' && "
+        "optuna-dashboard sqlite:////tmp/x/study.db\n")
 
 
 def test_optuna_dashboard_opens_a_search_study(tmp_path):

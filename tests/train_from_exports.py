@@ -49,4 +49,11 @@ def main(export_dir: str, output_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    try:
+        main(sys.argv[1], sys.argv[2])
+    finally:
+        # Without this, gloo's threads can outlive the interpreter's teardown and abort it
+        # ("terminate called without an active exception", seen once in CI): a run that
+        # trained and printed would still exit -6.
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
