@@ -236,10 +236,24 @@ GRADIENT_CHECKPOINTING = Knob(
 
 # --- ZeRO stage and offload (one group: offload exists only under ZeRO) -------------------
 
+# Sharding's communication beyond data parallelism's gradient all-reduce, in log throughput,
+# on one node and where the ranks span nodes (a network link an order of magnitude slower
+# than NVLink): ZeRO-2 / shard_grad_op reduce-scatter every micro-batch; ZeRO-3 /
+# full_shard also gather the parameters forward and backward, every micro-batch.
+_SHARDING_COST = {"partition": (0.0, 0.0), "grad": (0.0, -0.1), "full": (-0.15, -0.5)}
+
+
+def _sharding_prior(kind: str, device: DeviceSpec, world_size: int) -> float:
+    if world_size == 1:  # no peers: only the bookkeeping
+        return {"partition": -0.02, "grad": -0.04, "full": -0.15}[kind]
+    one_node, across = _SHARDING_COST[kind]
+    return across if device.nodes > 1 else one_node
+
+
 def _zero_prior(stage: int, device: DeviceSpec, world_size: int) -> float:
-    if world_size > 1 and stage in (1, 2):
-        return 0.0  # with data parallelism, partitioning is close to free
-    return {0: 0.0, 1: -0.02, 2: -0.04, 3: -0.15}[stage]
+    if stage == 0:
+        return 0.0
+    return _sharding_prior({1: "partition", 2: "grad", 3: "full"}[stage], device, world_size)
 
 
 ZERO_STAGE = Knob(
@@ -296,8 +310,9 @@ FSDP = Knob(
              "flattened sharded parameters", lambda c, d: c.fsdp != "none"
              and optimizer(c.optim).bitsandbytes),
     ),
-    speed=Speed(lambda f, d, w: {"none": 0.0, "shard_grad_op": -0.04, "full_shard": -0.15,
-                                 "full_shard+offload": -1.0}[f], sd=0.4))
+    speed=Speed(lambda f, d, w: 0.0 if f == "none" else -1.0 if f == "full_shard+offload"
+                else _sharding_prior("grad" if f == "shard_grad_op" else "full", d, w),
+                sd=0.4))
 
 
 # --- torch.compile -------------------------------------------------------------------------

@@ -233,6 +233,10 @@ class HardwareSpec(_Strict):
 
     gpus_per_trial: int = Field(1, ge=1)
     """GPUs (on CPU: processes) one trial uses, as data-parallel ranks."""
+    nodes_per_trial: int | None = Field(None, ge=1)
+    """Nodes a trial's ranks span (an equal share on each), on a Ray cluster. None: as
+    few as hold its ranks (one where a node has them all: its GPUs, or on a cluster of
+    CPUs a core per rank)."""
     parallel_trials: int | None = Field(None, ge=1)
     """Trials at once per node: on GPUs at most GPUs / gpus_per_trial (the default); on
     CPU 1 unless set, the node's cores and RAM then shared among them."""
@@ -390,6 +394,11 @@ class Spec(_Strict):
     @model_validator(mode="after")
     def _divisible(self) -> Spec:
         world = self.hardware.gpus_per_trial
+        nodes = self.hardware.nodes_per_trial
+        if nodes is not None and world % nodes:
+            raise ValueError(f"hardware.gpus_per_trial {world} is not divisible by "
+                             f"hardware.nodes_per_trial {nodes} (each node runs an equal "
+                             "share of the ranks)")
         if self.target_batch_size % world:
             raise ValueError(f"target_batch_size {self.target_batch_size} is not divisible by "
                              f"hardware.gpus_per_trial {world}")
@@ -415,7 +424,7 @@ class Spec(_Strict):
         """What makes two searches comparable: the model, data and target, not the budget."""
         # Fields added later count only where set: a study made before them resumes.
         later = {"format": "auto", "completion_only_loss": False, "device": None,
-                 "trainer": "trainer"}
+                 "trainer": "trainer", "nodes_per_trial": None}
         unset = object()
         data = {k: v for k, v in self.data.model_dump().items() if later.get(k, unset) != v}
         hw = {k: v for k, v in self.hardware.model_dump().items()

@@ -51,6 +51,8 @@ use_liger_kernel=true rows where Liger does not cover the model type.
   runs the head GEMM 8% slower in chunks; its RMSNorm/SwiGLU/RoPE kernels move 0.25/0.45/
   0.3 of those ops' traffic (compile does not fuse them further) and drop the SiLU output,
   RoPE copies and the norms' fp32 copies from the kept activations; 12 fewer launches.
+- nodes: a scenario whose ranks span nodes runs every collective's ring at the network's
+  rate per GPU (`net`) instead of the NVLink's; its meta.json says `device.nodes`.
 - offload: CPU Adam at 0.6 G params/s per rank, gradients to the host once per step at
   stage 1 but every micro-batch at stages 2-3; ZeRO-2 reduce-scatters every micro-batch.
 The shared simulator instead keeps eager's s^2 as one term, cuts a flat 45% of
@@ -118,6 +120,10 @@ class Scenario:
     model_type: str = ""  # transformers' model_type: decides the layer parts and Liger
     ffn: int = 0  # intermediate size; 0: 4 x hidden
     tied: bool = False  # LM head shares the input embedding
+    # Ranks spread over this many nodes (world / nodes on each), linked between nodes at
+    # `net` GB/s per GPU: the rings that cross them run at that rate, not the NVLink's.
+    nodes: int = 1
+    net: float = 0.0
 
 
 A100_40 = Device("A100-40GB", 40, (8, 0), {"fp32": 19.5, "tf32": 156, "fp16": 312,
@@ -295,6 +301,10 @@ GPUKNOB_SCENARIOS = [
     Scenario("sim2-llama-1b-t4-16gb-gpuknobs", 1.24e9, 16, 2048, 32, 128256, 1024, T4_GEN3, 1,
              32, noise=0.02, seed=15, gpuknobs=True, model_name="llama-1b", model_type="llama",
              ffn=8192, tied=True),
+    # Two 8-GPU nodes on a 200 Gb/s link per GPU: ZeRO-3's gathers cross the network.
+    Scenario("sim2-llama-13b-2x8xa100-80gb-2nodes-gpuknobs", 13.0e9, 40, 5120, 40, 32000,
+             4096, A100_80, 16, 128, noise=0.02, seed=16, gpuknobs=True,
+             model_name="llama-13b", model_type="llama", ffn=13824, nodes=2, net=25.0),
 ]
 
 
@@ -489,7 +499,7 @@ def gk_step_seconds(s: Scenario, k: Knobs) -> float:
     if k.off == "optimizer+param":
         t += k.gas * 2 * n_rank * w16 / (dev.pcie * 1e9)
     ring = (w - 1) / w
-    link = dev.link * 1e9
+    link = (min(dev.link, s.net) if s.nodes > 1 else dev.link) * 1e9
     if w > 1:
         if k.z == 0:  # DDP: fp32 gradients all-reduced once per step, 40% hidden
             t += 2 * ring * n * 4 / link * 0.6
@@ -557,8 +567,9 @@ def gk_landscape(s: Scenario) -> tuple[dict, list[dict]]:
                      "status": bad or "ok", "samples_per_second": round(sps, 4),
                      "peak_memory_gib": round(min(mem, s.device.memory_gib), 3),
                      "seconds": round(cost, 1)})
+    spread = f" over {s.nodes} nodes ({s.net:g} GB/s per GPU between)" if s.nodes > 1 else ""
     meta = {"description": (f"simulated by benchmarks/simulate_landscape.py (gpuknobs): "
-                            f"{s.model_name} seq {s.seq} on {s.world}x {s.device.name}, "
+                            f"{s.model_name} seq {s.seq} on {s.world}x {s.device.name}{spread}, "
                             f"target effective batch {s.target}"),
             "simulated": True,
             "model": {"name": s.model_name, "num_parameters": int(s.params),
@@ -566,7 +577,7 @@ def gk_landscape(s: Scenario) -> tuple[dict, list[dict]]:
                       "num_attention_heads": s.heads, "vocab_size": s.vocab,
                       "causal_lm": s.causal, "seq_len": s.seq},
             "device": {"name": s.device.name, "memory_gib": s.device.memory_gib,
-                       "count": s.world},
+                       "count": s.world, "nodes": s.nodes},
             "world_size": s.world, "target_effective_batch_size": s.target}
     return meta, rows
 

@@ -28,12 +28,12 @@ def gpt2_64(config=None):
 
 class _Misbehaving(GPT2LMHeadModel):
     action: str = "crash"
-    bad_batch: int = 8
+    bad_batch: int = 8  # 0: every batch
     hang_marker: str | None = None  # touched as it starts to hang
     ballast: int = 0  # host bytes written just before it hangs
 
     def forward(self, input_ids=None, **kwargs):
-        if input_ids is not None and input_ids.shape[0] == self.bad_batch:
+        if input_ids is not None and self.bad_batch in (0, input_ids.shape[0]):
             if self.action == "crash":
                 os.kill(os.getpid(), signal.SIGSEGV)
             self._held = b"\x01" * self.ballast  # written, so resident: the RSS grows
@@ -102,6 +102,7 @@ def stalls_the_first_time(config):
     if Path(config.stall_marker).exists():
         model.bad_batch = -1  # never matches: a normal model
     else:
-        model.action, model.bad_batch, model.hang_marker = "hang", 4, config.stall_marker
+        model.action, model.hang_marker = "hang", config.stall_marker
+        model.bad_batch = getattr(config, "stall_batch", 4)
         model.ballast = getattr(config, "stall_ballast", 0)
     return model

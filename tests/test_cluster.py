@@ -52,6 +52,7 @@ class Cluster:
         # Ray's socket paths live under its temp dir and must fit in 107 bytes: pytest's
         # tmp_path is too deep.
         self.temp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))
+        self.raylets: list[int] = []  # the worker nodes' raylets' ports
 
     def start(self, *, head_cpus: int = 0, workers: list[dict] | None = None) -> Cluster:
         self.client_port = _free_port(self.port)  # Ray Client (ray://) listens here
@@ -59,10 +60,24 @@ class Cluster:
                   "--num-gpus=0", "--include-dashboard=false", f"--temp-dir={self.temp}",
                   f"--ray-client-server-port={self.client_port}")
         for node in workers or []:
-            extra = [f"--num-gpus={node['gpus']}"] if "gpus" in node else ["--num-gpus=0"]
-            self._ray("start", f"--address={self.address}", f"--num-cpus={node['cpus']}",
-                      *extra)
+            self.add_worker(**node)
         return self
+
+    def add_worker(self, cpus: int, gpus: int = 0) -> None:
+        """A worker node, its raylet on a port of its own (to find it by)."""
+        port = _free_port(self.port, self.client_port, *self.raylets)
+        self._ray("start", f"--address={self.address}", f"--num-cpus={cpus}",
+                  f"--num-gpus={gpus}", f"--node-manager-port={port}")
+        self.raylets.append(port)
+
+    def raylet_of_worker(self, index: int = 0) -> psutil.Process:
+        """The raylet of the `index`th worker node started."""
+        flag = f"--node_manager_port={self.raylets[index]}"
+        for p in psutil.process_iter(["name", "cmdline"]):
+            with contextlib.suppress(psutil.Error):
+                if "raylet" in (p.info["name"] or "") and flag in (p.info["cmdline"] or []):
+                    return p
+        raise AssertionError(f"no raylet with {flag}")
 
     def _ray(self, *args: str) -> None:
         proc = subprocess.run([RAY, *args], env=self.env, capture_output=True, text=True,
@@ -106,7 +121,10 @@ def open_cluster(tmp_path):
     """A cluster without token authentication (scheduling is what these tests test)."""
     env = os.environ | {"RAY_AUTH_MODE": "disabled"}
     cluster = Cluster(tmp_path, env)
-    old = os.environ.get("RAY_AUTH_MODE")
+    # Left set for the rest of the session: Ray reads the mode once per process, and an
+    # embedded Ray a later test starts in this process must start its GCS in the mode
+    # this process's clients speak (with the variable gone, its GCS asked for a token the
+    # test process never sent: "Failed to start GCS").
     os.environ["RAY_AUTH_MODE"] = "disabled"
     yield cluster
     import ray
@@ -114,10 +132,6 @@ def open_cluster(tmp_path):
     if ray.is_initialized():
         ray.shutdown()
     cluster.stop()
-    if old is None:
-        os.environ.pop("RAY_AUTH_MODE", None)
-    else:
-        os.environ["RAY_AUTH_MODE"] = old
 
 
 def _spec(tiny_spec, **hardware):
@@ -212,7 +226,7 @@ def test_a_request_no_node_can_place_fails_at_once(open_cluster, tiny_spec):
     cluster = open_cluster.start(head_cpus=1, workers=[{"cpus": 1, "gpus": 1}])
     executor = RayExecutor(_spec(tiny_spec, gpus_per_trial=2), address=cluster.address)
     started = time.time()
-    with pytest.raises(ClusterError, match="needs 2 GPUs on one node"):
+    with pytest.raises(ClusterError, match="a trial needs 2 GPUs, and the cluster.s nodes"):
         executor.discover()
     executor.close()
     assert time.time() - started < 60
@@ -290,13 +304,28 @@ def test_token_authentication_is_one_line_and_the_token_joins(tmp_path, tiny_spe
 
 
 def _trial_processes() -> list[psutil.Process]:
+    """The suite's trial processes and launchers, less this test process's own warm
+    launcher (started by a test that ran a trial in-process; it lives as long as pytest,
+    its trials are still counted)."""
     out = []
-    for p in psutil.process_iter(["cmdline"]):
+    for p in psutil.process_iter(["cmdline", "ppid"]):
         with contextlib.suppress(psutil.Error):
             cmd = " ".join(p.info["cmdline"] or [])
-            if ("autotune.trials.forkserver" in cmd or "autotune.trials.worker" in cmd) and ours(p):
+            mine = p.info["ppid"] == os.getpid() and "autotune.trials.forkserver" in cmd
+            if ("autotune.trials.forkserver" in cmd or "autotune.trials.worker" in cmd) and ours(
+                    p) and not mine:
                 out.append(p)
     return out
+
+
+def _left_after(seconds: float) -> list[psutil.Process]:
+    """Trial processes (and warm launchers) still here after up to `seconds`: on a cluster
+    the launchers go with their Ray workers, which Ray ends a few seconds after the driver
+    leaves (longer on a busy machine), the trials with them."""
+    deadline = time.time() + seconds
+    while (left := _trial_processes()) and time.time() < deadline:
+        time.sleep(0.5)
+    return left
 
 
 def _ray_worker_of_trial() -> psutil.Process | None:
@@ -480,3 +509,177 @@ def test_sigkill_of_the_driver_leaves_nothing_and_the_rerun_keeps_what_finished(
     assert all(f in kept for f in finished)  # every finished trial kept, same number
     configs = [json.dumps(c, sort_keys=True) for _, c in kept]
     assert len(configs) == len(set(configs))  # none ran twice
+
+
+# --- trials whose ranks span nodes ------------------------------------------------------
+
+
+def _two_node_spec(tiny_spec, **model):
+    """Two ranks on a cluster of two one-core nodes: a rank on each (a core per rank)."""
+    if model:
+        tiny_spec["model"] = model
+    return _spec(tiny_spec, gpus_per_trial=2)
+
+
+def test_a_two_rank_trial_spans_two_nodes_one_rank_on_each(open_cluster, tiny_spec):
+    cluster = open_cluster.start(head_cpus=1, workers=[{"cpus": 1}])
+    executor = RayExecutor(_two_node_spec(tiny_spec), address=cluster.address, timeout_s=240)
+    try:
+        device = executor.discover()
+        assert executor.nodes == 2 and device.count == 2 and executor.capacity == 1
+        import ray
+
+        node_ids = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        out = executor.run(TrialConfig(2, 4))
+        groups = ray.util.placement_group_table()
+    finally:
+        executor.close()
+    assert out.ok, out.error
+    placed = out.extra["rank_nodes"]  # node rank -> the Ray node its ranks ran on
+    assert sorted(placed) == [0, 1] and set(placed.values()) == node_ids
+    by_rank = out.extra["micro_batches_by_rank"]
+    assert sorted(by_rank) == [0, 1]
+    steps = 3  # 1 warm-up + 2 timed: every micro-batch full, gas of them per step
+    assert all(sizes == [2] * (4 * steps) for sizes in by_rank.values()), by_rank
+    # Throughput counts both nodes' samples: b x gas x world per timed step.
+    assert out.samples_per_second * out.timed_seconds == pytest.approx(2 * 4 * 2 * 2)
+    assert out.extra["nodes"] == 2
+    assert all(g["state"] == "REMOVED" for g in groups.values()), groups
+    left = _left_after(15)
+    assert not left, [p.cmdline() for p in left]
+
+
+def test_rank_1s_oom_on_the_other_node_is_the_trials_oom(open_cluster, tiny_spec):
+    cluster = open_cluster.start(head_cpus=1, workers=[{"cpus": 1}])
+    spec = _two_node_spec(tiny_spec, factory="tests.factories:oom_on_rank_1")
+    executor = RayExecutor(spec, address=cluster.address, timeout_s=240)
+    try:
+        executor.discover()
+        started = time.time()
+        out = executor.run(TrialConfig(2, 4))
+        took = time.time() - started
+    finally:
+        executor.close()
+    assert out.status == "oom" and out.error.startswith("rank 1:"), (out.status, out.error)
+    assert took < 200  # rank 0, blocked on its peer, ended with the trial, not timed out
+    left = _left_after(15)
+    assert not left, [p.cmdline() for p in left]
+
+
+def test_killing_a_node_mid_trial_leaves_nothing_and_the_trial_is_lost_then_retried(
+        open_cluster, tiny_spec, tmp_path):
+    """The worker node's raylet killed while both ranks stall in their first step: Ray
+    loses that node (its workers die with their raylet, the trial's rank with them), the
+    rank on the head is ended with its task, the placement group is removed, and the
+    trial is run again on the node that replaced the lost one."""
+    cluster = open_cluster.start(head_cpus=1, workers=[{"cpus": 1}])
+    spec = _two_node_spec(tiny_spec, factory="tests.factories:stalls_the_first_time",
+                          config={**tiny_spec["model"]["config"],
+                                  "stall_marker": str(tmp_path / "stalled")})
+    executor = RayExecutor(spec, address=cluster.address, timeout_s=240)
+    import ray
+
+    left: list[psutil.Process] = []
+    replaced: list[bool] = []
+
+    def kill_the_worker_node() -> None:
+        deadline = time.time() + 180
+        while time.time() < deadline and not (tmp_path / "stalled").exists():
+            time.sleep(0.2)
+        time.sleep(1.0)
+        trial = _trial_processes()
+        raylet = cluster.raylet_of_worker()
+        raylet.kill()
+        _, alive = psutil.wait_procs(trial, timeout=20)
+        left.extend(p for p in alive if p.is_running())
+        cluster.add_worker(cpus=1)  # a node to run the retry on
+        replaced.append(True)
+
+    try:
+        executor.discover()
+        threading.Thread(target=kill_the_worker_node, daemon=True).start()
+        out = executor.run(TrialConfig(4, 2))  # 4: the stalling batch
+        groups = ray.util.placement_group_table()
+    finally:
+        executor.close()
+    assert replaced, ("the worker node was not killed", out.status, out.error, out.extra)
+    assert not left, [p.cmdline() for p in left]  # every rank, on both nodes, gone
+    failures = out.extra.get("infrastructure_failures", [])
+    assert len(failures) == 1 and "Ray lost a node of the trial" in failures[0], (
+        out.status, out.error, failures)
+    assert out.ok, out.error  # the retry on the replacement node measured the config
+    assert all(g["state"] == "REMOVED" for g in groups.values()), groups
+    left = _left_after(15)
+    assert not left, [p.cmdline() for p in left]
+
+
+def test_sigkill_of_a_two_node_searchs_driver_leaves_no_rank_on_either_node(
+        open_cluster, tiny_spec, tmp_path):
+    """The driver of a search on a cluster killed while a trial's two ranks, one on each
+    node, stall in their first step: Ray ends the job's workers on both nodes, each
+    node's warm launcher goes with its worker and takes its ranks' session down."""
+    cluster = open_cluster.start(head_cpus=1, workers=[{"cpus": 1}])
+    marker = tmp_path / "stalled"
+    tiny_spec["model"] = {"factory": "tests.factories:stalls_the_first_time",
+                          "config": {**tiny_spec["model"]["config"],
+                                     "stall_marker": str(marker), "stall_batch": 0}}
+    tiny_spec["hardware"] = {"gpus_per_trial": 2}
+    tiny_spec["search"] |= {"n_trials": 2, "confirm_repeats": 0}
+    spec = tmp_path / "model.yaml"
+    spec.write_text(yaml.safe_dump(tiny_spec))
+    driver = subprocess.Popen([sys.executable, "-m", "autotune", "search", str(spec),
+                               "--address", cluster.address], env=cluster.env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and not marker.exists() and driver.poll() is None:
+            time.sleep(0.2)
+        assert marker.exists(), "no rank reached its first step"
+        time.sleep(1.0)
+        ranks = [p for p in _trial_processes() if p.ppid() in
+                 {q.pid for q in _trial_processes()}]  # forked by a launcher: the ranks
+        assert len(ranks) >= 2, [p.cmdline() for p in _trial_processes()]
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+    left = _left_after(30)
+    assert not left, [p.cmdline() for p in left]
+
+
+def test_autotune_search_on_two_nodes_exports_a_two_machine_accelerate_config(
+        open_cluster, tiny_spec, tmp_path):
+    cluster = open_cluster.start(head_cpus=1, workers=[{"cpus": 1}])
+    tiny_spec["hardware"] = {"gpus_per_trial": 2}
+    tiny_spec["search"] |= {"n_trials": 2, "confirm_repeats": 0}
+    spec = tmp_path / "model.yaml"
+    spec.write_text(yaml.safe_dump(tiny_spec))
+    proc = subprocess.run([sys.executable, "-m", "autotune", "search", str(spec),
+                           "--address", cluster.address], capture_output=True, text=True,
+                          timeout=900, env=cluster.env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = Path(tiny_spec["output"])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["device"]["nodes"] == 2 and summary["device"]["count"] == 2
+    ran = [t["outcome"] for t in summary["trials"] if t["outcome"]["status"] == "ok"]
+    assert ran, [t["outcome"]["error"] for t in summary["trials"]]
+    for outcome in ran:  # one rank on each node
+        assert len(set(outcome["extra"]["rank_nodes"].values())) == 2, outcome["extra"]
+    accelerate = yaml.safe_load((out / "accelerate_config.yaml").read_text())
+    assert accelerate["num_machines"] == 2 and accelerate["num_processes"] == 2
+    assert accelerate["machine_rank"] == 0 and accelerate["main_process_ip"]
+    report = (out / "report.md").read_text()
+    assert "--machine_rank 1" in report and "--nnodes 2" in report
+
+
+def test_an_embedded_ray_refused_for_its_token_says_why_in_one_line():
+    """Found by the suite: a process that had joined a cluster with RAY_AUTH_MODE=disabled
+    could not start its own Ray once the variable was gone; Ray's message begins with
+    "Failed to start GCS" and hides the reason on a later line."""
+    from autotune.trials.executor import _connection_error
+
+    exc = RuntimeError("Failed to start GCS.  Last 0 lines of error files:\n\n.Please check "
+                       "gcs_server.out for details. Last connection error: Traceback ...\n"
+                       "ray.exceptions.AuthenticationError: RPC error: InvalidAuthToken: "
+                       "Authentication token is missing or incorrect.")
+    message = _connection_error(None, exc)
+    assert "\n" not in message and "RAY_AUTH_MODE once per process" in message

@@ -78,3 +78,38 @@ def test_a_budget_never_exceeds_what_the_device_has(caplog):
     a10g = named_device("A10G-24GB")
     assert memory_limit(a10g, budget=40 * 2**30) == a10g.memory_bytes
     assert memory_limit(a10g) == a10g.memory_bytes
+
+
+def test_the_link_between_nodes_is_read_where_the_kernel_lists_it(tmp_path):
+    """InfiniBand's port rate first (what NCCL uses between nodes where it is there), else
+    the fastest Ethernet interface; loopback and virtual interfaces (-1) say nothing."""
+    from autotune.plan.device import network_link
+
+    assert network_link(str(tmp_path)) is None
+    for name, speed in (("lo", "100000000"), ("veth0", "-1"), ("eth0", "25000"),
+                        ("eth1", "100000")):
+        (tmp_path / "net" / name).mkdir(parents=True)
+        (tmp_path / "net" / name / "speed").write_text(speed + "\n")
+    assert network_link(str(tmp_path)) == "Ethernet 100 Gb/s"
+    for dev, rate in (("mlx5_0", "200 Gb/sec (4X HDR)"), ("mlx5_1", "400 Gb/sec (4X NDR)")):
+        port = tmp_path / "infiniband" / dev / "ports" / "1"
+        port.mkdir(parents=True)
+        (port / "rate").write_text(rate + "\n")
+    assert network_link(str(tmp_path)) == "InfiniBand 400 Gb/s"
+    assert network_link() is None or network_link().split()[0] in ("InfiniBand", "Ethernet")
+
+
+def test_sharding_that_crosses_nodes_is_expected_to_cost_more():
+    """The throughput model's prior: ZeRO-3 / FSDP full_shard gather the parameters every
+    micro-batch, over the network when the ranks span nodes; ZeRO-1 moves what data
+    parallelism moves anyway."""
+    from dataclasses import replace
+
+    from autotune.knobs import FSDP, ZERO_STAGE
+
+    one = named_device("H100-80GB", 16)
+    two = replace(one, nodes=2)
+    for knob, full, light in ((ZERO_STAGE, 3, 1), (FSDP, "full_shard", "shard_grad_op")):
+        assert knob.speed.prior(full, two, 16) < knob.speed.prior(full, one, 16) < 0
+        assert knob.speed.prior(light, two, 16) <= knob.speed.prior(light, one, 16) == 0
+    assert ZERO_STAGE.speed.prior(1, two, 16) == 0.0

@@ -407,3 +407,40 @@ def test_the_estimate_table_keeps_its_figures_on_a_narrow_terminal(tmp_path):
         assert "…" not in text and ("per component" in text) is not components
         for row in result.largest_fitting():
             assert f"{row.estimate.total_bytes / 2**30:.2f}" in text
+
+
+def test_estimate_of_a_70b_llama_on_16_gpus_over_two_nodes_is_per_rank(tmp_path):
+    """The shipped example, in a small space: a 70B model's states do not fit one H100
+    unsharded; ZeRO-3 divides them over all 16 ranks of both nodes, and the table says
+    every figure is one rank's."""
+    import io
+
+    import yaml
+    from rich.console import Console
+
+    import autotune
+    from autotune.plan.estimate import render_estimate
+
+    example = Path(__file__).parents[1] / "examples" / "llama-70b-16gpu.yaml"
+    spec = yaml.safe_load(example.read_text())
+    space = tmp_path / "space.yaml"
+    space.write_text("per_device_train_batch_size: [1]\nprecision: [bf16]\n"
+                     "optim: [adamw_torch]\ngradient_checkpointing: [true]\n"
+                     "zero_stage: [0, 3]\noffload: [none, optimizer]\n")
+    spec["search"]["space"] = str(space)
+    spec["output"] = str(tmp_path / "out")
+    result = autotune.estimate(spec)
+    assert result.world_size == 16 and result.device.nodes == 2 and result.device.count == 16
+    rows = {(r.config.zero_stage, r.config.offload): r for r in result.rows}
+    assert set(rows) == {(0, "none"), (3, "none"), (3, "optimizer")}
+    z0, z3, off = rows[0, "none"], rows[3, "none"], rows[3, "optimizer"]
+    assert not z0.fits and z0.estimate.total_bytes > 16 * 70e9  # 16 bytes a parameter
+    # Adam's moments and the fp32 master copy, a sixteenth of them on each rank
+    assert z3.estimate.components["optimizer"] * 8 < z0.estimate.components["optimizer"]
+    assert off.estimate.host_bytes > 0 and off.estimate.components["optimizer"] == 0
+    assert off.fits
+    out = io.StringIO()
+    render_estimate(result, Console(file=out, width=200))
+    text = out.getvalue()
+    assert "16 ranks over 2 nodes, 8 on each" in text and "one rank's" in text
+    assert f"{off.estimate.total_bytes / 2**30:.2f}" in text

@@ -194,6 +194,27 @@ def test_no_baseline_says_so() -> None:
     assert facts["Best config"].value == "b32x2 bf16 adamw_torch_fused"
 
 
+def test_the_title_says_how_the_ranks_sit_and_are_linked() -> None:
+    """A trial over two 8-GPU nodes: the nodes, the GPUs on each and the links the probe
+    read; one node says nothing of a network it does not use."""
+    from dataclasses import replace
+
+    from autotune.outputs.report import _title
+
+    summary = make_summary("normal")
+    spread = replace(summary, device={"name": "H100-80GB", "kind": "cuda", "count": 16,
+                                      "nodes": 2, "links": {"intra": "NVLink",
+                                                            "inter": "InfiniBand 400 Gb/s"}})
+    assert _title(spread) == ("tiny-gpt2 on 2 nodes × 8× H100-80GB (NVLink inside, "
+                              "InfiniBand 400 Gb/s between)")
+    one = replace(summary, device={"name": "H100-80GB", "kind": "cuda", "count": 8,
+                                   "nodes": 1, "links": {"intra": "NVLink",
+                                                         "inter": "Ethernet 100 Gb/s"}})
+    assert _title(one) == "tiny-gpt2 on 8× H100-80GB (NVLink inside)"
+    cpus = replace(summary, device={"name": "cpu", "kind": "cpu", "count": 2, "nodes": 2})
+    assert _title(cpus) == "tiny-gpt2 on 2 nodes × cpu"
+
+
 def test_projection_forms() -> None:
     s = make_summary("normal")
     best = s.best

@@ -65,12 +65,13 @@ def _device(dev: dict) -> DeviceSpec:
     count = int(dev.get("count", 1))
     if dev.get("kind", "cuda") == "cpu":
         return DeviceSpec(str(dev.get("name", "cpu")), "cpu", memory, None, count)
+    nodes = int(dev.get("nodes", 1))  # the nodes one trial's ranks span
     try:
         known = named_device(dev["name"], count)
     except SpecError:  # a GPU we have no table entry for: memory from meta only
-        return DeviceSpec(dev["name"], "cuda", memory, None, count)
+        return DeviceSpec(dev["name"], "cuda", memory, None, count, nodes=nodes)
     return DeviceSpec(known.name, "cuda", memory, known.compute_capability, count,
-                      known.peak_flops)
+                      known.peak_flops, nodes=nodes)
 
 
 def load_landscape(path: str | Path) -> Landscape:

@@ -34,8 +34,8 @@ SFT_FILE = "sft_config.json"
 
 def export_config(config: TrialConfig, output: Path, *, on_cpu: bool, seed: int,
                   world_size: int = 1, lora: dict[str, Any] | None = None,
-                  task: str = "causal-lm",
-                  sft: dict[str, Any] | None = None) -> dict[str, str | None]:
+                  task: str = "causal-lm", sft: dict[str, Any] | None = None,
+                  nodes: int = 1) -> dict[str, str | None]:
     """Write the winner's files into `output`; returns {kind: file name or None}.
 
     training_args.json carries the DeepSpeed config inline, so
@@ -55,7 +55,8 @@ def export_config(config: TrialConfig, output: Path, *, on_cpu: bool, seed: int,
     output.mkdir(parents=True, exist_ok=True)
     write_atomically(output / ACCELERATE_FILE, yaml.safe_dump(
         accelerate_config(config, world_size=world_size, on_cpu=on_cpu,
-                          deepspeed_file=str((output / DEEPSPEED_FILE).resolve())),
+                          deepspeed_file=str((output / DEEPSPEED_FILE).resolve()),
+                          nodes=nodes),
         sort_keys=False))
     model_path, loading = output / MODEL_KWARGS_FILE, model_kwargs(config)
     quant_path, quantized = output / QUANTIZATION_FILE, loading.get("quantization_config")
@@ -107,6 +108,7 @@ def write_outputs(summary: Summary, output: Path, spec: Spec, *, on_cpu: bool) -
             summary.best.config, output, on_cpu=on_cpu, seed=spec.search.seed,
             world_size=spec.world_size, task=spec.model.task,
             lora=spec.model.lora.model_dump() if spec.model.lora else None,
-            sft=sft_fields_for(spec, summary.best.config))
+            sft=sft_fields_for(spec, summary.best.config),
+            nodes=int(summary.device.get("nodes") or 1))
     summary.write(output)
     write_report(output)

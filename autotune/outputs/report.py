@@ -86,6 +86,15 @@ def _title(summary: Summary) -> str:
     count = device.get("count") or 1
     where = f"{count}× {device.get('name', 'device')}" if count > 1 else device.get(
         "name", "device")
+    nodes = int(device.get("nodes") or 1)
+    if nodes > 1:
+        each = count // nodes
+        where = f"{nodes} nodes × {f'{each}× ' if each > 1 else ''}{device.get('name', 'device')}"
+    links = device.get("links") or {}
+    said = [f"{links['intra']} inside" if links.get("intra") and count // nodes > 1 else "",
+            f"{links['inter']} between" if links.get("inter") and nodes > 1 else ""]
+    if any(said):
+        where += f" ({', '.join(s for s in said if s)})"
     return f"{model} on {where}"
 
 
@@ -343,7 +352,14 @@ def exports_of(summary: Summary) -> list[tuple[str, str]]:
     if ex.get("deepspeed"):
         out.append((ex["deepspeed"], f"python train.py ... --deepspeed {ex['deepspeed']}\n"
                     "# or: deepspeed train.py ... / accelerate launch ... with the same flag"))
-    if ex.get("accelerate"):
+    nodes = int(summary.device.get("nodes") or 1)
+    if ex.get("accelerate") and nodes > 1:
+        from autotune.trials.trainargs import launch_commands
+
+        out.append((ex["accelerate"], "\n".join(
+            [f"# {nodes} machines: on each, its own rank (rank 0's node's address filled in)",
+             *launch_commands(summary.world_size, nodes, ex["accelerate"])])))
+    elif ex.get("accelerate"):
         out.append((ex["accelerate"], f"accelerate launch --config_file {ex['accelerate']} "
                     "train.py ...\n# DeepSpeed (from ds_config.json) or FSDP inside it"))
     if ex.get("model"):

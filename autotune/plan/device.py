@@ -32,6 +32,12 @@ class DeviceSpec:
     # A CPU with bf16 instructions (AVX512-BF16 or AMX): bf16 runs fast there, not only
     # runs. On GPUs the compute capability says it.
     native_bf16: bool = False
+    # The nodes one trial's ranks span (count is then all of them): collectives that cross
+    # a node run over the network, an order of magnitude slower than NVLink inside one.
+    nodes: int = 1
+    # How the ranks are linked, as far as the probe could read it: {"intra": "NVLink"|
+    # "PCIe", "inter": "InfiniBand 400 Gb/s"|"Ethernet 100 Gb/s"|...}; for the report.
+    links: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def is_cuda(self) -> bool:
@@ -144,12 +150,61 @@ def local_device(gpu_index: int = 0) -> DeviceSpec:
         cc = (props.major, props.minor)
         key = _match_known(props.name)
         flops = dict(KNOWN_DEVICES[key][2]) if key else {}
-        return DeviceSpec(props.name, "cuda", props.total_memory, cc,
-                          torch.cuda.device_count(), flops)
+        count = torch.cuda.device_count()
+        link = gpu_link() if count > 1 else None
+        return DeviceSpec(props.name, "cuda", props.total_memory, cc, count, flops,
+                          links={"intra": link} if link else {})
     import psutil
 
     return DeviceSpec("cpu", "cpu", psutil.virtual_memory().total, None, 1, {},
                       native_bf16=cpu_has_native_bf16())
+
+
+def gpu_link() -> str | None:
+    """How this node's GPUs reach each other, from `nvidia-smi topo -m` ("NV12" entries are
+    NVLink); None with fewer than two GPUs or without nvidia-smi."""
+    import shutil
+    import subprocess
+
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True,
+                             timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    rows = [line.split() for line in out.splitlines() if line.startswith("GPU")]
+    if len(rows) < 2:
+        return None
+    cells = {c for row in rows for c in row[1:len(rows) + 1] if c != "X"}
+    return "NVLink" if any(c.startswith("NV") for c in cells) else "PCIe"
+
+
+def network_link(root: str = "/sys/class") -> str | None:
+    """The fastest way off this node, as the kernel lists it: an InfiniBand (or RoCE) port's
+    rate, else the fastest Ethernet interface's speed; None where nothing says."""
+    from pathlib import Path
+
+    best: tuple[float, str] | None = None
+    for rate in sorted(Path(root, "infiniband").glob("*/ports/*/rate")):
+        try:  # "400 Gb/sec (4X NDR)"
+            gbps = float(rate.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+        if best is None or gbps > best[0]:
+            best = (gbps, f"InfiniBand {gbps:g} Gb/s")
+    if best:
+        return best[1]
+    for speed in sorted(Path(root, "net").glob("*/speed")):
+        if speed.parent.name == "lo":
+            continue
+        try:  # Mb/s; -1 or unreadable for virtual interfaces
+            mbps = int(speed.read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if mbps > 0 and (best is None or mbps / 1000 > best[0]):
+            best = (mbps / 1000, f"Ethernet {mbps / 1000:g} Gb/s")
+    return best[1] if best else None
 
 
 def cpu_has_native_bf16() -> bool:

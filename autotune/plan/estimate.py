@@ -6,6 +6,7 @@ device can be one the user plans to rent (`--device A100-80GB`) or a bare limit.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,7 @@ class EstimateResult:
     rows: list[EstimateRow]
     pruned_by_rules: dict[str, str]
     limit_from: str = "the device's memory"  # where the limit came from, said beside it
+    world_size: int = 1  # ranks of one trial; the rows are per rank
 
     def largest_fitting(self) -> list[EstimateRow]:
         """Per family, the largest batch predicted to fit (or the smallest batch when none
@@ -64,6 +66,9 @@ def estimate(spec_or_path: Any, *, device: str | None = None,
     spec = load_spec(spec_or_path)
     device = device or spec.hardware.device
     dev = named_device(device, spec.world_size) if device else local_device()
+    nodes = spec.hardware.nodes_per_trial or 1
+    if nodes > 1:
+        dev = dataclasses.replace(dev, count=spec.world_size, nodes=nodes)
     shape = model_shape(spec)
     if shape is None:
         raise SpecError("model: estimate needs an architecture (model.config or "
@@ -91,7 +96,8 @@ def estimate(spec_or_path: Any, *, device: str | None = None,
     for cfg in space.candidates:
         est = model.predict(cfg)
         rows.append(EstimateRow(cfg, est, est.total_bytes <= limit))
-    return EstimateResult(shape, dev, int(limit), rows, space.pruned, limit_from)
+    return EstimateResult(shape, dev, int(limit), rows, space.pruned, limit_from,
+                          spec.world_size)
 
 
 _SHORT = {"weights": "weights", "quantized": "quant", "gradients": "grads",
@@ -115,6 +121,12 @@ def render_estimate(result: EstimateResult, console: Console, *, all_rows: bool 
                   f"attention {s.attn_implementation}")
     console.print(f"device {result.device.name}, limit {_gib(result.limit_bytes)} GiB per rank "
                   f"({result.limit_from})", highlight=False, soft_wrap=True)
+    ranks, nodes = result.world_size, result.device.nodes
+    if ranks > 1:
+        where = (f" over {nodes} nodes, {ranks // nodes} on each: a node's host memory is "
+                 f"{ranks // nodes}x the host column" if nodes > 1 else " on one node")
+        console.print(f"{ranks} ranks{where}; every figure is one rank's", highlight=False,
+                      soft_wrap=True)
     rows = result.rows if all_rows else result.largest_fitting()
     title = "every config" if all_rows else "largest batch predicted to fit, per family"
     # Below COMPONENTS_WIDTH columns the components would squeeze the labels to nothing:

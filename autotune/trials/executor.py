@@ -11,6 +11,7 @@ more, and is recorded `lost` if that fails too.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import ClusterError
-from autotune.plan.device import DeviceSpec, local_device, node_cpus
+from autotune.plan.device import DeviceSpec, gpu_link, local_device, network_link, node_cpus
 from autotune.records import LOST, Outcome
 from autotune.trials import reaper
 from autotune.trials.launch import run_trial
@@ -83,6 +84,26 @@ def _trial_task(request: dict) -> dict:
     return outcome.to_dict()
 
 
+def _address_task() -> tuple[str, int]:
+    """On the node of a multi-node trial's rank 0: where the ranks meet."""
+    import ray
+
+    from autotune.trials.launch import _free_port
+
+    return ray.util.get_node_ip_address(), _free_port()
+
+
+def _node_task(request: dict, node_rank: int, master: tuple[str, int]) -> dict:
+    """One node's ranks of a multi-node trial (launch.run_node), and which node it was."""
+    import ray
+
+    from autotune.trials.launch import run_node
+
+    report = run_node(TrialRequest(**request), node_rank, tuple(master))
+    report["node"] = ray.get_runtime_context().get_node_id()
+    return report
+
+
 def _probe_task() -> dict:
     """Runs on a node Ray picked for a trial: what the trials there will run on."""
     import socket
@@ -90,10 +111,13 @@ def _probe_task() -> dict:
     import ray
 
     dev = local_device()
+    links = {"intra": gpu_link(), "inter": network_link()} if dev.is_cuda else {
+        "inter": network_link()}
     return {"host": socket.gethostname(), "cpus": node_cpus(),
             "node": ray.get_runtime_context().get_node_id(), "device": {
         "name": dev.name, "kind": dev.kind, "memory_bytes": dev.memory_bytes,
-        "compute_capability": dev.compute_capability, "count": dev.count}}
+        "compute_capability": dev.compute_capability, "count": dev.count,
+        "links": {k: v for k, v in links.items() if v}}}
 
 
 @dataclass
@@ -103,6 +127,18 @@ class _InFlight:
     deadline: float
     tries: int = 1
     failures: list[str] = field(default_factory=list)  # infrastructure, before this try
+    # A trial whose ranks span nodes: its placement group, its nodes' tasks, their
+    # reports, and since when one of them has reported a failure.
+    group: Any = None
+    nodes: dict[Any, int] = field(default_factory=dict)  # task ref -> node rank
+    reports: dict[int, dict] = field(default_factory=dict)
+    failing_since: float | None = None
+
+
+# After one node of a multi-node trial reports a failure, the others' reports are awaited
+# this long (their ranks fail within seconds of a peer's, and the root cause among them
+# names the trial's: a rank's OOM over its peers' broken collectives), then cancelled.
+NODE_FAILURE_GRACE_S = 10.0
 
 
 class RayExecutor(Executor):
@@ -122,6 +158,7 @@ class RayExecutor(Executor):
         self.probe_node: str | None = None  # the Ray node the device was read on
         self.capacity, self.threads = 1, node_cpus()
         self.per_node = 1  # trials one node runs at once
+        self.nodes = 1  # nodes one trial's ranks span
         self._owns_ray = False
         self._reaper: subprocess.Popen | None = None
         self._remote: Any = None
@@ -198,12 +235,17 @@ class RayExecutor(Executor):
         it); for a cluster, connect and ask a node where trials will run."""
         gpus = self.spec.world_size
         if self.address is None:
+            if (self.spec.hardware.nodes_per_trial or 1) > 1:
+                raise ClusterError(f"hardware.nodes_per_trial: "
+                                   f"{self.spec.hardware.nodes_per_trial} nodes need a Ray "
+                                   "cluster: start one and give its address (--address)")
             self.device = local_device()
             self.per_node = per_node = self._slots(self.device, node_cpus())
             self.capacity, self.threads = per_node, max(1, node_cpus() // per_node)
             return self.device
         self._init()
-        info = self._probe(gpus)
+        self.nodes = self._nodes_per_trial()
+        info = self._probe(gpus // self.nodes)
         self.probe_node = info["node"]
         self.device = DeviceSpec(**info["device"] | {"compute_capability": tuple(
             info["device"]["compute_capability"]) if info["device"]["compute_capability"]
@@ -211,10 +253,61 @@ class RayExecutor(Executor):
         # The cores Ray gives the node, which its start may have set below what the
         # machine has (several nodes on one host, or cores kept for other work).
         cpus = self._node_cpus(info["node"]) or info["cpus"]
+        if self.nodes > 1:  # one trial's share on each of its nodes, a trial at a time
+            self.per_node, self.threads = 1, cpus
+            self.capacity = max(1, self._spread_slots() // self.nodes)
+            self.device = dataclasses.replace(self.device, count=self.spec.world_size,
+                                              nodes=self.nodes)
+            return self.device
         self.per_node = per_node = self._slots(self.device, cpus)
         self.threads = max(1, cpus // per_node)
         self.capacity = self._cluster_slots(per_node)
         return self.device
+
+    def _nodes_per_trial(self) -> int:
+        """The nodes a trial's ranks span: as said (hardware.nodes_per_trial), or the
+        fewest whose equal shares fit the nodes' GPUs (on a cluster of CPUs, a core per
+        rank); a request the cluster's nodes cannot hold fails here, naming what is
+        missing."""
+        import ray
+
+        world = self.spec.world_size
+        alive = [n for n in ray.nodes() if n.get("Alive")]
+        said = self.spec.hardware.nodes_per_trial
+        on_gpus = ray.cluster_resources().get("GPU", 0) > 0
+        # What one node can hold: its GPUs, or on a cluster of CPUs a rank per core.
+        held = sorted((int(n["Resources"].get("GPU" if on_gpus else "CPU", 0))
+                       for n in alive), reverse=True)
+        if said is None:
+            if not held or held[0] >= world:
+                return 1
+            said = next((k for k in range(2, world + 1) if world % k == 0
+                         and k <= len(held) and held[k - 1] >= world // k), None)
+            if said is None:
+                kind = "GPUs" if on_gpus else "ranks (a core each)"
+                raise ClusterError(
+                    f"hardware.gpus_per_trial: a trial needs {world} {kind}, and the "
+                    f"cluster's nodes have {', '.join(map(str, held)) or 'none'}: no split "
+                    "of its ranks into equal shares fits them")
+        share = world // said
+        fit = [n for n in alive if (int(n["Resources"].get("GPU", 0)) >= share if on_gpus
+                                    else n["Resources"].get("CPU", 0) >= 1)]
+        if len(fit) < said:
+            kind = f"{share} GPUs" if on_gpus else "a CPU"
+            raise ClusterError(f"hardware.nodes_per_trial: a trial spans {said} nodes with "
+                               f"{kind} each for its {share} ranks there, and the cluster has "
+                               f"{len(fit)} such node{'s' * (len(fit) != 1)}")
+        return said
+
+    def _spread_slots(self) -> int:
+        """Nodes that can hold one node's share of a multi-node trial."""
+        import ray
+
+        share = self.spec.world_size // self.nodes
+        on_gpus = self.device is not None and self.device.is_cuda
+        return sum(1 for n in ray.nodes() if n.get("Alive") and (
+            int(n["Resources"].get("GPU", 0)) >= share if on_gpus
+            else n["Resources"].get("CPU", 0) >= self.threads))
 
     def _slots(self, device: DeviceSpec, cpus: int) -> int:
         """Trials one node runs at once: its GPUs / gpus_per_trial, never two on one GPU;
@@ -268,11 +361,97 @@ class RayExecutor(Executor):
 
     # --- running ------------------------------------------------------------------------
     def _launch(self, flight: _InFlight) -> None:
-        gpus = self.spec.world_size if self.device and self.device.is_cuda else 0
-        task = self._remote.options(num_cpus=self.threads, num_gpus=gpus)
         # A trial may first wait up to its own limit for devices another search holds.
         flight.deadline = time.time() + 2 * self.timeout_s + GRACE_S
+        if self.nodes > 1:
+            self._launch_spread(flight)
+            return
+        gpus = self.spec.world_size if self.device and self.device.is_cuda else 0
+        task = self._remote.options(num_cpus=self.threads, num_gpus=gpus)
         self._refs[task.remote(vars(flight.request))] = flight
+
+    def _launch_spread(self, flight: _InFlight) -> None:
+        """A trial whose ranks span nodes: a placement group of one bundle per node (its
+        share of the GPUs and the node's cores), strictly spread; first the address its
+        ranks meet at, from rank 0's node, then each node's ranks (`_collect`)."""
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        gpus = (self.spec.world_size // self.nodes) if self.device.is_cuda else 0
+        bundle = {"CPU": self.threads} | ({"GPU": gpus} if gpus else {})
+        flight.group = placement_group([bundle] * self.nodes, strategy="STRICT_SPREAD")
+        flight.nodes, flight.reports, flight.failing_since = {}, {}, None
+        at0 = PlacementGroupSchedulingStrategy(flight.group, placement_group_bundle_index=0)
+        ref = ray.remote(_address_task).options(num_cpus=0, scheduling_strategy=at0).remote()
+        flight.nodes[ref] = -1  # the address, not a node's ranks
+        self._refs[ref] = flight
+
+    def _start_nodes(self, flight: _InFlight, master: tuple[str, int]) -> None:
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        gpus = (self.spec.world_size // self.nodes) if self.device.is_cuda else 0
+        task = ray.remote(max_retries=0)(_node_task)
+        for k in range(self.nodes):
+            at = PlacementGroupSchedulingStrategy(flight.group, placement_group_bundle_index=k)
+            ref = task.options(num_cpus=self.threads, num_gpus=gpus,
+                               scheduling_strategy=at).remote(vars(flight.request), k, master)
+            flight.nodes[ref] = k
+            self._refs[ref] = flight
+
+    def _end_spread(self, flight: _InFlight) -> None:
+        """Cancel what of a multi-node trial still runs (its ranks die with their tasks)
+        and remove its placement group, however the trial ended."""
+        import ray
+
+        for ref in [r for r, f in self._refs.items() if f is flight]:
+            ray.cancel(ref, force=True)
+            del self._refs[ref]
+        if flight.group is not None:
+            with contextlib.suppress(Exception):
+                ray.util.remove_placement_group(flight.group)
+            flight.group = None
+
+    def _collect(self, ref: Any, flight: _InFlight,
+                 done: list[tuple[int, Outcome]]) -> None:
+        """A multi-node trial's task ended: the address (start the nodes), or a node's
+        report (merge once all are in, or soon after one failed)."""
+        import ray
+
+
+        node_rank = flight.nodes.pop(ref)
+        try:
+            value = ray.get(ref)
+        except ray.exceptions.RayError as exc:  # a node, or its worker, died under it
+            self._end_spread(flight)
+            self._infrastructure(flight, f"Ray lost a node of the trial: {exc}", done)
+            return
+        if node_rank < 0:
+            self._start_nodes(flight, value)
+            return
+        if "lost" in value:  # its devices stayed held by another search
+            self._end_spread(flight)
+            self._infrastructure(flight, value["lost"], done)
+            return
+        flight.reports[node_rank] = value
+        failed = value["code"] != 0 or any(o.get("status") != "ok"
+                                           for o in value["ranks"].values())
+        if failed and flight.failing_since is None:
+            flight.failing_since = time.time()
+        if len(flight.reports) == self.nodes:
+            self._finish_spread(flight, done)
+
+    def _finish_spread(self, flight: _InFlight, done: list[tuple[int, Outcome]]) -> None:
+        from autotune.trials.launch import merge_nodes
+
+        self._end_spread(flight)
+        reports = [flight.reports[k] for k in sorted(flight.reports)]
+        outcome = merge_nodes(flight.request, reports)
+        outcome.extra["rank_nodes"] = {r["node_rank"]: r["node"] for r in reports}
+        if flight.failures:
+            outcome.extra["infrastructure_failures"] = flight.failures
+        done.append((flight.ticket, outcome))
 
     def submit(self, config: TrialConfig, *, training_args: dict | None = None,
                steps: int | None = None) -> int:
@@ -284,7 +463,7 @@ class RayExecutor(Executor):
         request = make_request(self.spec, config, on_cpu=not device.is_cuda, shape=self.shape,
                                memory_budget_bytes=self.budget, timeout_s=self.timeout_s,
                                cpu_threads=self.threads, steps=steps,
-                               node_trials=self.per_node)
+                               node_trials=self.per_node, nodes=self.nodes)
         if training_args is not None:
             request.training_args = training_args
         ticket, self._next = self._next, self._next + 1
@@ -302,10 +481,19 @@ class RayExecutor(Executor):
             # The task's own handler kills the trial's process group on interrupt.
             for ref in self._refs:
                 ray.cancel(ref, force=False)
+            for flight in {id(f): f for f in self._refs.values()}.values():
+                if flight.group is not None:
+                    with contextlib.suppress(Exception):
+                        ray.util.remove_placement_group(flight.group)
             raise
-        done = []
+        done: list[tuple[int, Outcome]] = []
         for ref in ready:
-            flight = self._refs.pop(ref)
+            flight = self._refs.pop(ref, None)
+            if flight is None:  # cancelled with its trial
+                continue
+            if flight.group is not None:
+                self._collect(ref, flight, done)
+                continue
             try:
                 outcome = Outcome.from_dict(ray.get(ref))
             except ray.exceptions.RayError as exc:  # the worker or its node died under it
@@ -318,10 +506,17 @@ class RayExecutor(Executor):
                 outcome.extra["infrastructure_failures"] = flight.failures
             done.append((flight.ticket, outcome))
         now = time.time()
+        for flight in {id(f): f for f in self._refs.values()}.values():
+            if flight.group is not None and flight.failing_since is not None and (
+                    now > flight.failing_since + NODE_FAILURE_GRACE_S):
+                self._finish_spread(flight, done)  # the nodes that did not report, cancelled
         for ref, flight in list(self._refs.items()):
-            if now > flight.deadline:  # the cluster never answered: bounded, not forever
-                ray.cancel(ref, force=True)
-                del self._refs[ref]
+            if ref in self._refs and now > flight.deadline:  # bounded, not forever
+                if flight.group is not None:
+                    self._end_spread(flight)
+                else:
+                    ray.cancel(ref, force=True)
+                    del self._refs[ref]
                 self._infrastructure(flight, "no answer from the cluster within the trial "
                                      f"limit plus {GRACE_S:.0f} s", done)
         return done
@@ -382,6 +577,12 @@ def _unreachable(address: str) -> str | None:
 
 def _connection_error(address: str | None, exc: Exception, attempts: int = 1) -> str:
     text = _reason(exc)
+    if address is None and "InvalidAuthToken" in str(exc):
+        # Seen when one Python process joined a cluster with RAY_AUTH_MODE=disabled, then
+        # started its own Ray (token authentication, Ray's default) with the variable gone.
+        return ("could not start an embedded Ray: its GCS refused this process's token. "
+                "Ray reads RAY_AUTH_MODE once per process: run the search in a new process, "
+                "or keep RAY_AUTH_MODE as it was when this process first used Ray")
     if "auth" in text.lower() or "token" in text.lower():
         return (f"--address {address}: the Ray cluster refused the connection: it uses token "
                 "authentication. Set RAY_AUTH_TOKEN to the cluster's token, or put it in "

@@ -87,7 +87,10 @@ def _child(job: dict[str, Any], channel: int) -> None:
         os.environ.clear()
         os.environ.update(job["env"])
         world = int(job.get("world_size", 1))
-        return _ranks(job, world) if world > 1 else _worker(job)
+        local = int(job.get("local_world", world))  # this node's share of a multi-node trial
+        if world > 1:
+            return _ranks(job, local, world, int(job.get("node_rank", 0)))
+        return _worker(job)
 
     _exit_with(become)
 
@@ -120,25 +123,29 @@ def _worker(job: dict[str, Any]) -> int:
     return worker.main(["worker", job["request"], job["result"]])
 
 
-def _rank(job: dict[str, Any], rank: int, world: int) -> int:
+def _rank(job: dict[str, Any], local_rank: int, local: int, world: int,
+          node_rank: int) -> int:
     die_with_parent()
-    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
-                       "LOCAL_WORLD_SIZE": str(world), "GROUP_RANK": "0",
-                       "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world)})
+    rank = node_rank * local + local_rank
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(local_rank),
+                       "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(local),
+                       "GROUP_RANK": str(node_rank), "ROLE_RANK": str(rank),
+                       "ROLE_WORLD_SIZE": str(world)})
     return _worker(job)
 
 
-def _ranks(job: dict[str, Any], world: int) -> int:
-    """torchrun's part for one node, forked: the ranks' environment (the rendezvous
-    address is the launcher's), then wait; a rank that fails (a rank's OOM exits non-zero
-    so that the others, blocked in a collective, are ended) takes the rest down, and its
-    status is the trial's: a rank killed by a signal, the leader dies of the same one."""
+def _ranks(job: dict[str, Any], local: int, world: int, node_rank: int = 0) -> int:
+    """torchrun's part for one node, forked: the `local` ranks of node `node_rank` of a
+    trial of `world` ranks (the rendezvous address is the launcher's, or rank 0's node's),
+    then wait; a rank that fails (a rank's OOM exits non-zero so that the others, blocked
+    in a collective, are ended) takes the rest down, and its status is the trial's: a rank
+    killed by a signal, the leader dies of the same one."""
     ranks: dict[int, int] = {}
-    for rank in range(world):
+    for local_rank in range(local):
         pid = os.fork()
         if pid == 0:
-            _exit_with(lambda rank=rank: _rank(job, rank, world))
-        ranks[pid] = rank
+            _exit_with(lambda r=local_rank: _rank(job, r, local, world, node_rank))
+        ranks[pid] = local_rank
     failed = 0
     while ranks:
         pid, status = os.wait()

@@ -46,11 +46,19 @@ def _free_port() -> int:
 
 
 def _command(request_path: Path, result_path: Path, world_size: int,
-             master_port: str) -> list[str]:
+             master_port: str, node: tuple[int, int, str] | None = None) -> list[str]:
+    """The cold command: the worker, or torchrun for ranks; `node`: (node rank, nodes,
+    rank 0's node's address) of a trial whose ranks span nodes."""
     worker = ["-m", "autotune.trials.worker", str(request_path), str(result_path)]
     if world_size == 1:
         return [sys.executable, *worker]
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world_size}",
+    if node is None:
+        return [sys.executable, "-m", "torch.distributed.run",
+                f"--nproc_per_node={world_size}", f"--master_port={master_port}", *worker]
+    node_rank, nodes, master = node
+    return [sys.executable, "-m", "torch.distributed.run",
+            f"--nproc_per_node={world_size // nodes}", f"--nnodes={nodes}",
+            f"--node_rank={node_rank}", f"--master_addr={master}",
             f"--master_port={master_port}", *worker]
 
 
@@ -62,7 +70,10 @@ def extensions_dir() -> str:
     return str(Path(sys.prefix) / "torch_extensions")
 
 
-def _environment(world_size: int, cpu_threads: int) -> dict[str, str]:
+def _environment(world_size: int, cpu_threads: int,
+                 master: tuple[str, int] | None = None) -> dict[str, str]:
+    """The trial's environment; `master`: rank 0's node's address and port, where the
+    ranks span nodes (`world_size` is then this node's share)."""
     env = dict(os.environ)
     # The CPU threads a real run of this config gets: the trial's share of the node's cores,
     # split over its ranks. Set explicitly, because Ray sets OMP_NUM_THREADS to the task's
@@ -71,7 +82,8 @@ def _environment(world_size: int, cpu_threads: int) -> dict[str, str]:
     env |= {"OMP_NUM_THREADS": per_rank, "MKL_NUM_THREADS": per_rank}
     # A single process still needs a process group for DeepSpeed; the ranks of several
     # get theirs from torchrun or the warm launcher, which rendezvous at this address.
-    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    host, port = master or ("127.0.0.1", _free_port())
+    env |= {"MASTER_ADDR": host, "MASTER_PORT": str(port)}
     if world_size == 1:
         env |= {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
     env.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
@@ -86,12 +98,14 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def _run_cold(request: TrialRequest, tmpdir: Path, env: dict[str, str]) -> tuple[int, bool]:
+def _run_cold(request: TrialRequest, tmpdir: Path, env: dict[str, str],
+              node_rank: int = 0) -> tuple[int, bool]:
     """(return code, timed out) of the trial as a new interpreter (torchrun for ranks)."""
+    node = (node_rank, request.nodes, env["MASTER_ADDR"]) if request.nodes > 1 else None
     with (tmpdir / "stderr.log").open("w") as log:
         proc = subprocess.Popen(
             _command(tmpdir / "request.json", tmpdir / "result.json", request.world_size,
-                     env["MASTER_PORT"]),
+                     env["MASTER_PORT"], node),
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=tmpdir,
             preexec_fn=forkserver.die_with_parent)
         timed_out = False
@@ -108,13 +122,17 @@ def _run_cold(request: TrialRequest, tmpdir: Path, env: dict[str, str]) -> tuple
     return proc.returncode, timed_out
 
 
-def _run_warm(request: TrialRequest, tmpdir: Path, env: dict[str, str]) -> tuple[int, bool]:
-    """(return code, timed out) of the trial forked from this process's warm launcher."""
+def _run_warm(request: TrialRequest, tmpdir: Path, env: dict[str, str],
+              node_rank: int = 0) -> tuple[int, bool]:
+    """(return code, timed out) of the trial forked from this process's warm launcher
+    (of this node's ranks, where they span nodes)."""
     with forkserver.borrowed(dict(os.environ)) as server:
         pid = server.start({"request": str(tmpdir / "request.json"),
                             "result": str(tmpdir / "result.json"),
                             "log": str(tmpdir / "stderr.log"), "cwd": str(tmpdir),
-                            "env": env, "world_size": request.world_size})
+                            "env": env, "world_size": request.world_size,
+                            "local_world": request.world_size // request.nodes,
+                            "node_rank": node_rank})
         try:
             code = server.wait(pid, request.timeout_s)
             if code is not None:
@@ -229,6 +247,64 @@ def _run_trial(request: TrialRequest) -> Outcome:
     outcome.extra["launch"] = "warm" if warm else "cold"
     if cold_because:
         outcome.extra["cold_because"] = cold_because
+    return outcome
+
+
+def run_node(request: TrialRequest, node_rank: int, master: tuple[str, int]) -> dict:
+    """One node's ranks of a trial whose ranks span nodes (the Ray task on that node runs
+    this), holding this node's share of the devices: what they reported, their exit
+    status and the log's tail, for the driver to merge with the other nodes' (merge_nodes)."""
+    local = request.world_size // request.nodes
+    want = trial_want(request.on_cpu, request.cpu_threads, local)
+    label = (f"autotune trial {TrialConfig.from_dict(request.config).label()} node "
+             f"{node_rank} (pid {os.getpid()})")
+    try:
+        with lease(want, timeout_s=request.timeout_s, label=label):
+            return _run_node(request, node_rank, master)
+    except LeaseTimeout as exc:
+        return {"node_rank": node_rank, "lost": str(exc)}
+
+
+def _run_node(request: TrialRequest, node_rank: int, master: tuple[str, int]) -> dict:
+    _sweep_once()
+    local = request.world_size // request.nodes
+    with tempfile.TemporaryDirectory(prefix=f"{TRIAL_DIR_PREFIX}{os.getpid()}-") as tmp:
+        tmpdir = Path(tmp)
+        (tmpdir / "request.json").write_text(request.to_json())
+        env = _environment(local, request.cpu_threads, master)
+        warm = os.environ.get("AUTOTUNE_COLD_TRIALS") != "1"
+        try:
+            code, timed_out = (_run_warm if warm else _run_cold)(request, tmpdir, env,
+                                                                   node_rank)
+        except RuntimeError:  # the warm launcher could not start or fork: go cold
+            warm = False
+            code, timed_out = _run_cold(request, tmpdir, env, node_rank)
+        log_path = tmpdir / "stderr.log"
+        tail = log_path.read_text(errors="replace")[-STDERR_TAIL_CHARS:] if (
+            log_path.is_file()) else ""
+        if not warm and code > 0:
+            code = _torchrun_root_cause(tail) or code
+        ranks = _rank_results(tmpdir / "result.json", request.world_size)
+    return {"node_rank": node_rank, "code": code, "timed_out": timed_out,
+            "ranks": {r: o.to_dict() for r, o in ranks.items()}, "log_tail": tail,
+            "launch": "warm" if warm else "cold"}
+
+
+def merge_nodes(request: TrialRequest, nodes: list[dict]) -> Outcome:
+    """The trial's outcome from its nodes' reports: every rank's outcome merged as one
+    node's are (a failure on any rank is the trial's), a node whose rank was killed by a
+    signal before it reported naming the trial's, the logs' tails side by side."""
+    ranks = {int(r): Outcome.from_dict(o) for n in nodes for r, o in n["ranks"].items()}
+    codes = [n["code"] for n in nodes]
+    code = next((c for c in codes if c < 0), next((c for c in codes if c), 0))
+    timed_out = any(n["timed_out"] for n in nodes)
+    tail = "\n".join(f"[node {n['node_rank']}] {n['log_tail'][-STDERR_TAIL_CHARS // 2:]}"
+                     for n in nodes if n["log_tail"])
+    if code < 0 and not timed_out and len(ranks) < request.world_size:
+        ranks = {}  # a rank killed first: the others' errors follow from it
+    outcome = _classify(code, timed_out, ranks, tail, request.timeout_s, request.world_size)
+    outcome.extra["launch"] = ",".join(sorted({n["launch"] for n in nodes}))
+    outcome.extra["nodes"] = len(nodes)
     return outcome
 
 

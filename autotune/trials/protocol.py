@@ -34,6 +34,7 @@ class TrialRequest:
     timeout_s: float = 600.0
     cpu_threads: int = 1  # the trial's share of the node's cores, all its ranks together
     world_size: int = 1
+    nodes: int = 1  # nodes its ranks span (world_size // nodes on each)
     on_cpu: bool = False  # which devices it leases (trials.lease)
     node_trials: int = 1  # trials its node runs at once, which share the node's RAM
     seed: int = 0
@@ -52,7 +53,7 @@ class TrialRequest:
 def make_request(spec: Spec, config: TrialConfig, *, on_cpu: bool, shape: dict | None,
                  memory_budget_bytes: int | None, timeout_s: float,
                  cpu_threads: int, steps: int | None = None,
-                 node_trials: int = 1) -> TrialRequest:
+                 node_trials: int = 1, nodes: int = 1) -> TrialRequest:
     """The request for one trial of `spec`, built in the driver; `steps` replaces the
     spec's timed steps (confirmation measures longer)."""
     seed = spec.search.seed
@@ -63,7 +64,7 @@ def make_request(spec: Spec, config: TrialConfig, *, on_cpu: bool, shape: dict |
         spec=dumped, config=config.to_dict(),
         training_args=trainer_kwargs(spec, config, on_cpu=on_cpu),
         shape=shape, memory_budget_bytes=memory_budget_bytes, timeout_s=timeout_s,
-        cpu_threads=cpu_threads, world_size=spec.world_size, on_cpu=on_cpu,
+        cpu_threads=cpu_threads, world_size=spec.world_size, nodes=nodes, on_cpu=on_cpu,
         node_trials=node_trials, seed=seed,
         import_paths=[p for p in (spec.base_dir, os.getcwd()) if p])
 

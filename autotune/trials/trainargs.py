@@ -81,6 +81,20 @@ def sft_fields_for(spec: Spec, config: TrialConfig) -> dict[str, Any] | None:
     return sft_fields(config, data, resolved_format(data))
 
 
+def launch_commands(world_size: int, nodes: int, accelerate_file: str) -> list[str]:
+    """For a run over several machines: per node, the `accelerate launch` and the
+    `torchrun` command lines (rank 0's node's address the user's to fill in)."""
+    out = []
+    for k in range(nodes):
+        out += [f"# node {k}",
+                f"accelerate launch --config_file {accelerate_file} --machine_rank {k} "
+                f"--main_process_ip {MAIN_NODE_PLACEHOLDER} train.py ...",
+                f"torchrun --nnodes {nodes} --nproc_per_node {world_size // nodes} "
+                f"--node_rank {k} --master_addr {MAIN_NODE_PLACEHOLDER} --master_port "
+                f"{MAIN_PORT} train.py ..."]
+    return out
+
+
 def sft_fields(config: TrialConfig, data: dict[str, Any], fmt: str) -> dict[str, Any]:
     """What an SFTConfig adds to the TrainingArguments kwargs (TRL's SFTTrainer tokenizes
     and collates itself): the sequence length, padding-free batching from its knob, no
@@ -143,16 +157,26 @@ def deepspeed_config(config: TrialConfig, *, world_size: int = 1) -> dict[str, A
     return ds
 
 
+# Where a multi-node config names rank 0's node: the user's to fill in (or to pass as
+# `accelerate launch --main_process_ip`).
+MAIN_NODE_PLACEHOLDER = "RANK0_NODE_ADDRESS"
+MAIN_PORT = 29500
+
+
 def accelerate_config(config: TrialConfig, *, world_size: int = 1, on_cpu: bool = False,
-                      deepspeed_file: str = "ds_config.json") -> dict[str, Any]:
+                      deepspeed_file: str = "ds_config.json",
+                      nodes: int = 1) -> dict[str, Any]:
     """An `accelerate launch --config_file` config for `config`: DeepSpeed (from the
     exported ds_config.json, which carries precision and batch itself) or FSDP inside it,
-    else plain data parallelism."""
+    else plain data parallelism; over `nodes` machines, each launched with its own
+    `--machine_rank` (and rank 0's node's address)."""
     out: dict[str, Any] = {
-        "compute_environment": "LOCAL_MACHINE", "machine_rank": 0, "num_machines": 1,
+        "compute_environment": "LOCAL_MACHINE", "machine_rank": 0, "num_machines": nodes,
         "num_processes": world_size, "main_training_function": "main",
         "rdzv_backend": "static", "same_network": True, "use_cpu": on_cpu,
     }
+    if nodes > 1:
+        out |= {"main_process_ip": MAIN_NODE_PLACEHOLDER, "main_process_port": MAIN_PORT}
     if config.zero_stage:
         out |= {"distributed_type": "DEEPSPEED", "deepspeed_config": {
             "deepspeed_config_file": deepspeed_file,

@@ -56,7 +56,8 @@ def fingerprint(spec: Spec, device: DeviceSpec, space: Space) -> str:
     them: the spec's model, data, target and measurement, the device, the space's
     contents and the measuring libraries' versions."""
     key = {"spec": spec.fingerprint(), "device": [device.name, device.kind, device.memory_bytes,
-                                                  device.compute_capability, device.count],
+                                                  device.compute_capability, device.count]
+           + ([device.nodes] if device.nodes > 1 else []),
            "space": space.choices(), "versions": _versions()}
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -204,7 +205,9 @@ def summarise(spec: Spec, device: DeviceSpec, limit: int, shape: ModelShape | No
     summary = Summary(
         model=learned.to_dict() if learned else {"name": spec.model.display_name()},
         device={"name": device.name, "kind": device.kind, "memory_bytes": device.memory_bytes,
-                "compute_capability": device.compute_capability, "count": device.count},
+                "compute_capability": device.compute_capability, "count": device.count,
+                "nodes": device.nodes, "gpus_per_node": device.count // device.nodes,
+                "links": dict(device.links)},
         memory_limit_bytes=limit, target_batch_size=spec.target_batch_size,
         world_size=spec.world_size, seq_len=spec.data.seq_len, trials=history,
         pruned_by_rules=pruned_by_rules, search=search_info,
