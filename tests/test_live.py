@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from rich.console import Console
 from typer.testing import CliRunner
@@ -123,3 +124,67 @@ def test_optuna_dashboard_opens_a_search_study(tmp_path):
     studies = json.loads(body)["study_summaries"]
     assert [s["study_name"] for s in studies] == ["autotune-abc"]
     assert Path(tmp_path / "study.db").is_file()
+
+
+def _read_pty(master: int, proc, timeout: float) -> str:
+    """Everything the process writes to its terminal until it exits."""
+    import os
+    import select
+    import time
+
+    chunks, deadline = [], time.time() + timeout
+    while time.time() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.5)
+        if ready:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # the other end closed: the process has gone
+                break
+            if not data:
+                break
+            chunks.append(data)
+        elif proc.poll() is not None:
+            break
+    return b"".join(chunks).decode(errors="replace")
+
+
+@pytest.mark.slow
+def test_a_search_in_a_terminal_shows_what_runs_and_the_best_so_far(tmp_path, tiny_spec):
+    """`autotune search` on a pseudo-terminal: the live block names the trial in flight and
+    the best so far while the search runs; through a pipe the same search writes its plain
+    lines, one per trial, and no live block."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    tiny_spec["search"] |= {"n_trials": 3, "confirm_repeats": 0}
+    spec = tmp_path / "model.yaml"
+    spec.write_text(yaml.safe_dump(tiny_spec))
+    master, slave = os.openpty()
+    env = os.environ | {"TERM": "xterm-256color", "COLUMNS": "160", "LINES": "50"}
+    env.pop("NO_COLOR", None)
+    proc = subprocess.Popen([sys.executable, "-m", "autotune", "search", str(spec)],
+                            stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True)
+    os.close(slave)
+    try:
+        raw = _read_pty(master, proc, timeout=600)
+        assert proc.wait(timeout=60) == 0, raw[-3000:]
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", raw)
+    assert re.search(r"running\s+b\d+x\d+ \S+ \S+.*\(baseline\), \d+ s", text), text[-3000:]
+    assert re.search(r"best\s+b\d+x\d+ .*Trainer's defaults so far", text), text[-3000:]
+    assert "done ·" in text
+
+    tiny_spec["output"] = str(tmp_path / "piped")
+    spec.write_text(yaml.safe_dump(tiny_spec))
+    piped = subprocess.run([sys.executable, "-m", "autotune", "search", str(spec)],
+                           capture_output=True, text=True, timeout=600,
+                           env={k: v for k, v in env.items() if k != "COLUMNS"})
+    assert piped.returncode == 0, piped.stderr[-3000:]
+    both = piped.stdout + piped.stderr
+    assert "\x1b[" not in both and "so far" not in both and "running b" not in both
+    assert re.search(r"^trial 0: b\d+x\d+ .*\(baseline\) ok", both, re.MULTILINE), both[-3000:]
