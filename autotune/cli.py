@@ -285,7 +285,8 @@ def search(
 def init(
     model: Annotated[str, typer.Argument(help="a model folder, a shape such as llama-8b or "
                                          "qwen2-1.5b, or a hub id")],
-    seq_len: Annotated[int, typer.Option(help="tokens per row")] = 1024,
+    seq_len: Annotated[int | None, typer.Option(help="tokens per row (default: 1024, or the "
+                                                     "model's positions where fewer)")] = None,
     target_batch: Annotated[int, typer.Option(help="effective batch per step")] = 32,
     device: Annotated[str | None, typer.Option(help='plan for a device, e.g. "A100-80GB" '
                                                     "(default: this machine's)")] = None,

@@ -52,6 +52,36 @@ def test_init_reads_a_local_folder_and_names_what_it_cannot_read(tmp_path):
     assert bad.exit_code == 2 and "llama comes in 1b, 3b, 8b, 70b" in bad.output
 
 
+@pytest.mark.slow
+def test_a_spec_from_init_on_a_saved_llama_folder_searches_as_written(tmp_path):
+    """A newcomer's path: a saved checkpoint folder (weights of 256 positions), `autotune
+    init` on it with no options, `autotune search` on what it wrote (fewer trials, to keep
+    the suite quick). The sequence length follows the model: init's 1024 once failed its
+    own spec check on such a model."""
+    import subprocess
+    import sys
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2,
+                                 vocab_size=128, max_position_embeddings=256)
+                     ).save_pretrained(tmp_path / "tiny-llama")
+    run = subprocess.run([sys.executable, "-m", "autotune", "init", "tiny-llama"],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    spec = yaml.safe_load((tmp_path / "model.yaml").read_text())
+    assert spec["data"]["seq_len"] == 256 and spec["model"]["name_or_path"].endswith(
+        "tiny-llama")
+    search = subprocess.run([sys.executable, "-m", "autotune", "search", "model.yaml",
+                             "--trials", "3"], capture_output=True, text=True, timeout=900,
+                            cwd=tmp_path)
+    assert search.returncode == 0, search.stdout[-3000:] + search.stderr[-3000:]
+    summary = json.loads((tmp_path / "runs" / "model" / "summary.json").read_text())
+    assert any(t["outcome"]["status"] == "ok" for t in summary["trials"])
+    assert summary["model"]["seq_len"] == 256
+
+
 def test_knobs_prints_what_a_device_allows_and_why_not_the_rest():
     run = CliRunner().invoke(app, ["knobs", "--device", "V100-16GB"], env={"COLUMNS": "200"})
     assert run.exit_code == 0, run.output

@@ -124,7 +124,10 @@ class InitPlan:
     configs: int
 
 
-def plan(model: str, *, seq_len: int = 1024, target_batch: int = 32,
+DEFAULT_SEQ_LEN = 1024
+
+
+def plan(model: str, *, seq_len: int | None = None, target_batch: int = 32,
          device: str | None = None, lora: bool = False, qlora: bool = False,
          output: str = "runs/autotune") -> InitPlan:
     """The spec for MODEL and what it found, reading the model's config only. `qlora`:
@@ -135,6 +138,8 @@ def plan(model: str, *, seq_len: int = 1024, target_batch: int = 32,
     from autotune.spec import load_spec
 
     section, source = model_section(model)
+    if seq_len is None:  # 1024, or fewer where the model has fewer positions
+        seq_len = _default_seq_len(section)
     if lora or qlora:
         section["lora"] = {"r": 16, "alpha": 32}
     spec: dict[str, Any] = {"model": section, "data": {"seq_len": seq_len},
@@ -157,6 +162,16 @@ def plan(model: str, *, seq_len: int = 1024, target_batch: int = 32,
                     {k: sorted(v, key=repr) for k, v in allowed.items() if len(v) > 1},
                     dict(result.pruned_by_rules), sum(r.fits for r in result.rows),
                     len(result.rows))
+
+
+def _default_seq_len(section: dict[str, Any]) -> int:
+    from autotune.plan.shape import load_hf_config, max_positions
+
+    try:
+        limit = max_positions(load_hf_config(section))
+    except Exception:  # noqa: BLE001 - the spec's own check names what is wrong
+        limit = None
+    return min(DEFAULT_SEQ_LEN, limit) if limit else DEFAULT_SEQ_LEN
 
 
 def render(p: InitPlan) -> str:
