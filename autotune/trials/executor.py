@@ -135,6 +135,13 @@ class _InFlight:
     failing_since: float | None = None
 
 
+def _holds(node: dict, share: int, on_gpus: bool, cpus: int) -> bool:
+    """Whether a Ray node can hold one node's share of a trial: `share` GPUs, or on a
+    cluster of CPUs `cpus` cores."""
+    res = node["Resources"]
+    return int(res.get("GPU", 0)) >= share if on_gpus else res.get("CPU", 0) >= cpus
+
+
 # After one node of a multi-node trial reports a failure, the others' reports are awaited
 # this long (their ranks fail within seconds of a peer's, and the root cause among them
 # names the trial's: a rank's OOM over its peers' broken collectives), then cancelled.
@@ -290,8 +297,7 @@ class RayExecutor(Executor):
                     f"cluster's nodes have {', '.join(map(str, held)) or 'none'}: no split "
                     "of its ranks into equal shares fits them")
         share = world // said
-        fit = [n for n in alive if (int(n["Resources"].get("GPU", 0)) >= share if on_gpus
-                                    else n["Resources"].get("CPU", 0) >= 1)]
+        fit = [n for n in alive if _holds(n, share, on_gpus, cpus=1)]
         if len(fit) < said:
             kind = f"{share} GPUs" if on_gpus else "a CPU"
             raise ClusterError(f"hardware.nodes_per_trial: a trial spans {said} nodes with "
@@ -305,9 +311,8 @@ class RayExecutor(Executor):
 
         share = self.spec.world_size // self.nodes
         on_gpus = self.device is not None and self.device.is_cuda
-        return sum(1 for n in ray.nodes() if n.get("Alive") and (
-            int(n["Resources"].get("GPU", 0)) >= share if on_gpus
-            else n["Resources"].get("CPU", 0) >= self.threads))
+        return sum(1 for n in ray.nodes() if n.get("Alive")
+                   and _holds(n, share, on_gpus, cpus=self.threads))
 
     def _slots(self, device: DeviceSpec, cpus: int) -> int:
         """Trials one node runs at once: its GPUs / gpus_per_trial, never two on one GPU;
@@ -400,9 +405,9 @@ class RayExecutor(Executor):
             flight.nodes[ref] = k
             self._refs[ref] = flight
 
-    def _end_spread(self, flight: _InFlight) -> None:
-        """Cancel what of a multi-node trial still runs (its ranks die with their tasks)
-        and remove its placement group, however the trial ended."""
+    def _end(self, flight: _InFlight) -> None:
+        """Cancel what of a trial still runs (its ranks die with their tasks) and remove
+        its placement group where it spans nodes, however the trial ended."""
         import ray
 
         for ref in [r for r, f in self._refs.items() if f is flight]:
@@ -424,14 +429,14 @@ class RayExecutor(Executor):
         try:
             value = ray.get(ref)
         except ray.exceptions.RayError as exc:  # a node, or its worker, died under it
-            self._end_spread(flight)
+            self._end(flight)
             self._infrastructure(flight, f"Ray lost a node of the trial: {exc}", done)
             return
         if node_rank < 0:
             self._start_nodes(flight, value)
             return
         if "lost" in value:  # its devices stayed held by another search
-            self._end_spread(flight)
+            self._end(flight)
             self._infrastructure(flight, value["lost"], done)
             return
         flight.reports[node_rank] = value
@@ -445,7 +450,7 @@ class RayExecutor(Executor):
     def _finish_spread(self, flight: _InFlight, done: list[tuple[int, Outcome]]) -> None:
         from autotune.trials.launch import merge_nodes
 
-        self._end_spread(flight)
+        self._end(flight)
         reports = [flight.reports[k] for k in sorted(flight.reports)]
         outcome = merge_nodes(flight.request, reports)
         outcome.extra["rank_nodes"] = {r["node_rank"]: r["node"] for r in reports}
@@ -512,11 +517,7 @@ class RayExecutor(Executor):
                 self._finish_spread(flight, done)  # the nodes that did not report, cancelled
         for ref, flight in list(self._refs.items()):
             if ref in self._refs and now > flight.deadline:  # bounded, not forever
-                if flight.group is not None:
-                    self._end_spread(flight)
-                else:
-                    ray.cancel(ref, force=True)
-                    del self._refs[ref]
+                self._end(flight)
                 self._infrastructure(flight, "no answer from the cluster within the trial "
                                      f"limit plus {GRACE_S:.0f} s", done)
         return done

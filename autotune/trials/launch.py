@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -211,42 +212,61 @@ def _sweep_once() -> None:
     sweep_orphans()
 
 
+@dataclass
+class _Ran:
+    """What one launch of a trial's ranks (all of them, or one node's) left behind."""
+    code: int
+    timed_out: bool
+    log_tail: str
+    ranks: dict[int, Outcome]
+    warm: bool
+    cold_because: str | None
+
+
+def _launch_ranks(request: TrialRequest, tmpdir: Path, env: dict[str, str],
+                  node_rank: int = 0) -> _Ran:
+    """Start the ranks (this node's, where they span nodes) from the warm launcher, cold
+    where it cannot start or fork, wait, and read what they wrote into `tmpdir`."""
+    (tmpdir / "request.json").write_text(request.to_json())
+    warm = os.environ.get("AUTOTUNE_COLD_TRIALS") != "1"
+    cold_because = None
+    try:
+        code, timed_out = (_run_warm if warm else _run_cold)(request, tmpdir, env, node_rank)
+    except RuntimeError as exc:  # the warm launcher could not start or fork: go cold
+        warm, cold_because = False, str(exc)[:200]
+        code, timed_out = _run_cold(request, tmpdir, env, node_rank)
+    log_path = tmpdir / "stderr.log"
+    log_tail = log_path.read_text(errors="replace")[-STDERR_TAIL_CHARS:] if (
+        log_path.is_file()) else ""
+    if not warm and request.world_size > 1 and code > 0:
+        code = _torchrun_root_cause(log_tail) or code
+    ranks = _rank_results(tmpdir / "result.json", request.world_size)
+    return _Ran(code, timed_out, log_tail, ranks, warm, cold_because)
+
+
 def _run_trial(request: TrialRequest) -> Outcome:
     started = time.time()
     host_share = _host_share(request)
     _sweep_once()
     with tempfile.TemporaryDirectory(prefix=f"{TRIAL_DIR_PREFIX}{os.getpid()}-") as tmp:
         tmpdir = Path(tmp)
-        (tmpdir / "request.json").write_text(request.to_json())
-        env = _environment(request.world_size, request.cpu_threads)
-        warm = os.environ.get("AUTOTUNE_COLD_TRIALS") != "1"
-        cold_because = None
-        try:
-            code, timed_out = _run_warm(request, tmpdir, env) if warm else _run_cold(
-                request, tmpdir, env)
-        except RuntimeError as exc:  # the warm launcher could not start or fork: go cold
-            warm, cold_because = False, str(exc)[:200]
-            code, timed_out = _run_cold(request, tmpdir, env)
-        log_path = tmpdir / "stderr.log"
-        log_tail = log_path.read_text(errors="replace")[-STDERR_TAIL_CHARS:] if (
-            log_path.is_file()) else ""
-        ranks = _rank_results(tmpdir / "result.json", request.world_size)
-        if not warm and request.world_size > 1 and code > 0:
-            code = _torchrun_root_cause(log_tail) or code
-        if code < 0 and not timed_out and len(ranks) < request.world_size:
+        ran = _launch_ranks(request, tmpdir, _environment(request.world_size,
+                                                          request.cpu_threads))
+        code, ranks = ran.code, ran.ranks
+        if code < 0 and not ran.timed_out and len(ranks) < request.world_size:
             # A rank killed by a signal failed first: the others' errors (a collective
             # torn down under them) follow from it and say nothing of the config.
             ranks = {}
-        outcome = _classify(code, timed_out, ranks, log_tail, request.timeout_s,
+        outcome = _classify(code, ran.timed_out, ranks, ran.log_tail, request.timeout_s,
                             request.world_size)
         if outcome.status == OOM and is_oom_signal(code) and not ranks:
             outcome = _host_pressure(outcome, _rss_growth(tmpdir / "result.json",
                                                           request.world_size),
                                      host_share, on_gpu=not request.on_cpu)
     outcome.wall_seconds = time.time() - started
-    outcome.extra["launch"] = "warm" if warm else "cold"
-    if cold_because:
-        outcome.extra["cold_because"] = cold_because
+    outcome.extra["launch"] = "warm" if ran.warm else "cold"
+    if ran.cold_because:
+        outcome.extra["cold_because"] = ran.cold_because
     return outcome
 
 
@@ -269,25 +289,11 @@ def _run_node(request: TrialRequest, node_rank: int, master: tuple[str, int]) ->
     _sweep_once()
     local = request.world_size // request.nodes
     with tempfile.TemporaryDirectory(prefix=f"{TRIAL_DIR_PREFIX}{os.getpid()}-") as tmp:
-        tmpdir = Path(tmp)
-        (tmpdir / "request.json").write_text(request.to_json())
-        env = _environment(local, request.cpu_threads, master)
-        warm = os.environ.get("AUTOTUNE_COLD_TRIALS") != "1"
-        try:
-            code, timed_out = (_run_warm if warm else _run_cold)(request, tmpdir, env,
-                                                                   node_rank)
-        except RuntimeError:  # the warm launcher could not start or fork: go cold
-            warm = False
-            code, timed_out = _run_cold(request, tmpdir, env, node_rank)
-        log_path = tmpdir / "stderr.log"
-        tail = log_path.read_text(errors="replace")[-STDERR_TAIL_CHARS:] if (
-            log_path.is_file()) else ""
-        if not warm and code > 0:
-            code = _torchrun_root_cause(tail) or code
-        ranks = _rank_results(tmpdir / "result.json", request.world_size)
-    return {"node_rank": node_rank, "code": code, "timed_out": timed_out,
-            "ranks": {r: o.to_dict() for r, o in ranks.items()}, "log_tail": tail,
-            "launch": "warm" if warm else "cold"}
+        ran = _launch_ranks(request, Path(tmp),
+                            _environment(local, request.cpu_threads, master), node_rank)
+    return {"node_rank": node_rank, "code": ran.code, "timed_out": ran.timed_out,
+            "ranks": {r: o.to_dict() for r, o in ran.ranks.items()}, "log_tail": ran.log_tail,
+            "launch": "warm" if ran.warm else "cold"}
 
 
 def merge_nodes(request: TrialRequest, nodes: list[dict]) -> Outcome:
