@@ -375,19 +375,10 @@ def _attention_applies(spec: Spec, attn: Any) -> str | None:
 def _model_class(spec: Spec) -> type | None:
     """The transformers class the spec's model is built with; None where not known (a
     factory, a config transformers cannot map)."""
-    from autotune.plan.shape import AUTO_CLASSES, load_hf_config
+    from autotune.plan.shape import model_class
 
-    try:
-        cfg = load_hf_config(spec.model.model_dump())
-        if cfg is None:
-            return None
-        import transformers
-
-        with _TRANSFORMERS_IMPORT:
-            auto = getattr(transformers, AUTO_CLASSES[spec.model.task])
-        return auto._model_mapping[type(cfg)]
-    except Exception:  # noqa: BLE001 - the spec's own checks report a broken model
-        return None
+    with _TRANSFORMERS_IMPORT:
+        return model_class(spec.model.model_dump())
 
 
 ATTENTION = Knob(

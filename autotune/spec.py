@@ -132,6 +132,11 @@ class ModelSpec(_Strict):
     It is what the attention knob's "auto" means; the space can search the knob."""
     lora: LoraSpec | None = None
     """Train LoRA adapters instead of every weight."""
+    weights: Literal["random", "checkpoint"] = "random"
+    """What a trial's model holds: random weights of the exact shape, made on the trial's
+    device by the model's own init (a dense model's step time does not depend on its
+    values; an MoE model keeps its checkpoint's routers), or `checkpoint`: name_or_path's
+    weights, read onto the device (the page cache serves every trial after the first)."""
 
     @field_validator("factory")
     @classmethod
@@ -164,6 +169,10 @@ class ModelSpec(_Strict):
             raise ValueError("give either name_or_path or config, not both")
         if not given and self.factory is None:
             raise ValueError("give one of name_or_path, config or factory")
+        if self.weights == "checkpoint" and (self.name_or_path is None or self.factory):
+            raise ValueError("weights: checkpoint reads model.name_or_path's weights; "
+                             + ("a factory builds its own" if self.factory
+                                else "an inline config has none (use weights: random)"))
         return self
 
     def display_name(self) -> str:
@@ -424,12 +433,14 @@ class Spec(_Strict):
         """What makes two searches comparable: the model, data and target, not the budget."""
         # Fields added later count only where set: a study made before them resumes.
         later = {"format": "auto", "completion_only_loss": False, "device": None,
-                 "trainer": "trainer", "nodes_per_trial": None}
+                 "trainer": "trainer", "nodes_per_trial": None, "weights": "random"}
         unset = object()
-        data = {k: v for k, v in self.data.model_dump().items() if later.get(k, unset) != v}
-        hw = {k: v for k, v in self.hardware.model_dump().items()
-              if later.get(k, unset) != v}
-        key = {"model": self.model.model_dump(), "data": data,
+
+        def given(section: BaseModel) -> dict[str, Any]:
+            return {k: v for k, v in section.model_dump().items() if later.get(k, unset) != v}
+
+        data, hw = given(self.data), given(self.hardware)
+        key = {"model": given(self.model), "data": data,
                "target": self.target_batch_size, "hw": hw,
                "space": self.search.space, "measure": self.measure.model_dump()}
         if self.trainer != later["trainer"]:

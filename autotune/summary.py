@@ -58,6 +58,8 @@ class ConfirmedConfig:
                    list(d.get("samples_per_second") or []), list(d.get("numbers") or []))
 
 
+# Where a trial's seconds go, in order (trials.worker.Phases): each outcome's "phases".
+PHASES = ("launch", "model", "engine", "warmup", "steps")
 BASELINE = "baseline"  # the reason of the baseline probe's trials
 RECIPE = "recipe"  # the reason of the recipe probe's trials
 
@@ -261,6 +263,28 @@ class Summary:
     def ooms(self) -> int:
         return sum(1 for t in self.trials if t.outcome.is_oom)
 
+    @property
+    def efficiency(self) -> float | None:
+        """Timed-step seconds over the search's wall seconds times the trials it could run
+        at once: the share of what the search cost that measured speed (the rest is
+        launching, building, engines, warm-up, the driver, pruned and failed trials)."""
+        wall, slots = self.search.get("wall_seconds"), self.search.get("slots") or 1
+        timed = [p.get("steps", 0.0) for t in self.trials if (p := t.outcome.extra.get(
+            "phases")) is not None]
+        if not wall or not timed:  # a summary from before trials said where time went
+            return None
+        return sum(timed) / (wall * slots)
+
+    def phase_medians(self) -> dict[str, float]:
+        """Per phase (PHASES), the median seconds over the trials that reached it."""
+        out = {}
+        for name in PHASES:
+            seen = [p[name] for t in self.trials if name in (p := t.outcome.extra.get(
+                "phases") or {})]
+            if seen:
+                out[name] = statistics.median(seen)
+        return out
+
     # --- the file ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         best, base = self.best, self.baseline
@@ -281,7 +305,7 @@ class Summary:
             "trials": [t.to_dict() for t in self.trials],
             "pruned_by_rules": self.pruned_by_rules,
             "search": self.search | {"trials_run": sum(t.counted for t in self.trials),
-                                     "ooms": self.ooms},
+                                     "ooms": self.ooms, "efficiency": self.efficiency},
             "exports": self.exports, "projection": self.projection,
         }
 

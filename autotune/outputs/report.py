@@ -294,7 +294,23 @@ def _search_fact(summary: Summary) -> Fact:
     ooms = sum(t.outcome.is_oom for t in searched)
     return Fact("Search", f"{len(searched)} trials", f"{ooms} OOM · {wall} wall"
                 + (f" · {again} confirmation run{'s' if again > 1 else ''} besides"
-                   if again else ""))
+                   if again else "") + _where_time_went(summary))
+
+
+PHASE_NAMES = {"launch": "launch", "model": "model", "engine": "engine",
+               "warmup": "warm-up", "steps": "timed steps"}
+
+
+def _where_time_went(summary: Summary) -> str:
+    """The search's efficiency (timed steps over its cost) and a trial's median phases."""
+    eff, phases = summary.efficiency, summary.phase_medians()
+    if eff is None and not phases:
+        return ""
+    text = f" · efficiency {eff:.0%} (timed steps over wall time)" if eff is not None else ""
+    if phases:
+        text += " · a trial's median: " + ", ".join(
+            f"{PHASE_NAMES[k]} {fmt_seconds(v)}" for k, v in phases.items())
+    return text
 
 
 # --- the trials table -------------------------------------------------------------------

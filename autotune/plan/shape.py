@@ -120,6 +120,21 @@ def load_hf_config(model: dict[str, Any]):
     return None
 
 
+def model_class(model: dict[str, Any]) -> type | None:
+    """The transformers class a spec's model section is built with (importing its
+    module); None where not known (a factory, a config transformers cannot map)."""
+    try:
+        cfg = load_hf_config(model)
+        if cfg is None:
+            return None
+        import transformers
+
+        auto = getattr(transformers, AUTO_CLASSES[model.get("task") or "causal-lm"])
+        return auto._model_mapping[type(cfg)]
+    except Exception:  # noqa: BLE001 - the spec's own checks report a broken model
+        return None
+
+
 def count_parameters(hf_config: Any, task: str = "causal-lm",
                      lora: dict[str, Any] | None = None) -> tuple[int, str, int | None, int,
                                                                   tuple[int, int]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import re
 import shutil
@@ -32,7 +33,13 @@ from autotune.records import CRASHED, ERROR, LOST, NAN, OOM, TIMEOUT, Outcome
 from autotune.trials import forkserver
 from autotune.trials.lease import LeaseTimeout, lease, trial_want
 from autotune.trials.oom import is_oom_message, is_oom_signal
-from autotune.trials.protocol import TrialRequest, rank_result_path, read_result, rss_path
+from autotune.trials.protocol import (
+    SPAWNED_AT,
+    TrialRequest,
+    rank_result_path,
+    read_result,
+    rss_path,
+)
 
 STDERR_TAIL_CHARS = 3000
 # A trial SIGKILLed below this share of its host memory (a CPU trial's budget, a GPU
@@ -127,7 +134,8 @@ def _run_warm(request: TrialRequest, tmpdir: Path, env: dict[str, str],
               node_rank: int = 0) -> tuple[int, bool]:
     """(return code, timed out) of the trial forked from this process's warm launcher
     (of this node's ranks, where they span nodes)."""
-    with forkserver.borrowed(dict(os.environ)) as server:
+    model = {forkserver.PRELOAD_MODEL: json.dumps(request.spec.get("model") or {})}
+    with forkserver.borrowed(dict(os.environ) | model) as server:
         pid = server.start({"request": str(tmpdir / "request.json"),
                             "result": str(tmpdir / "result.json"),
                             "log": str(tmpdir / "stderr.log"), "cwd": str(tmpdir),
@@ -223,6 +231,12 @@ class _Ran:
     cold_because: str | None
 
 
+def _spawning(env: dict[str, str]) -> dict[str, str]:
+    """`env` stamped with the moment the trial's process is started, from which the worker
+    counts its `launch` phase (interpreter or fork, imports)."""
+    return env | {SPAWNED_AT: repr(time.time())}
+
+
 def _launch_ranks(request: TrialRequest, tmpdir: Path, env: dict[str, str],
                   node_rank: int = 0) -> _Ran:
     """Start the ranks (this node's, where they span nodes) from the warm launcher, cold
@@ -231,10 +245,11 @@ def _launch_ranks(request: TrialRequest, tmpdir: Path, env: dict[str, str],
     warm = os.environ.get("AUTOTUNE_COLD_TRIALS") != "1"
     cold_because = None
     try:
-        code, timed_out = (_run_warm if warm else _run_cold)(request, tmpdir, env, node_rank)
+        code, timed_out = (_run_warm if warm else _run_cold)(request, tmpdir,
+                                                             _spawning(env), node_rank)
     except RuntimeError as exc:  # the warm launcher could not start or fork: go cold
         warm, cold_because = False, str(exc)[:200]
-        code, timed_out = _run_cold(request, tmpdir, env, node_rank)
+        code, timed_out = _run_cold(request, tmpdir, _spawning(env), node_rank)
     log_path = tmpdir / "stderr.log"
     log_tail = log_path.read_text(errors="replace")[-STDERR_TAIL_CHARS:] if (
         log_path.is_file()) else ""

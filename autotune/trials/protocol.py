@@ -24,6 +24,11 @@ if TYPE_CHECKING:
     from autotune.spec import Spec
 
 
+# The environment variable in which the launcher stamps when it started a trial's process
+# (time.time()), from which the worker counts its launch phase.
+SPAWNED_AT = "AUTOTUNE_SPAWNED_AT"
+
+
 @dataclass
 class TrialRequest:
     spec: dict[str, Any]  # Spec.model_dump(mode="json"): the worker validates it with Spec

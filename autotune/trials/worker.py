@@ -26,7 +26,13 @@ import psutil
 
 from autotune.records import ERROR, NAN, OK, OOM, Outcome
 from autotune.trials.gpu_memory import allocator_peaks, gpu_memory, record_history
-from autotune.trials.protocol import TrialRequest, rank_result_path, rss_path, write_result
+from autotune.trials.protocol import (
+    SPAWNED_AT,
+    TrialRequest,
+    rank_result_path,
+    rss_path,
+    write_result,
+)
 
 if TYPE_CHECKING:
     from autotune.config import TrialConfig
@@ -235,7 +241,7 @@ def _flops_per_token(n_params: int, shape: dict) -> float:
 def run(request: TrialRequest, result_path: str) -> Outcome:
     started = time.time()
     import torch
-    from transformers import Trainer, TrainingArguments, set_seed
+    from transformers import Trainer, set_seed
     from transformers.utils import logging as hf_logging
 
     from autotune.config import TrialConfig
@@ -248,6 +254,7 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
     from autotune.trials.oom import is_oom_exception
     from autotune.trials.trainargs import model_kwargs
 
+    clock = Phases()
     guard_build_locks()  # DeepSpeed loads its JIT ops in every trial: see build_lock.py
     hf_logging.set_verbosity_error()
     spec = Spec.model_validate(request.spec)  # the same validation the CLI ran
@@ -258,8 +265,10 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
     budget = request.memory_budget_bytes
     base_rss = _rss()
     shape = request.shape
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else (
+        torch.device("cpu"))
     if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
         if budget:
             total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
             torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total))
@@ -268,36 +277,50 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
     watch.start()
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     history = cuda and record_history(cfg.zero_stage)
+    timer = _step_timer(sync, spec.measure.warmup_steps, allocator_peaks if cuda else None)
+    extra: dict[str, Any] = {}
     try:
-        model = build_model(spec.model.model_dump(), model_kwargs(cfg))
-        if cfg.quantization != "none":
-            model = prepare_quantized(model)
-        if spec.model.lora is not None:
-            from autotune.trials.lora import with_lora
-
-            model = with_lora(model, spec.model.lora.model_dump(), spec.model.task)
-        if shape is None:
-            shape = _learned_shape(model, spec)
-            watch.shape = shape  # even an OOM trial teaches the search the model's size
         n_steps = spec.measure.warmup_steps + spec.measure.steps
         # Every rank gets b x gas micro-batch samples per step, for exactly n_steps steps.
         samples = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * n_steps
         samples *= world
         kwargs = request.training_args | TRIAL_ONLY | {
             "output_dir": str(Path.cwd() / "out"), "max_steps": n_steps}
-        timer = _step_timer(sync, spec.measure.warmup_steps,
-                            allocator_peaks if cuda else None)
-        if spec.trainer == "sft":
-            trainer, lengths = _sft_trainer(spec, model, kwargs, samples, timer)
-        else:
-            dataset = build_dataset(spec.model_dump(), model, samples, seed=request.seed)
-            lengths = dataset.lengths
-            extra_args = {"data_collator": _packing_collator()} if cfg.padding_free else {}
-            trainer = Trainer(model=model, args=TrainingArguments(**kwargs),
-                              train_dataset=dataset, callbacks=[timer], **extra_args)
-        micro_batches, tokens = _count_micro_batches(trainer, cfg.padding_free)
+        with clock.phase("engine"):
+            # Before the model: under ZeRO-3 its DeepSpeed config makes transformers build
+            # the model inside zero.Init, partitioned as it is made.
+            args = _arguments(spec, kwargs)
+            if cfg.zero_stage == 3:
+                _join_deepspeed(args)
+        with clock.phase("model"):
+            model, extra["model_build"] = build_model(spec.model.model_dump(),
+                                                      model_kwargs(cfg), device)
+            if cfg.quantization != "none":
+                model = prepare_quantized(model)
+            if spec.model.lora is not None:
+                from autotune.trials.lora import with_lora
+
+                model = with_lora(model, spec.model.lora.model_dump(), spec.model.task)
+        extra["model_build"] |= _held(model) | {
+            "host_peak_rss_bytes": max(0, _peak_rss() - base_rss)} | (
+            {"device_peak_bytes": torch.cuda.max_memory_allocated()} if cuda else {})
+        if shape is None:
+            shape = _learned_shape(model, spec)
+            watch.shape = shape  # even an OOM trial teaches the search the model's size
+        with clock.phase("engine"):
+            if spec.trainer == "sft":
+                trainer, lengths = _sft_trainer(spec, model, args, samples, timer)
+            else:
+                dataset = build_dataset(spec.model_dump(), model, samples, seed=request.seed)
+                lengths = dataset.lengths
+                extra_args = {"data_collator": _packing_collator()} if cfg.padding_free else {}
+                trainer = Trainer(model=model, args=args, train_dataset=dataset,
+                                  callbacks=[timer], **extra_args)
+            micro_batches, tokens = _count_micro_batches(trainer, cfg.padding_free)
+        clock.mark_engine_until(timer)  # Trainer.train() up to its first step is the engine's
         trainer.train()
         outcome = _measure(timer, spec, cfg, world, model, trainer, tokens)
+        outcome.extra |= extra
         outcome.extra["micro_batches"] = micro_batches
         if lengths:  # the rows' real tokens: what padding and packing are judged on
             outcome.extra["lengths"] = lengths
@@ -310,18 +333,20 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
         if fallback:  # measured, but not the config asked for: never a figure for it
             outcome = Outcome(ERROR, error=fallback, extra=outcome.extra)
     except SetupError as exc:  # no config avoids it: the search stops on it
-        outcome = Outcome(ERROR, error=str(exc), extra={"setup_field": exc.field,
-                                                        "setup_message": exc.message})
+        outcome = Outcome(ERROR, error=str(exc), extra=extra | {
+            "setup_field": exc.field, "setup_message": exc.message})
     except Exception as exc:  # noqa: BLE001 - every failure becomes an outcome
         tail = "".join(traceback.format_exception(exc)).splitlines()[-ERROR_TAIL_LINES:]
-        outcome = Outcome(OOM if is_oom_exception(exc) else ERROR, error="\n".join(tail))
+        outcome = Outcome(OOM if is_oom_exception(exc) else ERROR, error="\n".join(tail),
+                          extra=extra)
     outcome.shape = shape
     outcome.wall_seconds = time.time() - started
-    outcome.extra |= {"started_at": started, "ended_at": time.time()}
+    outcome.extra |= {"started_at": started, "ended_at": time.time(),
+                      "phases": clock.seconds(timer, spec.measure.warmup_steps)}
     if cuda:
-        peak, extra = gpu_memory(torch.cuda.current_device(), history, cfg.label())
+        peak, more = gpu_memory(torch.cuda.current_device(), history, cfg.label())
         outcome.peak_memory_bytes = peak
-        outcome.extra |= extra
+        outcome.extra |= more
     else:
         outcome.peak_memory_bytes = max(0, _peak_rss() - base_rss)
     if budget and (outcome.peak_memory_bytes or 0) > budget and outcome.ok:
@@ -335,11 +360,74 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
     return outcome
 
 
-def _sft_trainer(spec, model, kwargs: dict, samples: int, timer):
+class Phases:
+    """Where a trial's seconds went: `launch` (from the launcher's start of the process to
+    its imports done), `model` (built, quantized, adapters added), `engine` (the
+    TrainingArguments, data, Trainer, and train() up to its first step: the optimizer and
+    DeepSpeed's engine), `warmup` (the untimed steps, compilation included) and `steps`
+    (the timed window). Only the phases the trial reached are given."""
+
+    def __init__(self) -> None:
+        self.ready = time.time()
+        self.spent: dict[str, float] = {}
+        self._engine_from: float | None = None
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        begun = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.spent[name] = self.spent.get(name, 0.0) + time.perf_counter() - begun
+
+    def mark_engine_until(self, timer) -> None:
+        """From now to the step timer's first mark (Trainer's on_train_begin, after the
+        optimizer and any DeepSpeed engine are made) is the engine's too."""
+        self._engine_from = time.perf_counter()
+
+    def seconds(self, timer, warmup: int) -> dict[str, float]:
+        out: dict[str, float] = {}
+        spawned = os.environ.get(SPAWNED_AT)
+        if spawned:
+            out["launch"] = max(0.0, self.ready - float(spawned))
+        out |= {k: self.spent[k] for k in ("model", "engine") if k in self.spent}
+        marks = timer.marks
+        if self._engine_from is not None and marks:
+            out["engine"] = out.get("engine", 0.0) + marks[0] - self._engine_from
+        if len(marks) > warmup:
+            out["warmup"] = marks[warmup] - marks[0]
+        if len(marks) > warmup + 1:
+            out["steps"] = marks[-1] - marks[warmup]
+        return {k: round(v, 4) for k, v in out.items()}
+
+
+def _join_deepspeed(args) -> None:
+    """The process group, joined by DeepSpeed's comm layer, before the model is built:
+    zero.Init partitions over its ranks (and counts none without it). Trainer would join
+    it later anyway; on CPU TrainingArguments sets up plain gloo ranks and leaves
+    DeepSpeed's layer to the engine."""
+    import deepspeed
+
+    args.device  # noqa: B018 - TrainingArguments sets up the devices and process group
+    deepspeed.init_distributed()
+
+
+def _arguments(spec, kwargs: dict):
+    """The spec's trainer's arguments: TrainingArguments, or TRL's SFTConfig."""
+    if spec.trainer == "sft":
+        from trl import SFTConfig
+
+        return SFTConfig(**kwargs)
+    from transformers import TrainingArguments
+
+    return TrainingArguments(**kwargs)
+
+
+def _sft_trainer(spec, model, args, samples: int, timer):
     """TRL's SFTTrainer on the source's own rows (it renders, tokenizes and collates
     them), with the SFTConfig the driver built; and the rows' token lengths as it
     tokenized them."""
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTTrainer
 
     from autotune.errors import SetupError
     from autotune.trials.data import length_stats, load_tokenizer, sft_dataset
@@ -347,7 +435,7 @@ def _sft_trainer(spec, model, kwargs: dict, samples: int, timer):
     data = spec.data.model_dump()
     tok = load_tokenizer(data)
     try:
-        trainer = SFTTrainer(model=model, args=SFTConfig(**kwargs), callbacks=[timer],
+        trainer = SFTTrainer(model=model, args=args, callbacks=[timer],
                              train_dataset=sft_dataset(data, samples), processing_class=tok)
     except (ValueError, KeyError) as exc:  # TRL's word on the rows or the template
         raise SetupError("data", f"SFTTrainer refused the data: "
@@ -438,6 +526,18 @@ def _measure(timer, spec, cfg, world, model, trainer, tokens: list[int]) -> Outc
         NAN if bad else OK, error=bad, samples_per_second=samples_per_s,
         tokens_per_second=real_tokens_per_s, step_seconds=durations,
         timed_seconds=window, extra=extra)
+
+
+def _held(model) -> dict[str, int]:
+    """The bytes of parameters this rank holds after the build, and the model's whole: a
+    ZeRO-3 rank holds its partitions only (`ds_tensor`, the parameter itself emptied)."""
+    held = whole = 0
+    for p in model.parameters():
+        size = p.element_size()
+        part = getattr(p, "ds_tensor", None)
+        held += part.numel() * part.element_size() if part is not None else p.numel() * size
+        whole += (getattr(p, "ds_numel", 0) or p.numel()) * size
+    return {"held_parameter_bytes": held, "parameter_bytes": whole}
 
 
 def _parameters(model) -> int:

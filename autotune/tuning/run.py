@@ -178,7 +178,7 @@ def _search(spec: Spec, shape: ModelShape | None, space_file: Space, device: Dev
         # Whatever finished is written, even when the search was interrupted or stopped.
         search_info = {"wall_seconds": log.add_wall_seconds(time.time() - started),
                        "study_name": study_name, "storage": storage,
-                       "sampler": spec.search.sampler}
+                       "sampler": spec.search.sampler, "slots": executor.capacity}
         summary = summarise(spec, device, limit, shape, history, space.pruned, search_info)
         from autotune.outputs.export import write_outputs
 

@@ -1,0 +1,182 @@
+"""A trial's model at real size: built on its device by the model's own init, a 4-bit base
+quantized there a block at a time, nothing written to disk; a checkpoint's weights when
+asked; an MoE model's routers kept; a ZeRO-3 rank holding its partitions only."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, set_seed
+
+from autotune.config import TrialConfig
+from autotune.knobs import quantization_config
+from autotune.trials.launch import run_trial
+from autotune.trials.model_builder import build_model, nf4_on_cpu
+from tests.conftest import trial_request
+
+LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 176,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "vocab_size": 256, "max_position_embeddings": 128, "tie_word_embeddings": True}
+NF4 = {"quantization_config": quantization_config("nf4", "bf16")}
+
+
+def _build(model: dict, loading: dict | None = None, seed: int = 0):
+    set_seed(seed)
+    return build_model(model, loading, "cpu")
+
+
+def test_random_weights_are_the_models_own_init_on_the_device():
+    model, how = _build({"config": LLAMA})
+    assert how["weights"] == "random" and how["device"] == "cpu"
+    reference = AutoModelForCausalLM.from_config(AutoConfig.for_model(**LLAMA))
+    ours, theirs = dict(model.named_parameters()), dict(reference.named_parameters())
+    assert {k: (v.shape, v.dtype) for k, v in ours.items()} == {
+        k: (v.shape, v.dtype) for k, v in theirs.items()}
+    for name, p in ours.items():
+        assert p.device.type == "cpu" and torch.isfinite(p).all(), name
+    layer = model.model.layers[0]
+    assert torch.equal(layer.input_layernorm.weight, torch.ones(64))  # norms: ones
+    assert layer.mlp.up_proj.weight.std().item() == pytest.approx(0.02, rel=0.1)
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # tied as configured
+    assert torch.equal(model.model.rotary_emb.inv_freq, reference.model.rotary_emb.inv_freq)
+    ids = torch.randint(0, 256, (2, 16))
+    assert torch.isfinite(model(input_ids=ids, labels=ids).loss)
+
+
+def test_a_quantized_base_is_the_plain_build_quantized_with_nothing_written():
+    plain, _ = _build({"config": LLAMA})
+    quantized, how = _build({"config": LLAMA}, NF4)
+    assert how["quantized"] and how["disk_write_bytes"] == 0
+    assert quantized.is_loaded_in_4bit and quantized.hf_quantizer is not None
+    from bitsandbytes.functional import dequantize_4bit
+
+    packed = quantized.model.layers[1].self_attn.o_proj.weight
+    restored = dequantize_4bit(packed.data, packed.quant_state)
+    original = plain.model.layers[1].self_attn.o_proj.weight
+    # the same draw, one NF4 level off at most: the quantized base is the plain one's
+    assert torch.corrcoef(torch.stack([restored.flatten(), original.flatten()]))[0, 1] > 0.99
+    assert torch.equal(quantized.model.embed_tokens.weight, plain.model.embed_tokens.weight)
+
+
+def test_nf4_on_cpu_is_bitsandbytes_quantization():
+    from bitsandbytes.functional import dequantize_4bit
+    from bitsandbytes.nn import Params4bit
+
+    w = torch.empty(96, 80).normal_(0, 0.02)
+    for double in (True, False):
+        theirs = Params4bit(w.clone(), requires_grad=False, quant_type="nf4",
+                           compress_statistics=double).to("cpu")
+        ours = nf4_on_cpu(w, {"blocksize": 64, "compress_statistics": double,
+                              "quant_type": "nf4", "quant_storage": torch.uint8})
+        assert ours.data.shape == theirs.data.shape and ours.bnb_quantized
+        assert (ours.data != theirs.data).float().mean() < 1e-3  # bin edges only
+        assert torch.equal(ours.quant_state.absmax, theirs.quant_state.absmax)
+        apart = (dequantize_4bit(ours.data, ours.quant_state)
+                 - dequantize_4bit(theirs.data, theirs.quant_state)).abs()
+        assert (apart > 0).float().mean() < 1e-3 and apart.mean() < 1e-5
+    odd = torch.randn(7, 3)  # an odd count: the pad code is zero's, as bitsandbytes'
+    assert torch.equal(nf4_on_cpu(odd, {"compress_statistics": False}).data, Params4bit(
+        odd.clone(), requires_grad=False, quant_type="nf4",
+        compress_statistics=False).to("cpu").data)
+
+
+def test_an_nf4_base_built_on_the_device_trains_its_adapters():
+    from autotune.trials.lora import with_lora
+    from autotune.trials.model_builder import prepare_quantized
+
+    model, _ = _build({"config": LLAMA}, NF4)
+    model = with_lora(prepare_quantized(model), {"r": 8, "alpha": 16, "dropout": 0.0,
+                                                 "target_modules": "all-linear"}, "causal-lm")
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=1e-2)
+    ids = torch.randint(0, 256, (4, 16), generator=torch.Generator().manual_seed(0))
+    losses = []
+    for _ in range(5):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        assert all(torch.isfinite(p.grad).all() for p in trainable)
+        assert any(p.grad.abs().sum() > 0 for p in trainable)
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] - 0.05, losses
+
+
+def test_a_checkpoint_is_read_when_asked_and_an_inline_config_has_none(tmp_path):
+    from autotune.errors import SpecError
+    from autotune.spec import load_spec
+
+    set_seed(1)
+    saved = AutoModelForCausalLM.from_config(AutoConfig.for_model(**LLAMA))
+    saved.save_pretrained(tmp_path)
+    model, how = _build({"name_or_path": str(tmp_path), "weights": "checkpoint"})
+    assert how["weights"] == "checkpoint"
+    assert torch.equal(model.model.layers[0].mlp.up_proj.weight,
+                       saved.model.layers[0].mlp.up_proj.weight)
+    random, _ = _build({"name_or_path": str(tmp_path)})  # the default: random, same shape
+    assert not torch.equal(random.model.layers[0].mlp.up_proj.weight,
+                           saved.model.layers[0].mlp.up_proj.weight)
+    with pytest.raises(SpecError, match="weights: checkpoint"):
+        load_spec({"model": {"config": LLAMA, "weights": "checkpoint"}})
+
+
+def test_an_moe_model_keeps_its_checkpoints_routers(tmp_path):
+    moe = {"model_type": "mixtral", "hidden_size": 32, "intermediate_size": 64,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "vocab_size": 128, "num_local_experts": 4, "num_experts_per_tok": 2}
+    set_seed(2)
+    saved = AutoModelForCausalLM.from_config(AutoConfig.for_model(**moe))
+    saved.save_pretrained(tmp_path)
+    model, how = _build({"name_or_path": str(tmp_path)})
+    assert how["routing"].startswith("the checkpoint's routers")
+    routers = [n for n, _ in saved.named_parameters() if n.endswith("gate.weight")
+               and ".experts" not in n]
+    assert routers
+    ours, theirs = dict(model.named_parameters()), dict(saved.named_parameters())
+    for name in routers:
+        assert torch.equal(ours[name], theirs[name]), name
+    experts = next(n for n in theirs if ".experts" in n)
+    assert not torch.equal(ours[experts], theirs[experts])  # the experts stay random
+    _, inline = _build({"config": moe})
+    assert inline["routing"].startswith("random router")
+
+
+@pytest.mark.slow
+def test_random_weights_run_as_fast_as_the_checkpoints(tmp_path, tiny_spec):
+    """A dense model's step time does not depend on its values: trials of the same shape
+    from random weights and from the saved checkpoint, interleaved, within noise."""
+    shape = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 344,
+             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "vocab_size": 512, "max_position_embeddings": 128}
+    AutoModelForCausalLM.from_config(AutoConfig.for_model(**shape)).save_pretrained(tmp_path)
+    tiny_spec["measure"] = {"warmup_steps": 1, "steps": 4}
+    rates: dict[str, list[float]] = {"random": [], "checkpoint": []}
+    for _ in range(3):  # paired rounds: a burst of other work on the machine hits one pair
+        for weights in rates:
+            tiny_spec["model"] = {"name_or_path": str(tmp_path), "weights": weights}
+            request = trial_request(tiny_spec, TrialConfig(4, 4))
+            request.cpu_threads = 1  # one core: less exposed to what else runs
+            out = run_trial(request)
+            assert out.status == "ok", out.error
+            assert out.extra["model_build"]["weights"] == weights
+            rates[weights].append(out.samples_per_second)
+    ratios = [a / b for a, b in zip(rates["random"], rates["checkpoint"], strict=True)]
+    assert 0.75 < statistics.median(ratios) < 1.33, rates
+
+
+@pytest.mark.slow
+def test_a_zero3_rank_holds_its_partitions_only(tiny_spec):
+    tiny_spec["hardware"] = {"gpus_per_trial": 2}
+    tiny_spec["model"] = {"config": LLAMA | {"num_hidden_layers": 4, "hidden_size": 128,
+                                             "intermediate_size": 352}}
+    out = run_trial(trial_request(tiny_spec, TrialConfig.of(2, 4, zero_stage=3)))
+    assert out.status == "ok", out.error
+    built = out.extra["model_build"]
+    assert built["partitioned"] and out.extra["wrapped_as"] == "DeepSpeedEngine"
+    # each of two ranks holds half of every parameter (DeepSpeed pads a partition a little)
+    assert built["held_parameter_bytes"] < 0.55 * built["parameter_bytes"]
+    phases = out.extra["phases"]
+    assert set(phases) == {"launch", "model", "engine", "warmup", "steps"}
+    assert phases["steps"] == pytest.approx(out.timed_seconds, rel=0.05)
