@@ -88,7 +88,7 @@ def _bert_spec(rehearse: bool, out: Path, timeout_s: int = 60) -> dict:
             "data": {"seq_len": seq}, "target_batch_size": 16,
             "search": {"n_trials": 40, "timeout": f"{timeout_s}s",
                        "trial_timeout": "90s", "confirm_repeats": 3,
-                       "space": str(ROOT / "search_spaces" / "default.yaml")},
+                       "space": str(ROOT / "autotune" / "search_spaces" / "default.yaml")},
             "measure": {"warmup_steps": 2, "steps": 4}, "run": {"steps": 10000},
             "output": str(out / "bert-search")}
     if budget:
@@ -131,7 +131,7 @@ def _qlora_spec(rehearse: bool, out: Path, timeout_s: int) -> dict:
                       "lora": {"r": 16, "alpha": 32}},
             "data": {"seq_len": 2048}, "target_batch_size": 16,
             "search": {"n_trials": 40, "timeout": f"{timeout_s}s", "trial_timeout": "90s",
-                       "space": str(ROOT / "search_spaces" / "default.yaml")},
+                       "space": str(ROOT / "autotune" / "search_spaces" / "default.yaml")},
             "measure": {"warmup_steps": 2, "steps": 4}, "run": {"steps": 10000},
             "output": str(out / "qlora-search")}
 
