@@ -440,15 +440,15 @@ def landscape(out: Path, rehearse: bool) -> Path | None:
         rows.append(landscape_row(config, records[0].outcome,
                                   statistics.median(ok) if ok else None))
     device = summary.device
-    name = ("cpu-rehearsal-" if rehearse else "") + "gpt2-" + str(
-        device.get("name", "device")).lower().replace(" ", "-")
+    name = ("cpu-rehearsal-" if rehearse else "") + "gpt2-" + device.name.lower().replace(
+        " ", "-")
     meta = {"description": f"measured: the autotune search of benchmarks/gpu_proof.sh on "
-                           f"{device.get('name')}", "simulated": False,
+                           f"{device.name}", "simulated": False,
             "model": summary.model,
-            "device": {"name": device.get("name"),
+            "device": {"name": device.name,
                        "memory_gib": summary.memory_limit_bytes / 2**30,
-                       "device_memory_gib": (device.get("memory_bytes") or 0) / 2**30,
-                       "count": device.get("count", 1)},
+                       "device_memory_gib": device.memory_bytes / 2**30,
+                       "count": device.count},
             "world_size": summary.world_size,
             "target_effective_batch_size": summary.target_batch_size}
     return write_landscape(out / "landscape" / name, meta, rows)
