@@ -88,13 +88,12 @@ def test_the_wheel_carries_the_spaces_and_runs_from_the_installed_package(instal
                  "print(autotune.__file__); print(s.SPACES_DIR)").split()
     assert all(Path(p).is_relative_to(venv) for p in where), where
     assert {"default.yaml", "no-deepspeed.yaml"} <= {p.name for p in Path(where[1]).iterdir()}
-    # The bundled example, copied out of the checkout, through the API and the console script.
+    # The bundled example, copied out of the checkout (the search below runs the console
+    # script).
     shutil.copy(ROOT / "examples" / "tiny-gpt2.yaml", elsewhere / "tiny-gpt2.yaml")
-    rows = _run(installed, "python", "-c", "import autotune; r = autotune.estimate("
-                "'tiny-gpt2.yaml'); print(sum(r.fits for r in r.rows))")
-    assert int(rows) > 0, rows
-    assert "configs predicted to fit" in _run(installed, "autotune", "estimate",
-                                              "tiny-gpt2.yaml")
+    fitting = _run(installed, "python", "-c", "import autotune; r = autotune.estimate("
+                   "'tiny-gpt2.yaml'); print(sum(r.fits for r in r.rows))")
+    assert int(fitting) > 0, fitting
 
 
 def test_a_tiny_search_runs_from_the_installed_package(installed):
