@@ -1,5 +1,6 @@
-"""Search spaces: each knob's values from search_spaces/*.yaml, the derived accumulation,
-and the knob table's rules, which remove what cannot run before anything runs."""
+"""Search spaces: each knob's values from a space file (the package's own in
+autotune/search_spaces/*.yaml, or the user's), the derived accumulation, and the knob
+table's rules, which remove what cannot run before anything runs."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ if TYPE_CHECKING:
     from autotune.plan.device import DeviceSpec
     from autotune.spec import Spec
 
-SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
+# The spaces a spec names (`search.space: default`): package data, inside the package so
+# that an installed wheel has them too (pyproject.toml's package-data).
+SPACES_DIR = Path(__file__).resolve().parent / "search_spaces"
 
 
 @dataclass
@@ -99,7 +102,7 @@ def space_path(name_or_path: str) -> Path:
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in SPACES_DIR.glob("*.yaml")))
         raise SpecError(f"search.space: {name_or_path!r} is neither a file nor a space under "
-                        f"search_spaces/ (known: {known})")
+                        f"autotune/search_spaces/ (known: {known})")
     return path
 
 

@@ -283,7 +283,8 @@ class SearchSpec(_Strict):
     """How the search runs: its space, its budget, where its study is kept."""
 
     space: str = "default"
-    """A name under search_spaces/ or a path to a space YAML."""
+    """A space autotune carries (`default`, `no-deepspeed`: autotune/search_spaces/) or a
+    path to a space YAML of your own."""
     n_trials: int = Field(40, ge=1)
     """Trials to run in total (a resumed search counts the earlier ones)."""
     timeout: str | int = "30m"

@@ -13,9 +13,13 @@ from typing import Any
 from autotune.config import TrialConfig
 from autotune.errors import AutotuneError
 from autotune.files import write_atomically
+from autotune.plan.device import DeviceSpec
 from autotune.records import Record
 
 SUMMARY_FILE = "summary.json"
+# Written into the file's `search` for people reading it, derived from the trials: not
+# read back (the figures would go stale beside the trials they come from).
+DERIVED_SEARCH_KEYS = ("trials_run", "ooms", "efficiency")
 
 
 def autotune_version() -> str:
@@ -129,7 +133,7 @@ class Summary:
     """Everything a report needs, with no access to the search that made it."""
 
     model: dict[str, Any]  # the ModelShape's figures, or just a name for a factory model
-    device: dict[str, Any]  # name, kind, memory_bytes, compute_capability, count
+    device: DeviceSpec | None  # where the trials ran, whole; None: not known
     memory_limit_bytes: int
     target_batch_size: int
     world_size: int = 1
@@ -290,7 +294,7 @@ class Summary:
         best, base = self.best, self.baseline
         return {
             "autotune_version": self.autotune_version,
-            "model": self.model, "device": self.device,
+            "model": self.model, "device": self.device.to_dict() if self.device else None,
             "memory_limit_bytes": self.memory_limit_bytes,
             "target_batch_size": self.target_batch_size, "world_size": self.world_size,
             "seq_len": self.seq_len,
@@ -304,8 +308,9 @@ class Summary:
             "confirmation": self.confirmation.to_dict() if self.confirmation else None,
             "trials": [t.to_dict() for t in self.trials],
             "pruned_by_rules": self.pruned_by_rules,
-            "search": self.search | {"trials_run": sum(t.counted for t in self.trials),
-                                     "ooms": self.ooms, "efficiency": self.efficiency},
+            "search": self.search | {  # DERIVED_SEARCH_KEYS
+                "trials_run": sum(t.counted for t in self.trials), "ooms": self.ooms,
+                "efficiency": self.efficiency},
             "exports": self.exports, "projection": self.projection,
         }
 
@@ -313,13 +318,16 @@ class Summary:
     def from_dict(cls, d: dict[str, Any]) -> Summary:
         try:
             return cls(
-                model=dict(d.get("model") or {}), device=dict(d.get("device") or {}),
+                model=dict(d.get("model") or {}),
+                device=DeviceSpec.from_dict(d["device"]) if d.get("device") else None,
                 memory_limit_bytes=int(d.get("memory_limit_bytes") or 0),
                 target_batch_size=int(d.get("target_batch_size") or 0),
                 world_size=int(d.get("world_size") or 1), seq_len=d.get("seq_len"),
                 trials=[Record.from_dict(t) for t in d.get("trials") or []],
                 pruned_by_rules=dict(d.get("pruned_by_rules") or {}),
-                search=dict(d.get("search") or {}), exports=dict(d.get("exports") or {}),
+                search={k: v for k, v in (d.get("search") or {}).items()
+                        if k not in DERIVED_SEARCH_KEYS},
+                exports=dict(d.get("exports") or {}),
                 projection=dict(d.get("projection") or {}),
                 memory_components=d.get("memory_components"),
                 confirmation=Confirmation.from_dict(d["confirmation"])

@@ -88,7 +88,7 @@ def _bert_spec(rehearse: bool, out: Path, timeout_s: int = 60) -> dict:
             "data": {"seq_len": seq}, "target_batch_size": 16,
             "search": {"n_trials": 40, "timeout": f"{timeout_s}s",
                        "trial_timeout": "90s", "confirm_repeats": 3,
-                       "space": str(ROOT / "search_spaces" / "default.yaml")},
+                       "space": str(ROOT / "autotune" / "search_spaces" / "default.yaml")},
             "measure": {"warmup_steps": 2, "steps": 4}, "run": {"steps": 10000},
             "output": str(out / "bert-search")}
     if budget:
@@ -131,7 +131,7 @@ def _qlora_spec(rehearse: bool, out: Path, timeout_s: int) -> dict:
                       "lora": {"r": 16, "alpha": 32}},
             "data": {"seq_len": 2048}, "target_batch_size": 16,
             "search": {"n_trials": 40, "timeout": f"{timeout_s}s", "trial_timeout": "90s",
-                       "space": str(ROOT / "search_spaces" / "default.yaml")},
+                       "space": str(ROOT / "autotune" / "search_spaces" / "default.yaml")},
             "measure": {"warmup_steps": 2, "steps": 4}, "run": {"steps": 10000},
             "output": str(out / "qlora-search")}
 
@@ -440,15 +440,15 @@ def landscape(out: Path, rehearse: bool) -> Path | None:
         rows.append(landscape_row(config, records[0].outcome,
                                   statistics.median(ok) if ok else None))
     device = summary.device
-    name = ("cpu-rehearsal-" if rehearse else "") + "gpt2-" + str(
-        device.get("name", "device")).lower().replace(" ", "-")
+    name = ("cpu-rehearsal-" if rehearse else "") + "gpt2-" + device.name.lower().replace(
+        " ", "-")
     meta = {"description": f"measured: the autotune search of benchmarks/gpu_proof.sh on "
-                           f"{device.get('name')}", "simulated": False,
+                           f"{device.name}", "simulated": False,
             "model": summary.model,
-            "device": {"name": device.get("name"),
+            "device": {"name": device.name,
                        "memory_gib": summary.memory_limit_bytes / 2**30,
-                       "device_memory_gib": (device.get("memory_bytes") or 0) / 2**30,
-                       "count": device.get("count", 1)},
+                       "device_memory_gib": device.memory_bytes / 2**30,
+                       "count": device.count},
             "world_size": summary.world_size,
             "target_effective_batch_size": summary.target_batch_size}
     return write_landscape(out / "landscape" / name, meta, rows)

@@ -22,7 +22,9 @@ import yaml
 
 from autotune.config import TrialConfig
 from autotune.errors import ClusterError
+from autotune.space import build_space
 from autotune.spec import load_spec
+from autotune.summary import load_summary
 from autotune.trials.executor import CLIENT_INIT_ATTEMPTS, RayExecutor
 from tests.conftest import ours, study_names
 
@@ -669,6 +671,29 @@ def test_autotune_search_on_two_nodes_exports_a_two_machine_accelerate_config(
     assert accelerate["machine_rank"] == 0 and accelerate["main_process_ip"]
     report = (out / "report.md").read_text()
     assert "--machine_rank 1" in report and "--nnodes 2" in report
+
+
+def test_a_search_through_a_cluster_has_the_embedded_searchs_device_space_and_recipe(
+        open_cluster, tiny_spec, tmp_path):
+    """Found trying the cluster path: the probe copied the device field by field and
+    dropped its native bf16 (and a GPU's peak FLOP/s), so through `--address` the recipe
+    ran in fp32 on a CPU where an embedded search runs it in bf16."""
+    cluster = open_cluster.start(head_cpus=2)
+    tiny_spec["search"] |= {"n_trials": 2, "confirm_repeats": 0}
+    path = tmp_path / "model.yaml"
+    path.write_text(yaml.safe_dump(tiny_spec))
+    proc = subprocess.run([sys.executable, "-m", "autotune", "search", str(path),
+                           "--address", cluster.address], capture_output=True, text=True,
+                          timeout=600, env=cluster.env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = load_summary(tiny_spec["output"])
+    spec = load_spec(path)
+    embedded = RayExecutor(spec).discover()  # an embedded search's device (Ray not started)
+    assert summary.device.to_dict() == embedded.to_dict()  # every field, not only compared ones
+    assert summary.pruned_by_rules == build_space(spec, embedded).pruned
+    recipe = summary.recipe
+    assert recipe is not None, [(t.reason, t.outcome.error) for t in summary.trials]
+    assert recipe.config.precision == ("bf16" if embedded.native_bf16 else "fp32")
 
 
 def test_an_embedded_ray_refused_for_its_token_says_why_in_one_line():

@@ -153,7 +153,7 @@ def test_the_export_carries_the_seed_the_trials_ran_with(tmp_path):
     config = TrialConfig.of(4, 4)
     request = make_request(spec, config, on_cpu=True, shape=None, memory_budget_bytes=None,
                            timeout_s=60, cpu_threads=1)
-    summary = Summary(model={}, device={}, memory_limit_bytes=2**30, target_batch_size=16,
+    summary = Summary(model={}, device=None, memory_limit_bytes=2**30, target_batch_size=16,
                       trials=[Record(config, Outcome("ok", samples_per_second=1.0), "model", 0)])
     write_outputs(summary, tmp_path, spec, on_cpu=True)
     exported = json.loads((tmp_path / "training_args.json").read_text())

@@ -142,7 +142,7 @@ def test_confirmation_picks_the_winner_on_medians_with_an_interval():
     from autotune.summary import Confirmation, Summary
 
     def speedup_detail(confirmation) -> str:
-        summary = Summary(model={}, device={}, memory_limit_bytes=2**30, target_batch_size=16,
+        summary = Summary(model={}, device=None, memory_limit_bytes=2**30, target_batch_size=16,
                           world_size=1, seq_len=8, trials=history, confirmation=confirmation)
         return next(f for f in headline(summary) if f.label == "Speedup").detail
 
@@ -183,7 +183,7 @@ def test_a_baseline_that_trains_the_target_and_confirms_fastest_is_the_winner():
     c = confirm.summarise(history, 2, 8, 16)
     assert c.winner == searched[0].config
     assert (c.speedup, c.speedup_low, c.speedup_high) == (1.0, 1.0, 1.0)
-    summary = Summary(model={}, device={}, memory_limit_bytes=2**30, target_batch_size=16,
+    summary = Summary(model={}, device=None, memory_limit_bytes=2**30, target_batch_size=16,
                       world_size=1, seq_len=8, trials=history, confirmation=c)
     assert summary.best.config == searched[0].config
     fact = next(f for f in headline(summary) if f.label == "Speedup")
@@ -202,7 +202,7 @@ def test_a_budget_spent_on_the_baseline_probes_has_no_winner(tmp_path):
     probes = [_rec(0, "fp32", [], batch=14, reason="baseline", sps=28.0),
               _rec(1, "fp32", [], batch=12, reason="baseline", sps=27.0)]
     assert confirm.contenders(probes, 16) == []
-    summary = Summary(model={}, device={}, memory_limit_bytes=1, target_batch_size=16,
+    summary = Summary(model={}, device=None, memory_limit_bytes=1, target_batch_size=16,
                       world_size=1, seq_len=8, trials=probes)
     assert summary.best is None and "raise search.n_trials" in summary.no_winner_why
     assert headline(summary)[0].detail == summary.no_winner_why
@@ -233,7 +233,7 @@ def test_a_baseline_is_no_winner_in_place_of_contenders_whose_confirmation_faile
                                                    Outcome("ok", samples_per_second=19.5))])]
     c = confirm.summarise(history, 2, 8, 16)
     assert c is not None and c.winner is None and c.speedup is None
-    summary = Summary(model={}, device={}, memory_limit_bytes=1, target_batch_size=16,
+    summary = Summary(model={}, device=None, memory_limit_bytes=1, target_batch_size=16,
                       world_size=1, trials=history, confirmation=c)
     assert summary.best is None and "confirmation runs all failed" in summary.no_winner_why
     again = Summary.from_dict(summary.to_dict())
@@ -273,7 +273,7 @@ def test_a_baseline_that_runs_out_of_memory_in_a_longer_run_moves_down_its_chain
     assert row.config == TrialConfig.of(14, 1) and row.searched_number is None
     assert row.samples_per_second == [19.0, 19.5]
     assert c.speedup == pytest.approx(22.5 / 19.25)
-    summary = Summary(model={}, device={}, memory_limit_bytes=2**30, target_batch_size=16,
+    summary = Summary(model={}, device=None, memory_limit_bytes=2**30, target_batch_size=16,
                       world_size=1, seq_len=32, trials=history, confirmation=c)
     assert summary.baseline.config == TrialConfig.of(14, 1)
 
@@ -346,12 +346,12 @@ def test_a_loss_logged_summed_over_micro_batches_is_compared_at_its_scale():
     from autotune.outputs.report import headline
     from autotune.summary import Summary
 
-    summary = Summary(model={}, device={}, memory_limit_bytes=2**30, target_batch_size=16,
+    summary = Summary(model={}, device=None, memory_limit_bytes=2**30, target_batch_size=16,
                       world_size=1, seq_len=8, trials=[*history, summed])
     best = headline(summary)[0]
     assert best.value == summed.config.label()
     assert "summed over the 2 micro-batches" in best.detail
-    assert "summed" not in headline(Summary(model={}, device={}, memory_limit_bytes=2**30,
+    assert "summed" not in headline(Summary(model={}, device=None, memory_limit_bytes=2**30,
                                             target_batch_size=16, world_size=1, seq_len=8,
                                             trials=history))[0].detail
     # The model sums (a fact of the study): the best's own accumulation is what it sums

@@ -114,7 +114,7 @@ def test_a_recipe_that_confirms_fastest_is_the_winner_and_said_so():
     assert c.winner == searched[1].config and c.recipe_won
     assert c.vs_recipe == {"speedup": 1.0, "low": 1.0, "high": 1.0}
     assert c.speedup == pytest.approx(20.1 / 10.0) and c.speedup_low > 1.9
-    summary = Summary(model={}, device={}, memory_limit_bytes=2**30, target_batch_size=16,
+    summary = Summary(model={}, device=None, memory_limit_bytes=2**30, target_batch_size=16,
                       world_size=1, seq_len=8, trials=history, confirmation=c)
     assert summary.best.config == searched[1].config and summary.recipe.number == 1
     fact = next(f for f in headline(summary) if f.label == "Speedup")
@@ -166,7 +166,7 @@ def test_trainer_defaults_that_cannot_fit_cost_one_trial():
     recipe_runs = [r for r in history if r.reason == "recipe"]
     assert recipe_runs and recipe_runs[-1].outcome.ok
     assert recipe_runs[0].config.zero_stage > 0  # the first rung that fits 7B on a device
-    summary = Summary(model={}, device={}, memory_limit_bytes=ctx.memory_limit_bytes,
+    summary = Summary(model={}, device=None, memory_limit_bytes=ctx.memory_limit_bytes,
                       target_batch_size=land.target_batch_size, world_size=land.world_size,
                       trials=history)
     assert summary.defaults_do_not_fit and summary.baseline is None

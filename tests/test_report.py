@@ -29,6 +29,7 @@ from autotune.outputs.report import (
     write_report,
 )
 from autotune.outputs.report_plots import PANELS, pareto_front, shown_knobs
+from autotune.plan.device import DeviceSpec
 from autotune.records import Outcome, Record
 from autotune.summary import Summary, load_summary
 
@@ -109,8 +110,7 @@ def make_summary(kind: str = "normal") -> Summary:
         model={"name": "tiny-gpt2", "num_parameters": 1_234_567, "num_layers": 2,
                "hidden_size": 64, "num_attention_heads": 2, "vocab_size": 1000,
                "seq_len": 128, "causal_lm": True},
-        device={"name": "cpu", "kind": "cpu", "memory_bytes": 25_000_000_000,
-                "compute_capability": None, "count": 1},
+        device=DeviceSpec("cpu", "cpu", 25_000_000_000),
         memory_limit_bytes=2 * GiB, target_batch_size=64, world_size=1, seq_len=128,
         trials=trials,
         pruned_by_rules={"fp16": "fp16 needs CUDA", "tf32": "tf32 needs an Ampere GPU"},
@@ -202,16 +202,15 @@ def test_the_title_says_how_the_ranks_sit_and_are_linked() -> None:
     from autotune.outputs.report import _title
 
     summary = make_summary("normal")
-    spread = replace(summary, device={"name": "H100-80GB", "kind": "cuda", "count": 16,
-                                      "nodes": 2, "links": {"intra": "NVLink",
-                                                            "inter": "InfiniBand 400 Gb/s"}})
+    h100 = DeviceSpec("H100-80GB", "cuda", 80 * GiB, (9, 0))
+    spread = replace(summary, device=replace(h100, count=16, nodes=2, links={
+        "intra": "NVLink", "inter": "InfiniBand 400 Gb/s"}))
     assert _title(spread) == ("tiny-gpt2 on 2 nodes × 8× H100-80GB (NVLink inside, "
                               "InfiniBand 400 Gb/s between)")
-    one = replace(summary, device={"name": "H100-80GB", "kind": "cuda", "count": 8,
-                                   "nodes": 1, "links": {"intra": "NVLink",
-                                                         "inter": "Ethernet 100 Gb/s"}})
+    one = replace(summary, device=replace(h100, count=8, links={
+        "intra": "NVLink", "inter": "Ethernet 100 Gb/s"}))
     assert _title(one) == "tiny-gpt2 on 8× H100-80GB (NVLink inside)"
-    cpus = replace(summary, device={"name": "cpu", "kind": "cpu", "count": 2, "nodes": 2})
+    cpus = replace(summary, device=DeviceSpec("cpu", "cpu", 16 * GiB, count=2, nodes=2))
     assert _title(cpus) == "tiny-gpt2 on 2 nodes × cpu"
 
 
@@ -255,7 +254,7 @@ def test_load_summary_errors(tmp_path: Path) -> None:
 
 def test_missing_figures_never_crash(tmp_path: Path) -> None:
     """A bare factory model and a single trial that measured nothing."""
-    summary = Summary(model={"name": "m"}, device={}, memory_limit_bytes=0,
+    summary = Summary(model={"name": "m"}, device=None, memory_limit_bytes=0,
                       target_batch_size=64,
                       trials=[_trial(0, _config(8), Outcome("crashed"), "baseline")])
     md, html = write_report(write_summary(tmp_path, summary))

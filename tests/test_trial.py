@@ -331,6 +331,6 @@ def test_compile_is_charged_once_against_the_long_run():
     from autotune.summary import Summary
 
     rec = Record(TrialConfig.of(8, 8, torch_compile=True), steady, "model", 1)
-    summary = Summary(model={}, device={}, memory_limit_bytes=2**30, target_batch_size=64,
+    summary = Summary(model={}, device=None, memory_limit_bytes=2**30, target_batch_size=64,
                       seq_len=128, trials=[rec], projection={"steps": 900})
     assert projected_seconds(summary, rec) == pytest.approx(576 + 60)

@@ -109,6 +109,6 @@ def write_outputs(summary: Summary, output: Path, spec: Spec, *, on_cpu: bool) -
             world_size=spec.world_size, task=spec.model.task,
             lora=spec.model.lora.model_dump() if spec.model.lora else None,
             sft=sft_fields_for(spec, summary.best.config),
-            nodes=int(summary.device.get("nodes") or 1))
+            nodes=summary.device.nodes if summary.device else 1)
     summary.write(output)
     write_report(output)

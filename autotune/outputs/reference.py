@@ -153,9 +153,10 @@ def knobs_markdown() -> str:
     """docs/knobs.md: the knob table, device by device where the rules differ."""
     lines = [GENERATED, "", "# The knobs", "",
              "Every lever autotune searches, from its one row in `autotune/knobs.py`. A "
-             "search space (`search_spaces/*.yaml`) lists the values to search per knob; a "
-             "knob left out keeps Trainer's default. `autotune knobs [--device NAME]` prints "
-             "this for a device, with what its rules allow there.", "",
+             "search space (`autotune/search_spaces/*.yaml`, or a file of your own) lists the "
+             "values to search per knob; a knob left out keeps Trainer's default. `autotune "
+             "knobs [--device NAME]` prints this for a device, with what its rules allow "
+             "there.", "",
              "| knob | values | Trainer's default | sets | rules (what rules a value out) |",
              "| --- | --- | --- | --- | --- |"]
     for row in knob_rows():

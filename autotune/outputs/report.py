@@ -83,15 +83,14 @@ class Fact:
 def _title(summary: Summary) -> str:
     model = summary.model.get("name") or "model"
     device = summary.device
-    count = device.get("count") or 1
-    where = f"{count}× {device.get('name', 'device')}" if count > 1 else device.get(
-        "name", "device")
-    nodes = int(device.get("nodes") or 1)
+    if device is None:
+        return f"{model} on device"
+    name, count, nodes, each = device.name, device.count, device.nodes, device.per_node
+    where = f"{count}× {name}" if count > 1 else name
     if nodes > 1:
-        each = count // nodes
-        where = f"{nodes} nodes × {f'{each}× ' if each > 1 else ''}{device.get('name', 'device')}"
-    links = device.get("links") or {}
-    said = [f"{links['intra']} inside" if links.get("intra") and count // nodes > 1 else "",
+        where = f"{nodes} nodes × {f'{each}× ' if each > 1 else ''}{name}"
+    links = device.links
+    said = [f"{links['intra']} inside" if links.get("intra") and each > 1 else "",
             f"{links['inter']} between" if links.get("inter") and nodes > 1 else ""]
     if any(said):
         where += f" ({', '.join(s for s in said if s)})"
@@ -271,7 +270,7 @@ def _how(c: Any, ratio: tuple, name: str, won: bool, won_text: str) -> str:
 def _memory_fact(summary: Summary, best: Record | None) -> Fact:
     peak = known(best.outcome.peak_memory_bytes) if best else None
     limit = known(summary.memory_limit_bytes)
-    device = known(summary.device.get("memory_bytes"))
+    device = summary.device.memory_bytes if summary.device else None
     share = f"{peak / limit:.0%} of the {fmt_bytes(limit)} limit" if peak and limit else (
         f"limit {fmt_bytes(limit)}")
     return Fact("Peak memory", fmt_bytes(peak), f"{share} · device {fmt_bytes(device)}")
@@ -368,7 +367,7 @@ def exports_of(summary: Summary) -> list[tuple[str, str]]:
     if ex.get("deepspeed"):
         out.append((ex["deepspeed"], f"python train.py ... --deepspeed {ex['deepspeed']}\n"
                     "# or: deepspeed train.py ... / accelerate launch ... with the same flag"))
-    nodes = int(summary.device.get("nodes") or 1)
+    nodes = summary.device.nodes if summary.device else 1
     if ex.get("accelerate") and nodes > 1:
         from autotune.trials.trainargs import launch_commands
 

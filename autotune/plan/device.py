@@ -9,7 +9,9 @@ from __future__ import annotations
 import logging
 import os
 import re
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 from autotune.errors import SpecError
 
@@ -42,6 +44,31 @@ class DeviceSpec:
     @property
     def is_cuda(self) -> bool:
         return self.kind == "cuda"
+
+    @property
+    def per_node(self) -> int:
+        """Devices on each node a trial's ranks span (`count` is all of them)."""
+        return self.count // max(1, self.nodes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, as JSON has them: the one form a device travels in, from the node
+        that probed it to the driver and into summary.json. `gpus_per_node` is there for
+        people reading summary.json; being derived, `from_dict` ignores it."""
+        d = asdict(self)
+        cc = self.compute_capability
+        return d | {"compute_capability": list(cc) if cc else None,
+                    "gpus_per_node": self.per_node}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> DeviceSpec:
+        """The device `to_dict` wrote, its tuple restored; a key it does not know (a newer
+        autotune's) is ignored, one an older autotune did not write takes its default."""
+        raw = {k: v for k, v in d.items() if k in {f.name for f in fields(cls)}}
+        cc = raw.get("compute_capability")
+        return cls(**raw | {
+            "compute_capability": (int(cc[0]), int(cc[1])) if cc else None,
+            "peak_flops": {str(k): float(v) for k, v in (raw.get("peak_flops") or {}).items()},
+            "links": {str(k): str(v) for k, v in (raw.get("links") or {}).items()}})
 
     def supports_bf16(self) -> bool:
         # bf16 tensor cores arrived with Ampere (8.0); PyTorch on CPU runs bf16 too. A GPU

@@ -201,7 +201,8 @@ def render(p: InitPlan) -> str:
                    "config trains exactly this."),
              block("hardware", "Ranks per trial (data parallel); memory_budget caps a "
                    "trial's memory."),
-             block("search", "The space (search_spaces/default.yaml), trials and wall time."),
+             block("search", "The space (autotune/search_spaces/default.yaml), trials and "
+                   "wall time."),
              block("measure", "Steps per trial: warm-up (not timed), then timed."),
              block("run", "Your long run: its wall time is projected in the report."),
              block("output", "Where the winner's files and the report go.")]

@@ -11,7 +11,7 @@ import os
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -68,7 +68,15 @@ class ModelShape:
         return self.intermediate_size or 4 * self.hidden_size
 
     def to_dict(self) -> dict[str, Any]:
+        """The shape as it travels: from a trial that learned it, in its Outcome, and into
+        summary.json's `model`."""
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelShape:
+        """The shape `to_dict` wrote; a key it does not know (a newer autotune's) is
+        ignored."""
+        return cls(**{k: v for k, v in d.items() if k in {f.name for f in fields(cls)}})
 
     @classmethod
     def from_landscape_meta(cls, meta: dict[str, Any]) -> ModelShape:

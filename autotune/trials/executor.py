@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import ClusterError
-from autotune.plan.device import DeviceSpec, gpu_link, local_device, network_link, node_cpus
+from autotune.plan.device import DeviceSpec, local_device, network_link, node_cpus
 from autotune.records import LOST, Outcome
 from autotune.trials import reaper
-from autotune.trials.launch import run_trial
+from autotune.trials.launch import NodeReport, run_trial
 from autotune.trials.lease import driver_work
 from autotune.trials.protocol import TrialRequest, make_request
 
@@ -79,7 +79,7 @@ class Executor(ABC):
 def _trial_task(request: dict) -> dict:
     import ray
 
-    outcome = run_trial(TrialRequest(**request))
+    outcome = run_trial(TrialRequest.from_dict(request))
     outcome.extra["node"] = ray.get_runtime_context().get_node_id()
     return outcome.to_dict()
 
@@ -99,25 +99,38 @@ def _node_task(request: dict, node_rank: int, master: tuple[str, int]) -> dict:
 
     from autotune.trials.launch import run_node
 
-    report = run_node(TrialRequest(**request), node_rank, tuple(master))
-    report["node"] = ray.get_runtime_context().get_node_id()
-    return report
+    report = run_node(TrialRequest.from_dict(request), node_rank, tuple(master))
+    report.node = ray.get_runtime_context().get_node_id()
+    return report.to_dict()
 
 
-def _probe_task() -> dict:
-    """Runs on a node Ray picked for a trial: what the trials there will run on."""
-    import socket
+@dataclass
+class Probe:
+    """What a probe task found on a node where trials will run: the Ray node, its cores
+    and the device, whole (its bf16 and peak FLOP/s too: the space, the recipe and the
+    report are the ones an embedded search on that node would have)."""
 
+    node: str
+    cpus: int
+    device: DeviceSpec
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "cpus": self.cpus, "device": self.device.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Probe:
+        return cls(str(d["node"]), int(d["cpus"]), DeviceSpec.from_dict(d["device"]))
+
+
+def _probe_task(spans_nodes: bool) -> dict:
+    """Runs on a node Ray picked for a trial: the device there as an embedded search reads
+    it (local_device), and where a trial's ranks span nodes, the way off the node."""
     import ray
 
     dev = local_device()
-    links = {"intra": gpu_link(), "inter": network_link()} if dev.is_cuda else {
-        "inter": network_link()}
-    return {"host": socket.gethostname(), "cpus": node_cpus(),
-            "node": ray.get_runtime_context().get_node_id(), "device": {
-        "name": dev.name, "kind": dev.kind, "memory_bytes": dev.memory_bytes,
-        "compute_capability": dev.compute_capability, "count": dev.count,
-        "links": {k: v for k, v in links.items() if v}}}
+    if spans_nodes and (inter := network_link()):
+        dev = dataclasses.replace(dev, links=dev.links | {"inter": inter})
+    return Probe(ray.get_runtime_context().get_node_id(), node_cpus(), dev).to_dict()
 
 
 @dataclass
@@ -131,7 +144,7 @@ class _InFlight:
     # reports, and since when one of them has reported a failure.
     group: Any = None
     nodes: dict[Any, int] = field(default_factory=dict)  # task ref -> node rank
-    reports: dict[int, dict] = field(default_factory=dict)
+    reports: dict[int, NodeReport] = field(default_factory=dict)
     failing_since: float | None = None
 
 
@@ -252,14 +265,11 @@ class RayExecutor(Executor):
             return self.device
         self._init()
         self.nodes = self._nodes_per_trial()
-        info = self._probe(gpus // self.nodes)
-        self.probe_node = info["node"]
-        self.device = DeviceSpec(**info["device"] | {"compute_capability": tuple(
-            info["device"]["compute_capability"]) if info["device"]["compute_capability"]
-            else None})
+        probe = self._probe(gpus // self.nodes)
+        self.probe_node, self.device = probe.node, probe.device
         # The cores Ray gives the node, which its start may have set below what the
         # machine has (several nodes on one host, or cores kept for other work).
-        cpus = self._node_cpus(info["node"]) or info["cpus"]
+        cpus = self._node_cpus(probe.node) or probe.cpus
         if self.nodes > 1:  # one trial's share on each of its nodes, a trial at a time
             self.per_node, self.threads = 1, cpus
             self.capacity = max(1, self._spread_slots() // self.nodes)
@@ -342,7 +352,7 @@ class RayExecutor(Executor):
         return max(1, per_node * sum(1 for n in alive
                                      if n["Resources"].get("CPU", 0) >= self.threads))
 
-    def _probe(self, gpus: int) -> dict:
+    def _probe(self, gpus: int) -> Probe:
         """The device of a node that can run a trial, found by a task placed as a trial's."""
         import ray
 
@@ -355,14 +365,15 @@ class RayExecutor(Executor):
             raise ClusterError(
                 f"hardware.gpus_per_trial: a trial needs {gpus} GPUs on one node, and no "
                 f"node of the cluster at {self.address} has more than {best:g}")
-        ref = ray.remote(_probe_task).options(num_cpus=1, num_gpus=gpus).remote()
+        ref = ray.remote(_probe_task).options(num_cpus=1, num_gpus=gpus).remote(
+            self.nodes > 1)
         ready, _ = ray.wait([ref], timeout=PROBE_TIMEOUT_S)
         if not ready:
             ray.cancel(ref, force=True)
             raise ClusterError(f"no node of the cluster at {self.address} took a probe task "
                                f"needing {gpus} GPU(s) and 1 CPU in {PROBE_TIMEOUT_S:.0f} s "
                                f"(free now: {ray.available_resources()})")
-        return ray.get(ref)
+        return Probe.from_dict(ray.get(ref))
 
     # --- running ------------------------------------------------------------------------
     def _launch(self, flight: _InFlight) -> None:
@@ -373,7 +384,7 @@ class RayExecutor(Executor):
             return
         gpus = self.spec.world_size if self.device and self.device.is_cuda else 0
         task = self._remote.options(num_cpus=self.threads, num_gpus=gpus)
-        self._refs[task.remote(vars(flight.request))] = flight
+        self._refs[task.remote(flight.request.to_dict())] = flight
 
     def _launch_spread(self, flight: _InFlight) -> None:
         """A trial whose ranks span nodes: a placement group of one bundle per node (its
@@ -401,7 +412,7 @@ class RayExecutor(Executor):
         for k in range(self.nodes):
             at = PlacementGroupSchedulingStrategy(flight.group, placement_group_bundle_index=k)
             ref = task.options(num_cpus=self.threads, num_gpus=gpus,
-                               scheduling_strategy=at).remote(vars(flight.request), k, master)
+                               scheduling_strategy=at).remote(flight.request.to_dict(), k, master)
             flight.nodes[ref] = k
             self._refs[ref] = flight
 
@@ -435,14 +446,13 @@ class RayExecutor(Executor):
         if node_rank < 0:
             self._start_nodes(flight, value)
             return
-        if "lost" in value:  # its devices stayed held by another search
+        report = NodeReport.from_dict(value)
+        if report.lost is not None:  # its devices stayed held by another search
             self._end(flight)
-            self._infrastructure(flight, value["lost"], done)
+            self._infrastructure(flight, report.lost, done)
             return
-        flight.reports[node_rank] = value
-        failed = value["code"] != 0 or any(o.get("status") != "ok"
-                                           for o in value["ranks"].values())
-        if failed and flight.failing_since is None:
+        flight.reports[node_rank] = report
+        if report.failed and flight.failing_since is None:
             flight.failing_since = time.time()
         if len(flight.reports) == self.nodes:
             self._finish_spread(flight, done)
@@ -453,7 +463,7 @@ class RayExecutor(Executor):
         self._end(flight)
         reports = [flight.reports[k] for k in sorted(flight.reports)]
         outcome = merge_nodes(flight.request, reports)
-        outcome.extra["rank_nodes"] = {r["node_rank"]: r["node"] for r in reports}
+        outcome.extra["rank_nodes"] = {r.node_rank: r.node for r in reports}
         if flight.failures:
             outcome.extra["infrastructure_failures"] = flight.failures
         done.append((flight.ticket, outcome))

@@ -23,8 +23,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -285,10 +286,43 @@ def _run_trial(request: TrialRequest) -> Outcome:
     return outcome
 
 
-def run_node(request: TrialRequest, node_rank: int, master: tuple[str, int]) -> dict:
+@dataclass
+class NodeReport:
+    """One node's share of a trial whose ranks span nodes, as its Ray task sends it to the
+    driver: what its ranks reported, their exit status and the log's tail; or, `lost`,
+    why they never ran (the node's devices stayed held by another search)."""
+
+    node_rank: int
+    code: int = 0
+    timed_out: bool = False
+    ranks: dict[int, Outcome] = field(default_factory=dict)
+    log_tail: str = ""
+    launch: str = "cold"  # through the node's warm launcher, or cold
+    lost: str | None = None
+    node: str | None = None  # the Ray node it ran on, set by its task
+
+    @property
+    def failed(self) -> bool:
+        return self.code != 0 or any(not o.ok for o in self.ranks.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node_rank": self.node_rank, "code": self.code, "timed_out": self.timed_out,
+                "ranks": {r: o.to_dict() for r, o in self.ranks.items()},
+                "log_tail": self.log_tail, "launch": self.launch, "lost": self.lost,
+                "node": self.node}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> NodeReport:
+        return cls(int(d["node_rank"]), int(d.get("code", 0)), bool(d.get("timed_out")),
+                   {int(r): Outcome.from_dict(o) for r, o in (d.get("ranks") or {}).items()},
+                   str(d.get("log_tail") or ""), str(d.get("launch") or "cold"),
+                   d.get("lost"), d.get("node"))
+
+
+def run_node(request: TrialRequest, node_rank: int, master: tuple[str, int]) -> NodeReport:
     """One node's ranks of a trial whose ranks span nodes (the Ray task on that node runs
-    this), holding this node's share of the devices: what they reported, their exit
-    status and the log's tail, for the driver to merge with the other nodes' (merge_nodes)."""
+    this), holding this node's share of the devices, for the driver to merge with the
+    other nodes' reports (merge_nodes)."""
     local = request.world_size // request.nodes
     want = trial_want(request.on_cpu, request.cpu_threads, local)
     label = (f"autotune trial {TrialConfig.from_dict(request.config).label()} node "
@@ -297,34 +331,33 @@ def run_node(request: TrialRequest, node_rank: int, master: tuple[str, int]) -> 
         with lease(want, timeout_s=request.timeout_s, label=label):
             return _run_node(request, node_rank, master)
     except LeaseTimeout as exc:
-        return {"node_rank": node_rank, "lost": str(exc)}
+        return NodeReport(node_rank, lost=str(exc))
 
 
-def _run_node(request: TrialRequest, node_rank: int, master: tuple[str, int]) -> dict:
+def _run_node(request: TrialRequest, node_rank: int, master: tuple[str, int]) -> NodeReport:
     _sweep_once()
     local = request.world_size // request.nodes
     with tempfile.TemporaryDirectory(prefix=f"{TRIAL_DIR_PREFIX}{os.getpid()}-") as tmp:
         ran = _launch_ranks(request, Path(tmp),
                             _environment(local, request.cpu_threads, master), node_rank)
-    return {"node_rank": node_rank, "code": ran.code, "timed_out": ran.timed_out,
-            "ranks": {r: o.to_dict() for r, o in ran.ranks.items()}, "log_tail": ran.log_tail,
-            "launch": "warm" if ran.warm else "cold"}
+    return NodeReport(node_rank, ran.code, ran.timed_out, ran.ranks, ran.log_tail,
+                      "warm" if ran.warm else "cold")
 
 
-def merge_nodes(request: TrialRequest, nodes: list[dict]) -> Outcome:
+def merge_nodes(request: TrialRequest, nodes: list[NodeReport]) -> Outcome:
     """The trial's outcome from its nodes' reports: every rank's outcome merged as one
     node's are (a failure on any rank is the trial's), a node whose rank was killed by a
     signal before it reported naming the trial's, the logs' tails side by side."""
-    ranks = {int(r): Outcome.from_dict(o) for n in nodes for r, o in n["ranks"].items()}
-    codes = [n["code"] for n in nodes]
+    ranks = {r: o for n in nodes for r, o in n.ranks.items()}
+    codes = [n.code for n in nodes]
     code = next((c for c in codes if c < 0), next((c for c in codes if c), 0))
-    timed_out = any(n["timed_out"] for n in nodes)
-    tail = "\n".join(f"[node {n['node_rank']}] {n['log_tail'][-STDERR_TAIL_CHARS // 2:]}"
-                     for n in nodes if n["log_tail"])
+    timed_out = any(n.timed_out for n in nodes)
+    tail = "\n".join(f"[node {n.node_rank}] {n.log_tail[-STDERR_TAIL_CHARS // 2:]}"
+                     for n in nodes if n.log_tail)
     if code < 0 and not timed_out and len(ranks) < request.world_size:
         ranks = {}  # a rank killed first: the others' errors follow from it
     outcome = _classify(code, timed_out, ranks, tail, request.timeout_s, request.world_size)
-    outcome.extra["launch"] = ",".join(sorted({n["launch"] for n in nodes}))
+    outcome.extra["launch"] = ",".join(sorted({n.launch for n in nodes}))
     outcome.extra["nodes"] = len(nodes)
     return outcome
 

@@ -45,14 +45,21 @@ class TrialRequest:
     seed: int = 0
     import_paths: list[str] = field(default_factory=list)  # where a factory's module may be
 
+    def to_dict(self) -> dict[str, Any]:
+        """The request as it travels: to a Ray task, and as JSON to the trial process."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrialRequest:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self))
+        return json.dumps(self.to_dict())
 
     @classmethod
     def from_json(cls, text: str) -> TrialRequest:
-        raw = json.loads(text)
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in raw.items() if k in names})
+        return cls.from_dict(json.loads(text))
 
 
 def make_request(spec: Spec, config: TrialConfig, *, on_cpu: bool, shape: dict | None,

@@ -200,14 +200,11 @@ def _stop_on_setup_error(record: Record) -> None:
 def summarise(spec: Spec, device: DeviceSpec, limit: int, shape: ModelShape | None,
               history: list[Record], pruned_by_rules: dict[str, str],
               search_info: dict[str, Any]) -> Summary:
-    learned = shape or next((ModelShape(**r.outcome.shape) for r in history
+    learned = shape or next((ModelShape.from_dict(r.outcome.shape) for r in history
                              if r.outcome.shape), None)
     summary = Summary(
         model=learned.to_dict() if learned else {"name": spec.model.display_name()},
-        device={"name": device.name, "kind": device.kind, "memory_bytes": device.memory_bytes,
-                "compute_capability": device.compute_capability, "count": device.count,
-                "nodes": device.nodes, "gpus_per_node": device.count // device.nodes,
-                "links": dict(device.links)},
+        device=device,
         memory_limit_bytes=limit, target_batch_size=spec.target_batch_size,
         world_size=spec.world_size, seq_len=spec.data.seq_len, trials=history,
         pruned_by_rules=pruned_by_rules, search=search_info,

@@ -48,6 +48,12 @@ def _json(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
+def _record_attrs(record: Record) -> dict[str, Any]:
+    """A record as its study trial's user attributes (Record.to_dict, less the number: the
+    trial's own); read back with `Record.from_dict(attrs | {"number": trial.number})`."""
+    return {k: v for k, v in record.to_dict().items() if k != "number"}
+
+
 def _create_or_load(storage: str, study_name: str,
                     sampler: optuna.samplers.BaseSampler | None) -> optuna.Study:
     """The study, made if missing. Two processes opening a new SQLite storage at once
@@ -125,9 +131,7 @@ class StudyLog:
             setup = outcome.get("extra", {}).get("setup_field")
             if t.number > after and "outcome" in a and SKIPPED_KEY not in a \
                     and ABANDONED_KEY not in a and not setup and outcome["status"] != LOST:
-                out.append(Record(TrialConfig.from_dict(a["config"]),
-                                  Outcome.from_dict(a["outcome"]), a.get("reason", ""),
-                                  t.number))
+                out.append(Record.from_dict(a | {"number": t.number}))
         return out
 
     def abandoned(self) -> list[tuple[TrialConfig, str]]:
@@ -207,18 +211,20 @@ class StudyLog:
             constraint = (outcome.peak_memory_bytes or 0) / self.limit_bytes - 1.0
         elif outcome.status == OOM:
             value, constraint = 0.0, 1.0
-        self._set(number, {"outcome": outcome.to_dict()})
+        record = Record(proposal.config, outcome, proposal.reason, number)
+        self._set(number, _record_attrs(record))
         if constraint is not None:
             self._set(number, {CONSTRAINT_KEY: constraint}, system=True)
         self.study.tell(number, value, state=None if value is not None else TrialState.FAIL)
         self._numbers.discard(number)
-        return Record(proposal.config, outcome, proposal.reason, number)
+        return record
 
     def prune(self, proposal: Proposal) -> Record:
         """A config not run because a prediction says it would not fit."""
         outcome = Outcome(PRUNED, predicted_memory_bytes=proposal.predicted_memory_bytes,
                           error=f"not run: {proposal.reason}", wall_seconds=0.0)
-        attrs = self._attrs(proposal) | {"outcome": outcome.to_dict()}
+        attrs = self._attrs(proposal) | _record_attrs(
+            Record(proposal.config, outcome, proposal.reason))
         if proposal.trial_number is not None:
             number = proposal.trial_number
             self._set(number, attrs)

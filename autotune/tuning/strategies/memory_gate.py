@@ -41,7 +41,7 @@ class MemoryGate:
         if self.model is None:
             learned = next((r.outcome.shape for r in history if r.outcome.shape), None)
             if learned is not None:
-                self.model = MemoryModel(ModelShape(**learned), self.ctx.device,
+                self.model = MemoryModel(ModelShape.from_dict(learned), self.ctx.device,
                                          self.ctx.world_size)
                 self._seen = 0
         if len(history) > self._seen:
