@@ -54,13 +54,116 @@ def die_with_parent() -> None:
 
 def _fork_unsafe() -> str | None:
     """Why this server's forks could not use the GPU, if they could not: a CUDA context
-    made before the fork (by a preloaded library: bitsandbytes asks for the device's
-    capability as it is imported) leaves every forked trial failing with "Cannot
-    re-initialize CUDA in forked subprocess", which would read as the config's crash."""
+    made before the fork (by a preloaded library) leaves every forked trial failing with
+    "Cannot re-initialize CUDA in forked subprocess", which would read as the config's
+    crash. A state broken some other way (a failed device_count() falls back to a state
+    forks inherit) shows only in a fork, so one is tried: it must reach the GPU."""
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return "a preloaded library initialised CUDA, which a forked trial cannot use"
-    return None
+    failed = fork_check(_cuda_usable)
+    return f"a forked process could not use the GPU ({failed})" if failed else None
+
+
+def _cuda_usable() -> None:
+    """In a forked child: a tensor on every GPU the server sees (none on a CPU host)."""
+    import torch
+
+    for i in range(torch.cuda.device_count()):
+        torch.zeros(1, device=f"cuda:{i}").add_(1)
+        torch.cuda.synchronize(i)
+
+
+FORK_CHECK_TIMEOUT_S = 120.0
+
+
+def fork_check(probe: Callable[[], None], timeout_s: float = FORK_CHECK_TIMEOUT_S) -> str | None:
+    """Run `probe` in a forked child; why it failed (its exception, a signal, no answer in
+    `timeout_s`), or None where it returned."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+
+        def body() -> int:
+            try:
+                probe()
+            except BaseException as exc:  # noqa: BLE001 - said to the parent
+                os.write(write, f"{type(exc).__name__}: {exc}"[:300].encode())
+                return 1
+            return 0
+
+        _exit_with(body)
+    os.close(write)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            os.close(read)
+            return f"no answer in {timeout_s:.0f} s"
+        time.sleep(0.01)
+    said = os.read(read, 4096).decode(errors="replace")
+    os.close(read)
+    code = os.waitstatus_to_exitcode(status)
+    if code == 0:
+        return None
+    return said or (f"killed by {signal.Signals(-code).name}" if code < 0
+                    else f"exit status {code}")
+
+
+@contextlib.contextmanager
+def _capability_from_nvml() -> Iterator[None]:
+    """`torch.cuda.get_device_capability` answered by NVML while the libraries preload:
+    bitsandbytes asks it as it is imported, to pick its CUDA library, and torch's answer
+    makes a CUDA context, after which every forked trial would start cold (NVML makes
+    none). Hiding the GPUs instead would lock bitsandbytes to its CPU library."""
+    import torch
+
+    asked = torch.cuda.get_device_capability
+
+    def capability(device=None) -> tuple[int, int]:
+        try:
+            return nvml_capability(_device_index(device))
+        except Exception:  # noqa: BLE001 - no NVML here: torch's own answer
+            return asked(device)
+
+    torch.cuda.get_device_capability = capability
+    try:
+        yield
+    finally:
+        torch.cuda.get_device_capability = asked
+
+
+def nvml_capability(index: int) -> tuple[int, int]:
+    """A GPU's compute capability as NVML reads it (no CUDA context)."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+        return int(major), int(minor)
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _device_index(device: Any) -> int:
+    """The index a `get_device_capability` argument names: an int, a torch.device, a
+    `torch.cuda.device` context object, or None (the current one, 0 before any)."""
+    if device is None:
+        return 0
+    if isinstance(device, int):
+        return device
+    for name in ("idx", "index"):
+        value = getattr(device, name, None)
+        if isinstance(value, int):
+            return value
+    return 0
 
 
 # The spec's model section (JSON), whose transformers modeling module the server imports
@@ -69,12 +172,14 @@ PRELOAD_MODEL = "AUTOTUNE_PRELOAD_MODEL"
 
 
 def _preload() -> None:
-    for name in PRELOAD:
-        importlib.import_module(name)
-    for name in PRELOAD_IF_INSTALLED:
-        if importlib.util.find_spec(name) is not None:
-            with contextlib.suppress(Exception):  # an optional extra that fails stays cold
-                importlib.import_module(name)
+    importlib.import_module("torch")
+    with _capability_from_nvml():
+        for name in PRELOAD:
+            importlib.import_module(name)
+        for name in PRELOAD_IF_INSTALLED:
+            if importlib.util.find_spec(name) is not None:
+                with contextlib.suppress(Exception):  # an optional extra that fails: cold
+                    importlib.import_module(name)
     model = os.environ.get(PRELOAD_MODEL)
     if model:
         from autotune.plan.shape import model_class
