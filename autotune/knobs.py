@@ -323,7 +323,14 @@ TORCH_COMPILE = Knob(
     group="compile",
     rules=(Rule("torch_compile=True", "torch.compile's CPU kernels need a C++ compiler "
                 "(none on PATH)", lambda c, d: c.torch_compile and not d.is_cuda
-                and not _have_cxx(), install=True),),
+                and not _have_cxx(), install=True),
+           # transformers' TrainingArguments and accelerate's state both switch TF32 on for
+           # a compiled run without mixed precision: it would be tf32's program twice.
+           Rule("torch_compile=True with precision=fp32", "transformers and accelerate turn "
+                "TF32 matmuls on for a compiled run without mixed precision on a GPU with "
+                "TF32 ({cc}): fp32 with torch.compile runs as tf32 with torch.compile",
+                lambda c, d: c.torch_compile and c.precision == "fp32"
+                and d.supports_tf32())),
     # Published: about +16% tokens/s on H100 (torchtitan); on CPU no prior either way.
     speed=Speed(lambda on, d, w: math.log(1.12) if on and d.is_cuda else 0.0, sd=0.2,
                 batch_sd=0.1),
@@ -472,6 +479,10 @@ LIGER_MODEL_TYPES = ("llama", "mllama", "mistral", "mixtral", "gemma", "gemma2",
 def _liger_applies(spec: Spec, on: Any = True) -> str | None:
     from autotune.plan.shape import load_hf_config
 
+    if spec.model.task != "causal-lm":  # Trainer patches the causal-LM forward in
+        return (f"Liger's kernels are applied to causal LMs (their fused loss replaces the "
+                f"LM head's forward); this model's task is {spec.model.task}")
+
     try:
         model_type = getattr(load_hf_config(spec.model.model_dump()), "model_type", None)
     except Exception:  # noqa: BLE001 - the spec's own checks report a broken model
@@ -492,6 +503,12 @@ LIGER = Knob(
              install=True),
         Rule("use_liger_kernel=True", "Liger's Triton kernels need a CUDA GPU",
              lambda c, d: c.use_liger_kernel and not d.is_cuda),
+        # Liger's fused loss reads lm_head.weight outside lm_head's forward, where ZeRO-3
+        # has not gathered it: a size mismatch at the first step (Liger-Kernel #767; TRL
+        # #3368 and #5891, which gathered it for GRPO only).
+        Rule("use_liger_kernel=True with zero_stage=3", "Liger's fused cross-entropy reads "
+             "the LM head's weight outside its forward, where ZeRO-3 keeps it partitioned "
+             "(Liger-Kernel #767)", lambda c, d: c.use_liger_kernel and c.zero_stage == 3),
     ),
     # Published: about +20% throughput on Llama-3-8B.
     speed=Speed(lambda on, d, w: math.log(1.15) if on and d.is_cuda else 0.0, sd=0.2),

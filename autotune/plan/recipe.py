@@ -46,11 +46,14 @@ def _admits(values: Mapping[str, Any], device: DeviceSpec, installs: bool) -> bo
 
 
 def recipe_family(device: DeviceSpec, available: Mapping[str, set], *, real_data: bool = False,
-                  installs: bool = True) -> Family:
+                  installs: bool = True, fixed: Mapping[str, Any] | None = None) -> Family:
     """The recipe's knob values: per knob the first preferred value in `available` (what
-    the model and data allow, or what a landscape measured) that the rules admit."""
-    values: dict[str, Any] = {}
+    the model and data allow, or what a landscape measured) that the rules admit beside
+    `fixed` (a memory rung's levers) and the values taken before it."""
+    values: dict[str, Any] = dict(fixed or {})
     for k in knobs.table():
+        if k.name in values:
+            continue
         allowed = available.get(k.name, {k.baseline})
         chosen = next((v for v in k.preferred(device, real_data) if v in allowed
                        and _admits(values | {k.name: v}, device, installs)), k.baseline)
@@ -67,12 +70,17 @@ def recipe_rungs(device: DeviceSpec, available: Mapping[str, set], *, world_size
     for change in FALLBACKS:
         if change.get("zero_stage") == 2 and world_size < 2:
             continue
-        values = base.to_dict() | change
-        if all(v in available.get(k, {knobs.knob(k).baseline}) for k, v in change.items()) \
-                and _admits(values, device, installs):
-            fam = Family.of(values)
-            if fam not in out:
-                out.append(fam)
+        if not (all(v in available.get(k, {knobs.knob(k).baseline}) for k, v in change.items())
+                and _admits(change, device, installs)):
+            continue
+        # The rest as the recipe has it, unless a lever rules a value out (Liger under
+        # ZeRO-3): then what the user would pick beside it.
+        fam = Family.of(base.to_dict() | change)
+        if not _admits(fam.to_dict(), device, installs):
+            fam = recipe_family(device, available, real_data=real_data, installs=installs,
+                                fixed=change)
+        if fam not in out:
+            out.append(fam)
     return out
 
 
