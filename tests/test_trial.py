@@ -30,6 +30,15 @@ def test_ok_trial_measures_throughput_and_memory(tiny_spec):
     assert out.timed_seconds == pytest.approx(sum(out.step_seconds[1:]))
     assert out.peak_memory_bytes > 0
     assert out.wall_seconds > out.timed_seconds
+    # where its seconds went, and what it really ran with
+    phases = out.extra["phases"]
+    assert list(phases) == ["launch", "model", "engine", "warmup", "steps"]
+    assert phases["steps"] == pytest.approx(out.timed_seconds, abs=1e-3)
+    assert sum(phases.values()) < out.wall_seconds
+    assert out.extra["ran_with"] == {
+        "tf32": False, "compiled": False, "compile_mode": None, "liger": False,
+        "attn_implementation": "sdpa", "wrapped_as": out.extra["wrapped_as"]}
+    assert out.extra["model_build"]["weights"] == "random"
 
 
 def test_budget_exceeded_is_oom(tiny_spec):

@@ -168,6 +168,16 @@ def node_cpus() -> int:
         os.cpu_count() or 1)
 
 
+def peak_flops_of(name: str) -> dict[str, float]:
+    """The dense peak FLOP/s of the card a CUDA device name names; {} where not known, and
+    for a MIG slice ("... MIG 3g.40gb"), which has a share of the card's SMs that its name
+    does not give exactly (the card's peak would put MFU several times too low)."""
+    if re.search(r"\bMIG\b", name, re.IGNORECASE):
+        return {}
+    key = _match_known(name)
+    return dict(KNOWN_DEVICES[key][2]) if key else {}
+
+
 def local_device(gpu_index: int = 0) -> DeviceSpec:
     """The device trials here run on: GPU `gpu_index` if CUDA is up, else the CPU."""
     import torch
@@ -175,8 +185,7 @@ def local_device(gpu_index: int = 0) -> DeviceSpec:
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(gpu_index)
         cc = (props.major, props.minor)
-        key = _match_known(props.name)
-        flops = dict(KNOWN_DEVICES[key][2]) if key else {}
+        flops = peak_flops_of(props.name)
         count = torch.cuda.device_count()
         link = gpu_link() if count > 1 else None
         return DeviceSpec(props.name, "cuda", props.total_memory, cc, count, flops,

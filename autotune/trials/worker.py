@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from autotune.records import ERROR, NAN, OK, OOM, Outcome
+from autotune.records import ERROR, LOST, NAN, OK, OOM, Outcome
 from autotune.trials.gpu_memory import allocator_peaks, gpu_memory, record_history
 from autotune.trials.protocol import (
     SPAWNED_AT,
@@ -94,29 +94,43 @@ def _world() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def _count_micro_batches(trainer, packed: bool) -> tuple[list[int], list[int]]:
+class MicroBatches:
     """The micro-batch sizes this rank trained on and their real (non-pad) tokens: a
     trial's samples per step are counted, not assumed (an unevenly split dataset once
     overstated throughput). Counted in the training step, which sees every batch whatever
-    process loaded it. A packed micro-batch is one row of its samples' tokens, whose
-    count the position ids restarting at 0 tell."""
-    sizes: list[int] = []
-    tokens: list[int] = []
-    step = trainer.training_step
+    process loaded it. A packed micro-batch is one row of its samples' tokens, whose count
+    the position ids restarting at 0 tell. Sums over a batch on the GPU stay there until
+    the run has ended: reading one on the host each micro-batch would wait for the GPU
+    every time, removing the host/device overlap the step timer keeps and charging
+    configs with much accumulation for it."""
 
-    def counted(model, inputs, *args, **kwargs):
-        ids = inputs.get("input_ids", inputs.get("labels"))
-        if packed and "position_ids" in inputs:
-            sizes.append(int((inputs["position_ids"] == 0).sum()))
-            tokens.append(int(ids.numel()))
-        else:
-            sizes.append(int(ids.shape[0]) if ids is not None else 0)
-            mask = inputs.get("attention_mask")
-            tokens.append(int(mask.sum()) if mask is not None else int(ids.numel()))
-        return step(model, inputs, *args, **kwargs)
+    def __init__(self, trainer, packed: bool) -> None:
+        self._sizes: list = []
+        self._tokens: list = []
+        step = trainer.training_step
 
-    trainer.training_step = counted
-    return sizes, tokens
+        def counted(model, inputs, *args, **kwargs):
+            ids = inputs.get("input_ids", inputs.get("labels"))
+            if packed and "position_ids" in inputs:
+                self._sizes.append((inputs["position_ids"] == 0).sum())
+                self._tokens.append(ids.numel())
+            else:
+                self._sizes.append(ids.shape[0] if ids is not None else 0)
+                mask = inputs.get("attention_mask")
+                self._tokens.append(mask.sum() if mask is not None else ids.numel())
+            return step(model, inputs, *args, **kwargs)
+
+        trainer.training_step = counted
+
+    @staticmethod
+    def _ints(values: list) -> list[int]:
+        return [int(v) for v in values]  # a device's sums read once, after the run
+
+    def sizes(self) -> list[int]:
+        return self._ints(self._sizes)
+
+    def tokens(self) -> list[int]:
+        return self._ints(self._tokens)
 
 
 def _packing_collator():
@@ -153,8 +167,13 @@ def _step_timer(sync, warmup: int, memory=None):
             self.marks: list[float] = []
             self.peaks: list[tuple[int, int]] = []
             self.compiled: list[int] = []  # frames torch.compile had compiled, per step
+            self.tf32: bool | None = None  # float32 matmuls as TF32 when training began
 
         def on_train_begin(self, args, state, control, **kw):
+            from autotune.trials.runtime import settle_tf32, tf32_state
+
+            settle_tf32()  # as transformers and accelerate left it, readable both ways
+            self.tf32 = tf32_state()
             sync()
             self.marks.append(time.perf_counter())
 
@@ -233,9 +252,13 @@ def numerics(log_history: list[dict], precision: str) -> tuple[str | None, int]:
     return None, len(overflow)
 
 
-def _flops_per_token(n_params: int, shape: dict) -> float:
-    # 6N for forward+backward matmuls, plus attention scores 12 * layers * hidden * seq.
-    return 6 * n_params + 12 * shape["num_layers"] * shape["hidden_size"] * shape["seq_len"]
+def _flops_per_token(n_params: int, trainable: int, shape: dict) -> float:
+    """Model FLOPs per token: 2N forward and 2N for the backward's input gradients through
+    every weight, 2N more for weight gradients of the trainable ones only (6N in a full
+    fine-tune; LoRA's frozen base has none), plus the attention scores' 12 x layers x
+    hidden x seq."""
+    return (4 * n_params + 2 * trainable
+            + 12 * shape["num_layers"] * shape["hidden_size"] * shape["seq_len"])
 
 
 def run(request: TrialRequest, result_path: str) -> Outcome:
@@ -252,6 +275,7 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
     from autotune.trials.data import build_dataset
     from autotune.trials.model_builder import build_model, prepare_quantized
     from autotune.trials.oom import is_oom_exception
+    from autotune.trials.runtime import contradiction, ran_with
     from autotune.trials.trainargs import model_kwargs
 
     clock = Phases()
@@ -261,7 +285,12 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
     set_seed(request.seed)  # one seed: the same initial weights and data order everywhere
     cfg = TrialConfig.from_dict(request.config)
     world = _world()
-    cuda = torch.cuda.is_available()
+    cuda = not request.on_cpu and torch.cuda.is_available()
+    if not request.on_cpu and not cuda:  # never a CPU figure for a GPU config
+        return Outcome(LOST, wall_seconds=time.time() - started, error=(
+            "the trial was to run on a GPU and its process sees none (CUDA_VISIBLE_DEVICES="
+            f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')!r}, torch "
+            f"{torch.__version__}): the node's failure, not the config's"))
     budget = request.memory_budget_bytes
     base_rss = _rss()
     shape = request.shape
@@ -316,20 +345,23 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
                 extra_args = {"data_collator": _packing_collator()} if cfg.padding_free else {}
                 trainer = Trainer(model=model, args=args, train_dataset=dataset,
                                   callbacks=[timer], **extra_args)
-            micro_batches, tokens = _count_micro_batches(trainer, cfg.padding_free)
+            counted = MicroBatches(trainer, cfg.padding_free)
         clock.mark_engine_until(timer)  # Trainer.train() up to its first step is the engine's
         trainer.train()
-        outcome = _measure(timer, spec, cfg, world, model, trainer, tokens)
+        outcome = _measure(timer, spec, cfg, world, model, trainer, counted.tokens())
         outcome.extra |= extra
-        outcome.extra["micro_batches"] = micro_batches
+        outcome.extra["micro_batches"] = counted.sizes()
         if lengths:  # the rows' real tokens: what padding and packing are judged on
             outcome.extra["lengths"] = lengths
         if timer.peaks:  # running (allocated, reserved) peak bytes after each step
             outcome.extra["peaks_by_step"] = timer.peaks
-        # What the Trainer really wrapped the model in (DDP, FSDP, a DeepSpeed engine):
-        # the proof that a sharding knob took effect, not only that the trial ran.
-        outcome.extra["wrapped_as"] = type(trainer.model_wrapped).__name__
-        fallback = _sharding_fallback(cfg, outcome.extra["wrapped_as"])
+        # What the run really was: the Trainer's wrapper (DDP, FSDP, a DeepSpeed engine:
+        # the proof that a sharding knob took effect), TF32, Liger, compile.
+        facts = ran_with(trainer, timer.tf32)
+        outcome.extra["ran_with"] = facts
+        outcome.extra["wrapped_as"] = facts["wrapped_as"]
+        fallback = _sharding_fallback(cfg, facts["wrapped_as"]) or contradiction(
+            cfg.precision, cfg.use_liger_kernel, cfg.torch_compile, facts, cuda)
         if fallback:  # measured, but not the config asked for: never a figure for it
             outcome = Outcome(ERROR, error=fallback, extra=outcome.extra)
     except SetupError as exc:  # no config avoids it: the search stops on it
@@ -468,9 +500,10 @@ def model_flops_utilisation(outcome: Outcome, shape: dict[str, Any] | None, devi
     peak = device.peak_flops.get(precision)
     if not peak or not shape or "num_layers" not in shape or not outcome.tokens_per_second:
         return None
-    flops = _flops_per_token(outcome.extra.get("num_parameters") or shape["num_parameters"],
-                             shape)
-    return flops * outcome.tokens_per_second / (peak * world)
+    n = outcome.extra.get("num_parameters") or shape["num_parameters"]
+    trainable = outcome.extra.get("trainable_parameters") or shape.get(
+        "trainable_parameters") or n
+    return _flops_per_token(n, trainable, shape) * outcome.tokens_per_second / (peak * world)
 
 
 def _learned_shape(model, spec) -> dict[str, Any] | None:
@@ -508,8 +541,7 @@ def _measure(timer, spec, cfg, world, model, trainer, tokens: list[int]) -> Outc
     history = trainer.state.log_history
     bad, skips = numerics(history, cfg.precision)
     extra = {"num_parameters": _parameters(model), "cpu_threads": torch.get_num_threads(),
-             "trainable_parameters": sum(p.numel() for p in model.parameters()
-                                         if p.requires_grad),
+             "trainable_parameters": _parameters(model, trainable=True),
              "attn_implementation": getattr(getattr(model, "config", None),
                                             "_attn_implementation", None),
              "warmup_seconds": sum(durations[:warmup]), "loss_scale_skips": skips,
@@ -540,10 +572,18 @@ def _held(model) -> dict[str, int]:
     return {"held_parameter_bytes": held, "parameter_bytes": whole}
 
 
-def _parameters(model) -> int:
-    """Every parameter, counted whole: ZeRO-3 leaves each rank a 0-element placeholder
-    and keeps the real size in `ds_numel`."""
-    return sum(getattr(p, "ds_numel", 0) or p.numel() for p in model.parameters())
+def _parameters(model, trainable: bool = False) -> int:
+    """Every parameter (or the trainable ones), counted whole: ZeRO-3 leaves each rank a
+    0-element placeholder and keeps the real size in `ds_numel`; a 4-bit weight packs two
+    per element and keeps its shape in its quant state."""
+    return sum(_whole(p) for p in model.parameters() if p.requires_grad or not trainable)
+
+
+def _whole(p) -> int:
+    state = getattr(p, "quant_state", None)
+    if state is not None and getattr(state, "shape", None) is not None:
+        return int(math.prod(state.shape))
+    return getattr(p, "ds_numel", 0) or p.numel()
 
 
 def main(argv: list[str]) -> int:

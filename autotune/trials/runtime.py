@@ -1,0 +1,92 @@
+"""What a trial really ran with, read from the process rather than assumed from its config:
+TF32 on or off, whether Liger's kernels patched the model, whether the trained module was
+compiled and how, the wrapper the Trainer put around it. The libraries decide some of it
+behind the config's back (transformers and accelerate turn TF32 on for compiled runs), so
+a trial records it and refuses a figure whose label it contradicts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def tf32_state() -> bool | None:
+    """Whether float32 matmuls on CUDA run as TF32, read through the API that set it
+    (torch >= 2.9's `fp32_precision`, else the legacy flag); None where torch has no
+    CUDA build to say."""
+    import torch
+
+    matmul = torch.backends.cuda.matmul
+    try:
+        return str(matmul.fp32_precision) == "tf32"
+    except (AttributeError, RuntimeError):
+        pass
+    try:
+        return bool(matmul.allow_tf32)
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def settle_tf32() -> None:
+    """Say the TF32 state once more through torch's legacy API. transformers sets it
+    through torch >= 2.9's new API, after which the legacy getter Inductor's max-autotune
+    calls (`torch.get_float32_matmul_precision`) raises "mix of the legacy and new APIs";
+    saying the same state the legacy way makes both readable and changes nothing."""
+    import torch
+
+    state = tf32_state()
+    if state is not None:
+        torch.set_float32_matmul_precision("high" if state else "highest")
+
+
+def liger_applied(model) -> bool:
+    """Whether Liger's kernels replaced any of the model's modules or forwards."""
+    for module in model.modules():
+        forward = getattr(type(module), "forward", None)
+        bound = module.__dict__.get("forward")  # an instance patched in place
+        for f in (forward, getattr(bound, "__func__", bound)):
+            if str(getattr(f, "__module__", "") or "").startswith("liger_kernel"):
+                return True
+        if type(module).__module__.startswith("liger_kernel"):
+            return True
+    return False
+
+
+def unwrapped(module) -> Any:
+    """The module under torch.compile's wrapper (accelerate hands back the compiled
+    `OptimizedModule`, whose `_orig_mod` is what it wrapped: FSDP, DDP, the model)."""
+    while type(module).__name__ == "OptimizedModule" and hasattr(module, "_orig_mod"):
+        module = module._orig_mod
+    return module
+
+
+def ran_with(trainer, tf32: bool | None) -> dict[str, Any]:
+    """The facts of a trial's run, for its outcome (`extra["ran_with"]`)."""
+    wrapped = trainer.model_wrapped
+    compiled = type(wrapped).__name__ == "OptimizedModule" or type(
+        trainer.model).__name__ == "OptimizedModule"
+    model = unwrapped(trainer.model)
+    return {"tf32": tf32, "compiled": compiled,
+            "compile_mode": getattr(trainer.args, "torch_compile_mode", None) if compiled
+            else None,
+            "liger": liger_applied(model),
+            "attn_implementation": getattr(getattr(model, "config", None),
+                                           "_attn_implementation", None),
+            "wrapped_as": type(unwrapped(wrapped)).__name__}
+
+
+def contradiction(precision: str, use_liger: bool, torch_compile: bool, facts: dict[str, Any],
+                  cuda: bool) -> str | None:
+    """Why the run's facts contradict its config's label, or None: fp32 that ran TF32
+    matmuls, tf32 that did not, Liger or compile asked for and not applied."""
+    if cuda and facts.get("tf32") is not None:
+        if precision == "fp32" and facts["tf32"]:
+            return ("precision fp32 ran its matmuls in TF32 (transformers and accelerate turn "
+                    "TF32 on for compiled runs without mixed precision): this is tf32's "
+                    "figure, not fp32's")
+        if precision == "tf32" and not facts["tf32"]:
+            return "precision tf32 ran its matmuls in full fp32: TF32 did not take effect"
+    if use_liger and not facts.get("liger"):
+        return "use_liger_kernel did not take effect: no module of the model is Liger's"
+    if torch_compile and not facts.get("compiled"):
+        return "torch_compile did not take effect: the trained module was not compiled"
+    return None

@@ -1,0 +1,220 @@
+"""The CUDA paths' findings, checked where their logic runs on a CPU: what a trial really
+ran with (TF32, Liger, compile, its wrapper) recorded and held to its label, the rules for
+TF32 under compile and Liger under ZeRO-3, MFU's counts under LoRA and a 4-bit base, no
+host read per micro-batch, no CPU figure for a GPU config, and a warm launcher that keeps
+bitsandbytes from making a CUDA context and tries a fork before it serves."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autotune import knobs
+from autotune.config import TrialConfig
+from autotune.plan.device import DeviceSpec, named_device, peak_flops_of
+from autotune.trials import forkserver
+from autotune.trials.runtime import (
+    contradiction,
+    liger_applied,
+    settle_tf32,
+    tf32_state,
+    unwrapped,
+)
+
+
+@pytest.fixture
+def restored_tf32():
+    """The process's float32 matmul precision as it was (tests run in one process)."""
+    names = ("cuda.matmul", "cudnn.conv", "cudnn.rnn", "mkldnn.matmul", "mkldnn.conv",
+             "mkldnn.rnn")
+
+    def backend(name):
+        obj = torch.backends
+        for part in name.split("."):
+            obj = getattr(obj, part)
+        return obj
+
+    saved = {n: backend(n).fp32_precision for n in names}
+    yield
+    torch.backends.fp32_precision = "none"
+    for n, v in saved.items():
+        backend(n).fp32_precision = v
+    torch.set_float32_matmul_precision("highest")
+
+
+def test_tf32_that_transformers_set_is_readable_once_settled(restored_tf32):
+    """transformers sets TF32 through torch's new API; Inductor's max-autotune then reads
+    it through the legacy getter, which raises on the mix. Settled, both read it."""
+    from transformers.utils.import_utils import enable_tf32
+
+    enable_tf32.__wrapped__(True)  # what TrainingArguments does for bf16 with compile
+    with pytest.raises(RuntimeError, match="legacy and new"):
+        torch.get_float32_matmul_precision()
+    settle_tf32()
+    assert torch.get_float32_matmul_precision() == "high"
+    assert tf32_state() is True
+
+
+def test_a_label_the_run_contradicts_gets_no_figure():
+    ran = {"tf32": True, "compiled": True, "liger": False}
+    assert "tf32's figure" in contradiction("fp32", False, True, ran, cuda=True)
+    assert contradiction("fp32", False, True, ran, cuda=False) is None  # no TF32 on a CPU
+    assert contradiction("bf16", False, True, ran, cuda=True) is None
+    assert "did not take effect" in contradiction("tf32", False, False,
+                                                  {"tf32": False}, cuda=True)
+    assert "Liger" in contradiction("bf16", True, False, ran, cuda=True)
+    assert "torch_compile" in contradiction("bf16", False, True, ran | {"compiled": False},
+                                            cuda=True)
+
+
+def test_fp32_under_compile_and_liger_under_zero3_are_ruled_out():
+    a100, v100 = named_device("A100-80GB"), named_device("V100-32GB")
+    fp32_compiled = TrialConfig.of(8, 1, precision="fp32", torch_compile=True)
+    assert "runs as tf32" in knobs.device_rule(fp32_compiled, a100)[1]
+    assert knobs.device_rule(fp32_compiled, v100) is None  # no TF32 before Ampere
+    assert knobs.device_rule(TrialConfig.of(8, 1, precision="tf32", torch_compile=True),
+                             a100) is None
+    liger3 = TrialConfig.of(8, 1, precision="bf16", use_liger_kernel=True, zero_stage=3)
+    assert "Liger-Kernel #767" in knobs.device_rule(liger3, a100, installs=False)[1]
+
+
+def test_liger_applies_to_causal_lms_only():
+    from autotune.spec import load_spec
+
+    llama = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+             "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 64}
+    assert knobs.LIGER.applies(load_spec({"model": {"config": llama}}), True) is None
+    said = knobs.LIGER.applies(load_spec({"model": {"config": llama,
+                                                    "task": "sequence-classification"}}), True)
+    assert "sequence-classification" in said
+
+
+def test_a_compiled_wrapper_is_seen_through():
+    """accelerate hands back torch.compile's OptimizedModule around FSDP (FSDP itself needs
+    GPUs: a module of its class name stands in), which the sharding check must see."""
+    from autotune.trials.worker import _sharding_fallback
+
+    class FullyShardedDataParallel(torch.nn.Module):
+        def forward(self, x):
+            return x
+
+    compiled = torch.compile(FullyShardedDataParallel())
+    assert type(compiled).__name__ == "OptimizedModule"
+    assert type(unwrapped(compiled)).__name__ == "FullyShardedDataParallel"
+    fsdp = TrialConfig.of(8, 1, fsdp="full_shard")
+    assert _sharding_fallback(fsdp, type(unwrapped(compiled)).__name__) is None
+    assert "did not take effect" in _sharding_fallback(fsdp, type(compiled).__name__)
+
+
+def test_liger_is_recognised_by_where_its_forward_comes_from():
+    """liger-kernel needs Triton on a GPU: a forward defined in a module of its name
+    stands in for one it patched in."""
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LayerNorm(2))
+    assert not liger_applied(model)
+
+    def forward(self, x):
+        return x
+
+    forward.__module__ = "liger_kernel.transformers.rms_norm"
+    model[1].forward = forward.__get__(model[1])
+    assert liger_applied(model)
+
+
+def test_mfu_counts_a_4bit_base_whole_and_frozen_weights_without_their_gradients():
+    from transformers import set_seed
+
+    from autotune.trials.model_builder import build_model
+    from autotune.trials.worker import _flops_per_token, _parameters
+
+    llama = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 176,
+             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "vocab_size": 256}
+    set_seed(0)
+    plain, _ = build_model({"config": llama}, {}, "cpu")
+    packed, _ = build_model({"config": llama},
+                            {"quantization_config": knobs.quantization_config("nf4", "bf16")},
+                            "cpu")
+    assert _parameters(packed) == _parameters(plain)  # not half of each packed weight
+    shape = {"num_layers": 2, "hidden_size": 64, "seq_len": 32}
+    attention = 12 * 2 * 64 * 32
+    assert _flops_per_token(1000, 1000, shape) == 6 * 1000 + attention
+    assert _flops_per_token(1000, 10, shape) == 4 * 1000 + 2 * 10 + attention
+    assert peak_flops_of("NVIDIA A100-SXM4-40GB MIG 3g.20gb") == {}
+    assert peak_flops_of("NVIDIA A100-SXM4-40GB")["bf16"] == 312e12
+
+
+def test_micro_batches_are_counted_without_a_host_read_per_step():
+    """A host read of a sum on the GPU waits for the GPU: counting does no read (an
+    `aten._local_scalar_dense`, what int() and .item() dispatch to) until the run is over."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    from autotune.trials.worker import MicroBatches
+
+    class HostReads(TorchDispatchMode):
+        reads = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default:
+                HostReads.reads += 1
+            return func(*args, **(kwargs or {}))
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64))
+    trainer = Trainer(model=model, args=TrainingArguments("unused", use_cpu=True,
+                                                          report_to="none"))
+    trainer.current_gradient_accumulation_steps = 1  # as train() sets it before a step
+    step, at_step = trainer.training_step, []
+
+    def entered(*args, **kwargs):  # the Trainer's own step (its model reads masks itself)
+        at_step.append(HostReads.reads)
+        return step(*args, **kwargs)
+
+    trainer.training_step = entered
+    counted = MicroBatches(trainer, packed=False)
+    mask = torch.ones(3, 8, dtype=torch.long)
+    mask[0, 6:] = 0
+    batch = {"input_ids": torch.randint(0, 64, (3, 8)), "attention_mask": mask,
+             "labels": torch.randint(0, 64, (3, 8))}
+    with HostReads():
+        trainer.training_step(model, batch)
+    assert at_step == [0]  # counting read nothing back before the step ran
+    assert counted.sizes() == [3] and counted.tokens() == [22]
+
+
+def test_a_gpu_config_never_trains_on_the_cpu(tiny_spec, tmp_path):
+    from autotune.trials.worker import run
+    from tests.conftest import trial_request
+
+    if torch.cuda.is_available():
+        pytest.skip("this host has a GPU")
+    request = trial_request(tiny_spec, TrialConfig(4, 4))
+    request.on_cpu = False  # a GPU config, on a process that sees no GPU
+    out = run(request, str(tmp_path / "result.json"))
+    assert out.status == "lost" and "sees none" in out.error
+
+
+def test_a_fork_that_cannot_reach_the_device_refuses_the_launcher():
+    assert forkserver.fork_check(lambda: None) is None
+
+    def broken() -> None:
+        raise RuntimeError("CUDA error: initialization error")
+
+    assert "initialization error" in forkserver.fork_check(broken)
+    assert "no answer" in forkserver.fork_check(lambda: __import__("time").sleep(30),
+                                                timeout_s=0.5)
+    assert forkserver._fork_unsafe() is None  # here: no GPU to reach, and none touched
+
+
+def test_preloaded_libraries_learn_the_capability_from_nvml(monkeypatch):
+    """bitsandbytes asks the GPU's capability as it is imported; NVML answers it while the
+    launcher preloads, so no CUDA context is made. (No GPU here: NVML's answer for one
+    stands in, as the hardware is not here.)"""
+    monkeypatch.setattr(forkserver, "nvml_capability", lambda index: (9, 0))
+    before = torch.cuda.get_device_capability
+    with forkserver._capability_from_nvml():
+        assert torch.cuda.get_device_capability(torch.cuda.device(0)) == (9, 0)
+        assert torch.cuda.get_device_capability(None) == (9, 0)
+    assert torch.cuda.get_device_capability is before
+    assert not torch.cuda.is_initialized()
+    assert forkserver._device_index(torch.device("cuda", 3)) == 3
+    assert isinstance(DeviceSpec("x", "cuda", 1), DeviceSpec)
