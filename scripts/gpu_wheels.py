@@ -82,11 +82,13 @@ TARGET = {"sys_platform": "linux",
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64", "manylinux_2_34_x86_64",
              "manylinux_2_35_x86_64", "manylinux_2_24_x86_64", "manylinux_2_31_x86_64"]
-# Pruned from the space where missing: carried if they fit, in this order. liger-kernel is
-# no requirement of autotune's (its Triton kernels need a GPU), so its version is pinned
-# here; it needs only torch and triton, which the image has. flash-attn has no wheel on
-# PyPI (an sdist that compiles for hours against CUDA): it is not carried.
-OPTIONAL = ("liger-kernel", "bitsandbytes")
+# Carried last, and required: without them Liger, the 8-bit optimizers and a 4-bit base
+# would be pruned from the space and the proof would say nothing of them (the proof
+# refuses to start without them). liger-kernel is no requirement of autotune's (its
+# Triton kernels need a GPU), so its version is pinned here; it needs only torch and
+# triton, which the image has. flash-attn has no wheel on PyPI (an sdist that compiles
+# for hours against CUDA): it is not carried.
+LAST = ("liger-kernel", "bitsandbytes")
 GPU_ONLY = {"liger-kernel": "0.8.5"}
 NO_WHEEL = ("deepspeed",)  # sdist only on PyPI
 # Java workers, the dashboard's web client (autotune starts Ray without the dashboard),
@@ -232,8 +234,8 @@ def main() -> int:
     for old in out.glob("*.whl"):  # a fresh set: two versions of one stop the install
         old.unlink()
     need = missing(python=args.python) | GPU_ONLY
-    order = sorted(n for n in need if n not in OPTIONAL) + [n for n in OPTIONAL if n in need]
-    total, left_out = 0.0, []
+    order = sorted(n for n in need if n not in LAST) + [n for n in LAST if n in need]
+    total = 0.0
     with tempfile.TemporaryDirectory() as scratch:
         for name in order:
             wheel = fetch(name, need[name], Path(scratch), args.python)
@@ -241,17 +243,16 @@ def main() -> int:
                 slim(wheel, SLIMMED[name])
             mib = wheel.stat().st_size / 2**20
             if total + mib > args.budget_mib:
-                if name not in OPTIONAL:
-                    print(f"{name} ({mib:.1f} MiB) does not fit: {total:.1f} MiB already",
-                          file=sys.stderr)
-                    return 1
-                left_out.append(f"{name} ({mib:.1f} MiB)")
-                continue
+                print(f"{name} ({mib:.1f} MiB) does not fit: {total:.1f} MiB already of "
+                      f"{args.budget_mib:.1f} MiB (64 MiB less the working tree, "
+                      f"{tree_mib():.1f} MiB, and {MARGIN_MIB} MiB); slim a wheel or the "
+                      "tree: the proof needs every one", file=sys.stderr)
+                return 1
             shutil.move(str(wheel), out / wheel.name)
             total += mib
             print(f"  {name} {need[name]}: {mib:.1f} MiB")
-    print(f"{len(need) - len(left_out)} wheels, {total:.1f} MiB in {out} (budget "
-          f"{args.budget_mib:.1f} MiB); left out: {', '.join(left_out) or 'nothing'}")
+    print(f"{len(need)} wheels, {total:.1f} MiB in {out} (budget {args.budget_mib:.1f} MiB, "
+          f"{args.budget_mib - total:.1f} MiB to spare)")
     return 0
 
 

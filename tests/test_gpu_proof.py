@@ -121,9 +121,19 @@ def test_a_search_step_keeps_its_own_time_inside_its_box():
     the box, so the search ends (confirmation and exports) before it is interrupted."""
     for name, box in gpu_proof.GPU_BOXES.items():
         timeout = gpu_proof.search_timeout(box, rehearse=False)
-        assert timeout >= 230, name  # about four minutes of its own
+        assert timeout >= 190, name  # over three minutes of its own
         assert timeout + gpu_proof.STARTUP_S + gpu_proof.GRACE_S <= box
     assert gpu_proof.search_timeout(60, rehearse=False) == 60 - 8 - 12
+
+
+def test_the_smoke_call_and_the_full_proof_fit_a_sessions_device_time():
+    """15 minutes in all, a machine's start (up to two minutes) among them: a smoke call
+    of at most 4 minutes, then the full proof on the still warm machine."""
+    assert gpu_proof.SMOKE_BOX_S + 25 <= gpu_proof.SMOKE_BUDGET_S <= 240
+    assert sum(gpu_proof.GPU_BOXES.values()) + 25 + gpu_proof.FINISH_S <= gpu_proof.GPU_BUDGET_S
+    assert gpu_proof.SMOKE_BUDGET_S + gpu_proof.GPU_BUDGET_S + 120 <= 15 * 60
+    names = [t["name"] for t in gpu_proof.smoke_trials(True, 1, set())]
+    assert sorted(names) == ["attention", "compile", "liger", "nf4", "ranks", "tf32"]
 
 
 def test_the_landscape_folds_confirmation_runs_into_one_row_per_config(tmp_path):

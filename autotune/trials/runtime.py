@@ -66,8 +66,8 @@ def ran_with(trainer, tf32: bool | None) -> dict[str, Any]:
         trainer.model).__name__ == "OptimizedModule"
     model = unwrapped(trainer.model)
     return {"tf32": tf32, "compiled": compiled,
-            "compile_mode": getattr(trainer.args, "torch_compile_mode", None) if compiled
-            else None,
+            "compile_mode": (getattr(trainer.args, "torch_compile_mode", None) or "default")
+            if compiled else None,
             "liger": liger_applied(model),
             "attn_implementation": getattr(getattr(model, "config", None),
                                            "_attn_implementation", None),
