@@ -1,11 +1,13 @@
-"""Per-trial overhead of finished searches: what a trial costs beyond its timed steps.
+"""Where finished searches' time went: per trial and per phase, and the search's efficiency.
 
-    .venv/bin/python benchmarks/trial_overhead.py runs/tiny-gpt2/summary.json [more ...]
+    .venv/bin/python benchmarks/trial_overhead.py runs/qwen-0.5b-qlora/summary.json [more ...]
 
-Prints, over every trial that ran to the end, the median and range of wall time minus
-the timed steps (the issue's measure: process start, model and data build, Trainer
-set-up and the warm-up steps), and the same without the warm-up steps (what launching
-costs, the part a warm launcher can remove).
+Per summary: the search's wall time and efficiency (timed-step seconds over wall seconds
+times its slots), then over the trials that reached each phase the median and the largest
+seconds of launch, model, engine, warm-up and timed steps, and the largest time before a
+first step (launch + model + engine) of the trials with a 4-bit base and of the rest.
+Summaries written before trials said where their time went (no `phases`) get the older
+figures: wall time less the timed steps, with and without the warm-up.
 """
 
 from __future__ import annotations
@@ -15,30 +17,60 @@ import statistics
 import sys
 from pathlib import Path
 
+PHASES = ("launch", "model", "engine", "warmup", "steps")
 
-def overheads(paths: list[str]) -> tuple[list[float], list[float], list[float]]:
-    beyond_steps, beyond_warmup, warmup = [], [], []
-    for path in paths:
-        for t in json.loads(Path(path).read_text())["trials"]:
-            o = t["outcome"]
-            if o["status"] != "ok" or not o.get("timed_seconds"):
-                continue
-            w = float(o["extra"].get("warmup_seconds") or 0.0)
-            beyond_steps.append(o["wall_seconds"] - o["timed_seconds"])
-            beyond_warmup.append(o["wall_seconds"] - o["timed_seconds"] - w)
-            warmup.append(w)
-    return beyond_steps, beyond_warmup, warmup
+
+def phase_table(trials: list[dict]) -> list[str]:
+    lines = []
+    for name in PHASES:
+        seen = [t["outcome"]["extra"]["phases"][name] for t in trials
+                if name in t["outcome"]["extra"].get("phases", {})]
+        if seen:
+            lines.append(f"  {name:8s} median {statistics.median(seen):6.2f} s   max "
+                         f"{max(seen):6.2f} s   ({len(seen)} trials)")
+    for label, quantized in (("4-bit base", True), ("the rest", False)):
+        first = [sum(p.get(k, 0.0) for k in ("launch", "model", "engine"))
+                 for t in trials if (p := t["outcome"]["extra"].get("phases"))
+                 and "warmup" in p and (t["config"].get("quantization", "none") != "none")
+                 == quantized]
+        if first:
+            lines.append(f"  before the first step, {label}: median "
+                         f"{statistics.median(first):.2f} s, max {max(first):.2f} s")
+    return lines
+
+
+def legacy(trials: list[dict]) -> list[str]:
+    beyond_steps, beyond_warmup = [], []
+    for t in trials:
+        o = t["outcome"]
+        if o["status"] != "ok" or not o.get("timed_seconds"):
+            continue
+        w = float(o["extra"].get("warmup_seconds") or 0.0)
+        beyond_steps.append(o["wall_seconds"] - o["timed_seconds"])
+        beyond_warmup.append(o["wall_seconds"] - o["timed_seconds"] - w)
+    return [f"  {label:24s} median {statistics.median(xs):6.2f} s   range "
+            f"{min(xs):.2f}-{max(xs):.2f} s   ({len(xs)} trials)"
+            for label, xs in (("wall - timed steps", beyond_steps),
+                              ("wall - timed - warm-up", beyond_warmup)) if xs]
+
+
+def report(path: str) -> list[str]:
+    summary = json.loads(Path(path).read_text())
+    search, trials = summary.get("search", {}), summary.get("trials", [])
+    eff = search.get("efficiency")
+    lines = [f"{path}: {search.get('trials_run')} trials, {search.get('wall_seconds', 0):.0f} s"
+             " wall" + (f", efficiency {eff:.2f}" if eff is not None else "")]
+    ran = [t for t in trials if t["outcome"]["status"] != "pruned"]
+    if any("phases" in t["outcome"]["extra"] for t in ran):
+        return lines + phase_table(ran)
+    return lines + legacy(ran)
 
 
 def main() -> None:
     if len(sys.argv) < 2:
         sys.exit(__doc__)
-    rows = zip(("wall - timed steps", "wall - timed - warm-up", "warm-up steps"),
-               overheads(sys.argv[1:]), strict=True)
-    for label, xs in rows:
-        if xs:
-            print(f"{label:24s} median {statistics.median(xs):6.2f} s   range "
-                  f"{min(xs):.2f}-{max(xs):.2f} s   ({len(xs)} trials)")
+    for path in sys.argv[1:]:
+        print("\n".join(report(path)))
 
 
 if __name__ == "__main__":

@@ -159,7 +159,7 @@ def test_normal_report_has_every_plot_and_facts(tmp_path: Path) -> None:
 def test_markdown_headline_table_and_files(tmp_path: Path) -> None:
     md, _ = write_report(write_summary(tmp_path, make_summary("normal")))
     text = md.read_text()
-    assert "# autotune report: tiny-gpt2 on cpu" in text
+    assert "# autotune report: tiny-gpt2 on CPU" in text
     assert "| **Best config** | b32x2 bf16 adamw_torch_fused |" in text
     assert "[report.html](report.html)" in text and "[`training_args.json`]" in text
     rows = [ln for ln in text.splitlines() if re.match(r"\| \d+ \|", ln)]
@@ -211,7 +211,7 @@ def test_the_title_says_how_the_ranks_sit_and_are_linked() -> None:
         "intra": "NVLink", "inter": "Ethernet 100 Gb/s"}))
     assert _title(one) == "tiny-gpt2 on 8× H100-80GB (NVLink inside)"
     cpus = replace(summary, device=DeviceSpec("cpu", "cpu", 16 * GiB, count=2, nodes=2))
-    assert _title(cpus) == "tiny-gpt2 on 2 nodes × cpu"
+    assert _title(cpus) == "tiny-gpt2 on 2 nodes × CPU"
 
 
 def test_projection_forms() -> None:
@@ -237,7 +237,7 @@ def test_render_summary_rich(tmp_path: Path) -> None:
     console = Console(record=True, width=160)
     render_summary(load_summary(write_summary(tmp_path, make_summary("normal"))), console)
     out = console.export_text()
-    assert "tiny-gpt2 on cpu" in out and "b32x2 bf16 adamw_torch_fused" in out
+    assert "tiny-gpt2 on CPU" in out and "b32x2 bf16 adamw_torch_fused" in out
     assert "top 10 of 12 trials" in out and "-1" not in out
     empty = Console(record=True, width=120)
     render_summary(make_summary("empty"), empty)

@@ -86,6 +86,11 @@ def _title(summary: Summary) -> str:
     if device is None:
         return f"{model} on device"
     name, count, nodes, each = device.name, device.count, device.nodes, device.per_node
+    if not device.is_cuda:  # the machine a CPU search ran on: its cores, its bf16
+        threads = max((t.outcome.extra.get("cpu_threads") or 0 for t in summary.trials),
+                      default=0)
+        name = (f"{threads} CPU core{'s' * (threads > 1)}" if threads else "CPU") + (
+            " with native bf16" if device.native_bf16 else "")
     where = f"{count}× {name}" if count > 1 else name
     if nodes > 1:
         where = f"{nodes} nodes × {f'{each}× ' if each > 1 else ''}{name}"
@@ -134,8 +139,28 @@ def headline(summary: Summary) -> list[Fact]:
              _throughput_fact(summary, best), _memory_fact(summary, best),
              _mfu_fact(summary, best), _projection_fact(summary, best, base),
              _search_fact(summary)]
-    data = _data_fact(summary)
-    return facts + ([data] if data else [])
+    extra = [_data_fact(summary), _weights_fact(summary)]
+    return facts + [f for f in extra if f]
+
+
+WEIGHTS = {"random": "random, of the model's exact shape, made on the device by its own "
+                     "init (a dense model's step time does not depend on its values)",
+           "checkpoint": "the checkpoint's, read onto the device",
+           "factory": "the factory's"}
+
+
+def _weights_fact(summary: Summary) -> Fact | None:
+    """Which weights the trials trained, and an MoE model's routing (which decides its
+    step time and memory)."""
+    built = next((t.outcome.extra["model_build"] for t in summary.trials
+                  if t.outcome.extra.get("model_build")), None)
+    if not built:
+        return None
+    weights = built.get("weights", "random")
+    detail = WEIGHTS.get(weights, weights)
+    if built.get("routing"):
+        detail += f" · experts' routing: {built['routing']}"
+    return Fact("Weights", weights, detail)
 
 
 def _data_fact(summary: Summary) -> Fact | None:
