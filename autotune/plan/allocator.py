@@ -22,7 +22,7 @@ more idle segments, which makes that likelier).
 
 from __future__ import annotations
 
-import bisect
+from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -82,10 +82,11 @@ def workspace_event(key: tuple[str, str], made: set, workspaces: dict[str, int] 
 
 
 class _Block:
-    __slots__ = ("addr", "size", "free", "prev", "next", "small", "stream")
+    __slots__ = ("addr", "size", "free", "prev", "next", "small", "stream", "pool")
 
-    def __init__(self, addr: int, size: int, small: bool, stream: int) -> None:
+    def __init__(self, addr: int, size: int, small: bool, stream: int, pool: list) -> None:
         self.addr, self.size, self.small, self.stream = addr, size, small, stream
+        self.pool = pool  # the free blocks of its stream and size class, where it goes freed
         self.free = True
         self.prev: _Block | None = None
         self.next: _Block | None = None
@@ -109,16 +110,16 @@ class CachingAllocator:
         if nbytes <= 0:
             return  # torch hands out no block for an empty tensor
         assert key not in self._blocks, f"{key!r} allocated twice"
-        size = max(MIN_BLOCK, -(-nbytes // MIN_BLOCK) * MIN_BLOCK)
+        size = -(-nbytes // MIN_BLOCK) * MIN_BLOCK
         small = size <= SMALL_SIZE
         pool = self._pools.get((stream, small))
         if pool is None:
             pool = self._pools[stream, small] = []
-        i = bisect.bisect_left(pool, (size,))  # the smallest that fits, the lowest address
+        i = bisect_left(pool, (size,))  # the smallest that fits, at the lowest address
         if i < len(pool):
             block = pool.pop(i)[2]
         else:
-            block = _Block(self._next_addr, _segment_size(size), small, stream)
+            block = _Block(self._next_addr, _segment_size(size), small, stream, pool)
             self._next_addr += block.size
             self.reserved += block.size
             self.reserved_by_stream[stream] = self.reserved_by_stream.get(stream, 0) + block.size
@@ -127,12 +128,12 @@ class CachingAllocator:
                 self.peak_reserved = self.reserved
         rest = block.size - size
         if rest > (MIN_BLOCK - 1 if small else SMALL_SIZE):
-            tail = _Block(block.addr + size, rest, small, stream)
+            tail = _Block(block.addr + size, rest, small, stream, pool)
             tail.prev, tail.next = block, block.next
             if block.next is not None:
                 block.next.prev = tail
             block.next, block.size = tail, size
-            bisect.insort(pool, (rest, tail.addr, tail))
+            insort(pool, (rest, tail.addr, tail))
         block.free = False
         self._blocks[key] = block
         self.allocated += block.size
@@ -145,15 +146,15 @@ class CachingAllocator:
             return
         self.allocated -= block.size
         block.free = True
-        pool = self._pools[block.stream, block.small]
+        pool = block.pool
         left, right = block.prev, block.next
         if left is not None and left.free:
-            del pool[bisect.bisect_left(pool, (left.size, left.addr))]
+            del pool[bisect_left(pool, (left.size, left.addr))]
             block = self._absorb(left, block)
         if right is not None and right.free:
-            del pool[bisect.bisect_left(pool, (right.size, right.addr))]
+            del pool[bisect_left(pool, (right.size, right.addr))]
             block = self._absorb(block, right)
-        bisect.insort(pool, (block.size, block.addr, block))
+        insort(pool, (block.size, block.addr, block))
 
     def copy(self) -> CachingAllocator:
         """An independent allocator in the same state: its segments, blocks, pools, counters
@@ -165,6 +166,7 @@ class CachingAllocator:
         twin.reserved_by_stream = dict(self.reserved_by_stream)
         twin.grown = list(self.grown)
         twins: dict[int, _Block] = {}
+        pools = {id(pool): [] for pool in self._pools.values()}
 
         def twin_of(block: _Block | None) -> _Block | None:
             if block is None:
@@ -172,12 +174,13 @@ class CachingAllocator:
             copied = twins.get(id(block))
             if copied is None:
                 copied = twins[id(block)] = _Block(block.addr, block.size, block.small,
-                                                   block.stream)
+                                                   block.stream, pools[id(block.pool)])
                 copied.free = block.free
             return copied
 
-        twin._pools = {k: [(size, addr, twin_of(b)) for size, addr, b in pool]
-                       for k, pool in self._pools.items()}
+        for k, pool in self._pools.items():
+            twin._pools[k] = pools[id(pool)]
+            twin._pools[k] += [(size, addr, twin_of(b)) for size, addr, b in pool]
         twin._blocks = {key: twin_of(b) for key, b in self._blocks.items()}
         for block in [*self._blocks.values(), *(e[2] for p in self._pools.values() for e in p)]:
             copied = twins[id(block)]
@@ -284,9 +287,19 @@ class _TrialEvents:
         self.step, self.workspaces = step, workspaces
         self.accumulation = min(accumulation, REPLAYED)
         self.made: set = set()  # the workspaces made by the end of `start`
-        self.sized = [[(kind, key, step.bytes_at(s1, s2, batch) if kind == "alloc" else 0)
-                       for kind, key, s1, s2 in template]
-                      for template in (step.first, step.later)]
+        # Each traced tensor numbered: a micro-batch's keys are these numbers plus its
+        # offset (ints hash faster than the traced keys' nested tuples).
+        number: dict = {}
+
+        def sized(kind: str, key: object, s1: int, s2: int) -> tuple[str, object, int]:
+            if kind == "workspace":
+                return kind, key, 0
+            size = step.bytes_at(s1, s2, batch) if kind == "alloc" else 0
+            return kind, number.setdefault(key, len(number)), size
+
+        self.sized = [[sized(*e) for e in template] for template in (step.first, step.later)]
+        self.persistent = frozenset(number[k] for k in step.persistent if k in number)
+        self.tensors = len(number)
 
     def start(self, ddp: bool) -> tuple[list[Event], list]:
         """The events before the optimizer's states, and the first step's gradients."""
@@ -318,15 +331,16 @@ class _TrialEvents:
         """Step `s`'s micro-batches, and the gradients its first one creates."""
         events: list[Event] = []
         grads = []
-        persistent = self.step.persistent
+        persistent = self.persistent
         for m in range(self.accumulation):
+            offset = (s * REPLAYED + m) * self.tensors
             for kind, key, size in self.sized[m > 0]:
                 if kind == "workspace":
                     events += workspace_event(key[0], made, self.workspaces)
                     continue
-                events.append((kind, (s, m, key), size))
+                events.append((kind, offset + key, size))
                 if m == 0 and kind == "alloc" and key in persistent:
-                    grads.append((s, m, key))
+                    grads.append(offset + key)
         return events, grads
 
     def _step_end(self, s: int, grads: list, step_temporary_bytes: float) -> list[Event]:
