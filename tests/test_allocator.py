@@ -438,3 +438,23 @@ def test_the_replay_holds_to_the_allocators_own_peaks_of_every_recorded_history(
     assert len(rows) == 18
     assert all(abs(allocated) <= 0.005 and -0.03 <= reserved <= 0.005
                for allocated, reserved in rows), rows
+
+
+def test_the_collector_is_held_off_inside_and_left_as_it_was_found():
+    import gc
+
+    from autotune.plan.gc_pause import collector_paused
+
+    assert gc.isenabled()
+    with collector_paused():
+        with collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the outer pause still holds
+    assert gc.isenabled()
+    gc.disable()  # a caller's own choice is kept
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
