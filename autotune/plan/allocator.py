@@ -180,7 +180,7 @@ class CachingAllocator:
 
         for k, pool in self._pools.items():
             twin._pools[k] = pools[id(pool)]
-            twin._pools[k] += [(size, addr, twin_of(b)) for size, addr, b in pool]
+            twin._pools[k].extend((size, addr, twin_of(b)) for size, addr, b in pool)
         twin._blocks = {key: twin_of(b) for key, b in self._blocks.items()}
         for block in [*self._blocks.values(), *(e[2] for p in self._pools.values() for e in p)]:
             copied = twins[id(block)]
@@ -207,7 +207,6 @@ class CachingAllocator:
         if right.next is not None:
             right.next.prev = left
         return left
-
 
 
 def _segment_size(size: int) -> int:

@@ -114,9 +114,9 @@ def _record(hf_config, task: str, seq_len: int, batch: int, mode: str, checkpoin
 
 def _records(hf_config, task: str, seq_len: int, batches: tuple[int, ...], mode: str,
              checkpointing: bool, attention: str, cuda: bool, layers: int) -> list:
-    """`_record` at each micro-batch of `batches`, on one model built for them all (its
-    build is a tenth of the trace): the gradients go before each, as a fresh model has
-    none."""
+    """`_record` at each micro-batch of `batches`, on one model built for them all (a
+    build costs a tenth of a micro-batch's trace): the gradients go before each, as a
+    fresh model has none."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 

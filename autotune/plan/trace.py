@@ -295,8 +295,9 @@ def _peak(hf_config, task: str, seq_len: int, layers: int, batch: int, mode: str
 def _peaks(hf_config, task: str, seq_len: int, layers: int, batches: tuple[int, ...],
            mode: str, checkpointing: bool, attention: str, cuda: bool,
            lora: dict[str, Any] | None, fake: bool = True) -> list[int]:
-    """`_peak` at each micro-batch of `batches`, one after the other on one model (its
-    build is a tenth of a step's trace): each step starts from fresh zero gradients."""
+    """`_peak` at each micro-batch of `batches`, one after the other on one model (a
+    build costs a tenth of a micro-batch's trace): each starts from fresh zero
+    gradients."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
