@@ -13,6 +13,7 @@ from autotune.plan import zero_replay
 from autotune.plan.allocator import (
     CachingAllocator,
     TracedStep,
+    TrialReplay,
     blas_workspaces,
     ddp_buckets,
     replay,
@@ -246,6 +247,50 @@ def test_a_deep_model_is_traced_from_four_layers():
         assert _replayed(deep) == _replayed(direct), (raw["model_type"], mode, ckpt)
 
 
+def _state(a: CachingAllocator) -> tuple:
+    return (a.peak_reserved, a.peak_allocated, a.reserved, a.allocated,
+            a.reserved_by_stream, a.grown)
+
+
+def test_optimizers_continue_one_shared_replay_as_each_full_replay_ends():
+    """`TrialReplay` replays what precedes the optimizer once and continues a copy of it
+    per optimizer: each ends in the allocator a whole replay of its trial ends in, on a
+    model deepened from four layers to nine, whatever was replayed from it before."""
+    llama = {"model_type": "llama", "num_hidden_layers": 9, "hidden_size": 64,
+             "intermediate_size": 160, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "vocab_size": 512, "max_position_embeddings": 64}
+    optimizers = [optimizer(o) for o in ("adamw_torch", "adamw_torch_fused",
+                                         "adamw_bnb_8bit", "sgd", "adamw_torch")]
+    for raw, mode in ((llama, "autocast16"), (GPT2 | {"n_layer": 6}, "fp32")):
+        step = trace_step(raw, "causal-lm", 64, mode, False, "sdpa", True)
+        for batch, accumulation, ddp in ((4, 2, False), (12, 1, True), (2, 5, True)):
+            trial = TrialReplay(step, batch, accumulation, ddp=ddp,
+                                workspaces=blas_workspaces((9, 0)))
+            for opt in optimizers:
+                whole = replay(training_events(step, batch, accumulation, opt.states_of,
+                                               opt.step_temporary_bytes, ddp=ddp,
+                                               workspaces=blas_workspaces((9, 0))))
+                shared = trial.replay(opt.states_of, opt.step_temporary_bytes)
+                assert _state(shared) == _state(whole), (raw["model_type"], batch, opt)
+
+
+def test_a_copied_allocator_goes_on_as_the_original_would():
+    a = CachingAllocator()
+    for i, n in enumerate((3 * MiB, 30 * MiB, 100, 12 * MiB, 700 * 1024)):
+        a.malloc(i, n)
+    a.free(1)
+    a.free(3)
+    b = a.copy()
+    for x in (a, b):  # splits, merges with both neighbours, a new segment
+        x.malloc("m", 20 * MiB)
+        x.free(0)
+        x.free("m")
+        x.malloc("n", 50 * MiB)
+    assert _state(a) == _state(b) and a.reserved > 0
+    b.free("n")
+    assert a.allocated - b.allocated == 50 * MiB  # independent after the copy
+
+
 def test_ddp_holds_its_buckets_beside_the_gradients_over_several_ranks():
     shape = shape_from_hf_config(load_hf_config({"config": GPT2}), 64)
     one, two = Physics(shape, named_device("H100")), Physics(shape, named_device("H100"), 2)
@@ -284,12 +329,18 @@ def test_ddp_buckets_close_at_their_cap_from_the_last_parameter_back():
 
 
 def test_a_failing_replay_leaves_the_allowance_not_an_error(monkeypatch):
+    from collections import OrderedDict
+
     import autotune.plan.memory as memory
 
+    class Broken(TrialReplay):
+        def replay(self, states_of, step_temporary_bytes):  # noqa: ANN001, ANN202
+            return replay([("alloc", "x", 1024), ("alloc", "x", 1024)])
+
     shape = shape_from_hf_config(load_hf_config({"config": GPT2}), 64)
-    broken = lambda *a, **k: [("alloc", "x", 1024), ("alloc", "x", 1024)]  # noqa: E731
-    monkeypatch.setattr(memory, "training_events", broken)
+    monkeypatch.setattr(memory, "TrialReplay", Broken)
     monkeypatch.setattr(memory, "_REPLAYS", {})  # replays of earlier tests are shared
+    monkeypatch.setattr(memory, "_TRIALS", OrderedDict())
     h100 = Physics(shape, named_device("H100"))
     c = TrialConfig.of(4, 4, precision="bf16")
     assert h100.reserved_peak(c) is None and h100.physics(c).total_bytes > 0
@@ -387,3 +438,23 @@ def test_the_replay_holds_to_the_allocators_own_peaks_of_every_recorded_history(
     assert len(rows) == 18
     assert all(abs(allocated) <= 0.005 and -0.03 <= reserved <= 0.005
                for allocated, reserved in rows), rows
+
+
+def test_the_collector_is_held_off_inside_and_left_as_it_was_found():
+    import gc
+
+    from autotune.plan.gc_pause import collector_paused
+
+    assert gc.isenabled()
+    with collector_paused():
+        with collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the outer pause still holds
+    assert gc.isenabled()
+    gc.disable()  # a caller's own choice is kept
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

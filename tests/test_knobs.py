@@ -115,3 +115,14 @@ def test_a_label_names_its_config_back():
     for bad in ("b8x4 bf16 z9", "8x4 bf16"):
         with pytest.raises(SpecError, match=bad.split()[-1]):
             TrialConfig.from_label(bad)
+
+
+def test_the_optimizer_knob_reads_transformers_list_without_importing_it():
+    """A plan checks `optim` against transformers' OptimizerNames read from its source
+    (importing training_args costs seconds); the list is the imported enum's."""
+    from transformers.training_args import OptimizerNames
+
+    from autotune.optimizers import _optimizer_names_in_source
+
+    assert _optimizer_names_in_source() == [o.value for o in OptimizerNames]
+    assert knobs.OPTIM.allowed() == [o.value for o in OptimizerNames]

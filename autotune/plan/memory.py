@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,10 +24,10 @@ from autotune.plan import zero_replay
 from autotune.plan.allocator import (
     REPLAYED,
     CachingAllocator,
+    TrialReplay,
     blas_workspaces,
-    replay,
-    training_events,
 )
+from autotune.plan.gc_pause import collector_paused
 from autotune.plan.shape import ModelShape
 from autotune.plan.step_trace import trace_step
 from autotune.plan.trace import ActivationTrace, trace_activations
@@ -85,6 +86,10 @@ FEATURES = COMPONENTS + DEVIATIONS
 # Replayed (allocated, reserved) peaks by model and what the replay depends on, for the
 # process: a few bytes each, and one search or benchmark meets a few hundred at most.
 _REPLAYS: dict[tuple, tuple[float, float] | None] = {}
+# The shared beginnings of plain Trainer replays (`TrialReplay`: a few MB each), by model,
+# micro-batch and what else but the optimizer the replay depends on; the most recent few.
+_TRIALS: OrderedDict[tuple, TrialReplay] = OrderedDict()
+_TRIALS_KEPT = 16
 
 
 @dataclass
@@ -429,7 +434,8 @@ class Physics:
         if key not in _REPLAYS:
             value = None
             try:
-                allocator = self.replay_allocator(c)
+                with collector_paused():
+                    allocator = self.replay_allocator(c)
                 if allocator is not None:
                     value = (float(allocator.peak_allocated), float(allocator.peak_reserved))
             except Exception as exc:  # noqa: BLE001 - a replay bug must not stop a search
@@ -453,16 +459,34 @@ class Physics:
         attention, capability = self.attention_kernel(c), self.device.compute_capability
         if self.zero_replayed(c):
             return zero_replay.trial_replay(self.shape, c, attention, capability)
+        trial = self._trial_replay(c, attention)
+        if trial is None:
+            return None
         opt = optimizer(c.optim)
+        return trial.replay(opt.states_of, opt.step_temporary_bytes)
+
+    def _trial_replay(self, c: TrialConfig, attention: str) -> TrialReplay | None:
+        """The replay `c` shares with the configs that differ from it only in the optimizer
+        (the allocations before the optimizer's states), or None where the step cannot be
+        traced. Kept for the most recent few: a space lists its optimizers side by side."""
+        ddp = self.ddp_bucket_bytes(c) > 0
+        key = self._replay_key((c.per_device_train_batch_size,
+                                min(c.gradient_accumulation_steps, REPLAYED), _replay_mode(c),
+                                c.gradient_checkpointing, attention, ddp))
+        if key in _TRIALS:
+            _TRIALS.move_to_end(key)
+            return _TRIALS[key]
         step = trace_step(self.shape.hf_config, self.shape.task or "causal-lm",
                           self.shape.seq_len, _replay_mode(c), c.gradient_checkpointing,
                           attention, True)
         if step is None:
             return None
-        return replay(training_events(
-            step, c.per_device_train_batch_size, c.gradient_accumulation_steps,
-            opt.states_of, opt.step_temporary_bytes, ddp=self.ddp_bucket_bytes(c) > 0,
-            workspaces=blas_workspaces(capability)))
+        _TRIALS[key] = TrialReplay(step, c.per_device_train_batch_size,
+                                   c.gradient_accumulation_steps, ddp=ddp,
+                                   workspaces=blas_workspaces(self.device.compute_capability))
+        if len(_TRIALS) > _TRIALS_KEPT:
+            _TRIALS.popitem(last=False)
+        return _TRIALS[key]
 
     def _replay_depends(self, c: TrialConfig) -> tuple | None:
         """What `c`'s replay depends on, or None where none applies: a CPU, a model without

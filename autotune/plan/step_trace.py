@@ -17,6 +17,7 @@ from functools import lru_cache
 from typing import Any
 
 from autotune.plan.allocator import TracedStep
+from autotune.plan.gc_pause import collector_paused
 from autotune.plan.trace import BATCHES, MODES, _build, _LiveBytes, _micro_step
 
 log = logging.getLogger(__name__)
@@ -107,6 +108,15 @@ def _record(hf_config, task: str, seq_len: int, batch: int, mode: str, checkpoin
     """A `layers`-deep model's micro-batch that creates the gradients and one that adds to
     them, labelled; the parameters' bytes and trainable elements in load order, each with
     the index of the layer it belongs to (None outside the layers)."""
+    return _records(hf_config, task, seq_len, (batch,), mode, checkpointing, attention, cuda,
+                    layers)[0]
+
+
+def _records(hf_config, task: str, seq_len: int, batches: tuple[int, ...], mode: str,
+             checkpointing: bool, attention: str, cuda: bool, layers: int) -> list:
+    """`_record` at each micro-batch of `batches`, on one model built for them all (a
+    build costs a tenth of a micro-batch's trace): the gradients go before each, as a
+    fresh model has none."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -129,21 +139,26 @@ def _record(hf_config, task: str, seq_len: int, batch: int, mode: str, checkpoin
                      for p in m.parameters()}
         trainable = tuple(((p.numel(), id(p) in embedding), owner.get(id(p)))
                           for p in model.parameters() if p.requires_grad)
-        recordings = []
-        for _ in range(2):
-            regions = _Regions(stack)
-            events: list[Labelled] = []
-            tracker = _LiveBytes(events, _state_tensors(model), regions.region)
-            _micro_step(model, hf_config, task, seq_len, batch, mode, cuda, tracker,
-                        before_backward=lambda r=regions: setattr(r, "backward", True))
-            regions.remove()
-            grads = {id(p.grad.untyped_storage()) for p in model.parameters()
-                     if p.grad is not None}
-            kept = frozenset(tracker.key_of[g] for g in grads if g in tracker.key_of)
-            _release_all_but(tracker, kept)
-            recordings.append((events, kept))
-    (first, persistent), (later, _) = recordings
-    return tuple(params), trainable, first, later, persistent
+        out = []
+        for batch in batches:
+            for p in model.parameters():
+                p.grad = None
+            recordings = []
+            for _ in range(2):
+                regions = _Regions(stack)
+                events: list[Labelled] = []
+                tracker = _LiveBytes(events, _state_tensors(model), regions.region)
+                _micro_step(model, hf_config, task, seq_len, batch, mode, cuda, tracker,
+                            before_backward=lambda r=regions: setattr(r, "backward", True))
+                regions.remove()
+                grads = {id(p.grad.untyped_storage()) for p in model.parameters()
+                         if p.grad is not None}
+                kept = frozenset(tracker.key_of[g] for g in grads if g in tracker.key_of)
+                _release_all_but(tracker, kept)
+                recordings.append((events, kept))
+            (first, persistent), (later, _) = recordings
+            out.append((tuple(params), trainable, first, later, persistent))
+    return out
 
 
 class _Deepen:
@@ -237,8 +252,13 @@ def _deepened(hf_config, task: str, seq_len: int, batch: int, mode: str, checkpo
               attention: str, cuda: bool, depth: int):
     """(params, trainable, first, later, persistent) of the `depth`-layer model."""
     n = min(depth, TRACED_LAYERS)
-    params, trainable, first, later, persistent = _record(
-        hf_config, task, seq_len, batch, mode, checkpointing, attention, cuda, n)
+    return _deepen(_record(hf_config, task, seq_len, batch, mode, checkpointing, attention,
+                           cuda, n), n, depth)
+
+
+def _deepen(recording: tuple, n: int, depth: int):
+    """An `n`-layer recording (`_record`) as the `depth`-layer model's."""
+    params, trainable, first, later, persistent = recording
     if depth == n:
         plain = lambda evs: [(k, (key, 0), b) for k, key, b, _ in evs]  # noqa: E731
         return (tuple(b for b, _ in params), tuple(e for e, _ in trainable), plain(first),
@@ -281,11 +301,13 @@ def _trace_step_cached(config_json: str, task: str, seq_len: int, mode: str,
         hf_config = load_hf_config({"config": json.loads(config_json)})
         depth = next(int(getattr(hf_config, k)) for k in _LAYER_KEYS
                      if getattr(hf_config, k, None) is not None)
-        b1, b2 = BATCHES
-        params, per_param, f1, l1, persistent = _deepened(
-            hf_config, task, seq_len, b1, mode, checkpointing, attention, cuda, depth)
-        _, _, f2, l2, persistent2 = _deepened(
-            hf_config, task, seq_len, b2, mode, checkpointing, attention, cuda, depth)
+        traced = min(depth, TRACED_LAYERS)
+        with collector_paused():
+            at_b1, at_b2 = (_deepen(r, traced, depth) for r in _records(
+                hf_config, task, seq_len, BATCHES, mode, checkpointing, attention, cuda,
+                traced))
+        params, per_param, f1, l1, persistent = at_b1
+        _, _, f2, l2, persistent2 = at_b2
     except Exception as exc:
         log.info("the step of this model is not traced (%s: %s); no allocator replay",
                  type(exc).__name__, str(exc)[:200])

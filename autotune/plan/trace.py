@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from autotune.plan.gc_pause import collector_paused
+
 log = logging.getLogger(__name__)
 
 # How a trial runs its compute: fp32 (fp32, tf32); "autocast16": fp32 parameters under
@@ -71,13 +73,17 @@ class _LiveBytes:
 
     def __init__(self, events: list | None = None, existing: Any = (),
                  region: list | None = None) -> None:
+        import torch
         from torch.utils._python_dispatch import TorchDispatchMode
 
         tracker = self
+        device = torch.ops.prim.device.default
 
         class Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 out = func(*args, **(kwargs or {}))
+                if func is device:  # a fake tensor's `.device`, two calls in three
+                    return out
                 tracker._count(out)
                 if tracker.events is not None and func.name() in BLAS_OPS:
                     tracker._blas(func.name())
@@ -100,7 +106,7 @@ class _LiveBytes:
         import torch
         from torch.utils._pytree import tree_flatten
 
-        for t in tree_flatten(out)[0]:
+        for t in (out,) if isinstance(out, torch.Tensor) else tree_flatten(out)[0]:
             if not isinstance(t, torch.Tensor):
                 continue
             st = t.untyped_storage()
@@ -282,17 +288,30 @@ def _peak(hf_config, task: str, seq_len: int, layers: int, batch: int, mode: str
           lora: dict[str, Any] | None, fake: bool = True) -> int:
     """The step's peak bytes beyond parameters and gradients; `fake=False` runs it on real
     CPU tensors (how the tests hold the fake trace to a real step)."""
+    return _peaks(hf_config, task, seq_len, layers, (batch,), mode, checkpointing, attention,
+                  cuda, lora, fake)[0]
+
+
+def _peaks(hf_config, task: str, seq_len: int, layers: int, batches: tuple[int, ...],
+           mode: str, checkpointing: bool, attention: str, cuda: bool,
+           lora: dict[str, Any] | None, fake: bool = True) -> list[int]:
+    """`_peak` at each micro-batch of `batches`, one after the other on one model (a
+    build costs a tenth of a micro-batch's trace): each starts from fresh zero
+    gradients."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext():
         model = _build(hf_config, task, layers, mode, checkpointing, attention, lora)
-        for p in model.parameters():
-            if p.requires_grad:  # as under accumulation: gradients exist before the step
-                p.grad = torch.zeros_like(p)
-        tracker = _LiveBytes(existing=_state_tensors(model))
-        _micro_step(model, hf_config, task, seq_len, batch, mode, cuda, tracker)
-        return tracker.peak
+        peaks = []
+        for batch in batches:
+            for p in model.parameters():
+                if p.requires_grad:  # as under accumulation: gradients exist before the step
+                    p.grad = torch.zeros_like(p)
+            tracker = _LiveBytes(existing=_state_tensors(model))
+            _micro_step(model, hf_config, task, seq_len, batch, mode, cuda, tracker)
+            peaks.append(tracker.peak)
+        return peaks
 
 
 def _state_tensors(model) -> list:
@@ -339,8 +358,9 @@ def _trace_cached(config_json: str, task: str, seq_len: int, mode: str, checkpoi
     fake tensors cannot run, or LoRA (PEFT moves its adapters with `.to()`, which cannot
     swap fake parameters)."""
     try:
-        return _trace(config_json, task, seq_len, mode, checkpointing, attention, cuda,
-                      lora_json)
+        with collector_paused():
+            return _trace(config_json, task, seq_len, mode, checkpointing, attention, cuda,
+                          lora_json)
     except Exception as exc:
         log.info("activations of this model are not traced (%s: %s); the formulas stand",
                  type(exc).__name__, str(exc)[:200])
@@ -359,9 +379,9 @@ def _trace(config_json: str, task: str, seq_len: int, mode: str, checkpointing: 
                    if k in raw), 1)
     lora = json.loads(lora_json) if lora_json else None
     b1, b2 = BATCHES
-    peak = {(n, b): _peak(hf_config, task, seq_len, n, b, mode, checkpointing, attention,
-                          cuda, lora)
-            for n in (1, 2) for b in BATCHES}
+    peak = {(n, b): p for n in (1, 2) for b, p in zip(BATCHES, _peaks(
+        hf_config, task, seq_len, n, BATCHES, mode, checkpointing, attention, cuda, lora),
+        strict=True)}
     # Bilinear in layers n and batch b: peak = f0 + f1*n + b*(s0 + s1*n).
     slope = {n: (peak[n, b2] - peak[n, b1]) / (b2 - b1) for n in (1, 2)}
     fixed = {n: peak[n, b1] - b1 * slope[n] for n in (1, 2)}
