@@ -444,3 +444,41 @@ def test_estimate_of_a_70b_llama_on_16_gpus_over_two_nodes_is_per_rank(tmp_path)
     text = out.getvalue()
     assert "16 ranks over 2 nodes, 8 on each" in text and "one rank's" in text
     assert f"{off.estimate.total_bytes / 2**30:.2f}" in text
+    # The unsharded row cannot fit whatever its activations: nothing traced or replayed.
+    assert z0.beyond_device and not z3.beyond_device and "no (states)" in text
+
+
+def test_a_row_whose_states_exceed_the_device_is_neither_traced_nor_replayed():
+    """Its weights, gradients and optimizer states alone do not fit: the formulas stand for
+    the rest, so planning a 70B is not paying for traces of configs that cannot run; every
+    other row keeps its traced and replayed figure."""
+    from autotune.plan import trace
+
+    shape = shape_from_hf_config(_llama_config(), 256)
+    small = MemoryModel(shape, named_device("T4-16GB"))
+    tiny = MemoryModel(shape, DeviceSpec("tiny", "cuda", 2**20, (8, 0)))
+    c = TrialConfig.of(2, 1, precision="bf16")
+    assert not small.beyond_device(c) and tiny.beyond_device(c)
+    assert small.trace_args(c) is not None and tiny.trace_args(c) is None
+    assert small.trace(c) is not None and tiny.trace(c) is None
+    assert small.replayed_peaks(c) is not None
+    assert tiny.physics(c).total_bytes > tiny.device.memory_bytes
+    # Traces made side by side in forked processes are the ones made one at a time.
+    calls = [small.trace_args(TrialConfig.of(2, 1, precision=p, gradient_checkpointing=k))
+             for p in ("bf16", "fp32") for k in (False, True)]
+    serial = [trace.trace_activations(*a) for a in calls]
+    trace._TRACES.clear()
+    import threading
+
+    forked = trace.prefetch(calls, workers=2)
+    assert forked == (4 if threading.active_count() == 1 else 0)
+    assert [trace._TRACES[trace._key(*a)] for a in calls] == serial
+
+
+def _llama_config():
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model("llama", hidden_size=128, intermediate_size=344,
+                                num_hidden_layers=2, num_attention_heads=4,
+                                num_key_value_heads=2, vocab_size=512,
+                                max_position_embeddings=512)

@@ -13,9 +13,17 @@ from typing import TYPE_CHECKING, Any
 from autotune.config import Family, TrialConfig
 from autotune.errors import SpecError
 from autotune.plan.calibration import MemoryModel
-from autotune.plan.device import DeviceSpec, GiB, local_device, memory_limit, named_device
+from autotune.plan.device import (
+    DeviceSpec,
+    GiB,
+    local_device,
+    memory_limit,
+    named_device,
+    node_cpus,
+)
 from autotune.plan.memory import COMPONENTS, MemoryEstimate
 from autotune.plan.shape import ModelShape, model_shape
+from autotune.plan.trace import prefetch
 from autotune.space import build_space
 from autotune.spec import load_spec, parse_bytes
 
@@ -28,6 +36,9 @@ class EstimateRow:
     config: TrialConfig
     estimate: MemoryEstimate
     fits: bool
+    # Its weights, gradients and optimizer states alone exceed the device: its other
+    # components are the formulas' (nothing traced or replayed for it).
+    beyond_device: bool = False
 
 
 @dataclass
@@ -57,6 +68,7 @@ class EstimateResult:
         return {"model": self.shape.to_dict(), "device": self.device.name,
                 "limit_bytes": self.limit_bytes,
                 "rows": [{"config": r.config.to_dict(), "fits": r.fits}
+                         | ({"beyond_device": True} if r.beyond_device else {})
                          | r.estimate.to_dict() for r in self.rows]}
 
 
@@ -92,10 +104,13 @@ def estimate(spec_or_path: Any, *, device: str | None = None,
         limit_from += ", capped at the device's"
     space = build_space(spec, dev)
     model = MemoryModel(shape, dev, spec.world_size)
+    # The few activation traces every config is read from, made side by side first.
+    calls = [a for c in space.candidates if (a := model.trace_args(c))]
+    prefetch(calls, workers=node_cpus())
     rows = []
     for cfg in space.candidates:
         est = model.predict(cfg)
-        rows.append(EstimateRow(cfg, est, est.total_bytes <= limit))
+        rows.append(EstimateRow(cfg, est, est.total_bytes <= limit, model.beyond_device(cfg)))
     return EstimateResult(shape, dev, int(limit), rows, space.pruned, limit_from,
                           spec.world_size)
 
@@ -142,12 +157,18 @@ def render_estimate(result: EstimateResult, console: Console, *, all_rows: bool 
         comps = row.estimate.components
         table.add_row(row.config.label(), *(_gib(comps[c]) for c in components),
                       _gib(row.estimate.host_bytes), _gib(row.estimate.total_bytes),
-                      "[green]yes[/]" if row.fits else "[red]no[/]")
+                      "[green]yes[/]" if row.fits else "[red]no[/]"
+                      + (" (states)" if row.beyond_device else ""))
     console.print(table)
     if not components:
         console.print(f"[dim]per component ({', '.join(COMPONENTS)}): on a terminal "
                       f"{COMPONENTS_WIDTH}+ columns wide, or COLUMNS={COMPONENTS_WIDTH}[/]")
     n_fit = sum(r.fits for r in result.rows)
     console.print(f"{n_fit} of {len(result.rows)} configs predicted to fit")
+    beyond = sum(r.beyond_device for r in result.rows)
+    if beyond:
+        console.print(f"[dim]no (states): in {beyond} configs the weights, gradients and "
+                      "optimizer states alone exceed the device; their activations are the "
+                      "formulas' (nothing traced or replayed for them)[/]", soft_wrap=True)
     for label, why in result.pruned_by_rules.items():
         console.print(f"[dim]not considered: {label}: {why}[/]")

@@ -133,8 +133,10 @@ class Physics:
         self._cache: dict[TrialConfig, np.ndarray] = {}
         self._shape_key: tuple | None = None
 
-    def _model_states(self, c: TrialConfig) -> tuple[dict[str, float], float]:
-        """(device bytes by component, host bytes) of weights, gradients and optimizer."""
+    def _model_states(self, c: TrialConfig, *, least: bool = False
+                      ) -> tuple[dict[str, float], float]:
+        """(device bytes by component, host bytes) of weights, gradients and optimizer;
+        `least`: without the 16-bit weight copies autocast keeps (which need the trace)."""
         p, n = float(self.shape.num_parameters), max(1, self.world_size)
         # Only trainable parameters (all, or LoRA's adapters) have gradients and states.
         t = float(self.shape.trainable_parameters or p)
@@ -155,8 +157,8 @@ class Physics:
             # the step hold once, those copies among it; a quantized base dequantizes its
             # own); fp32 gradients, and over several ranks DDP's buckets beside them.
             mixed = c.precision in ("fp16", "bf16")
-            traced = None if quantized else self.trace(c)
-            extra = traced.fixed if traced else (2 * p if mixed else 0)
+            traced = None if quantized or least else self.trace(c)
+            extra = traced.fixed if traced else (2 * p if mixed and not least else 0)
             grads = 4 * t + self.ddp_bucket_bytes(c)
             return {"weights": 4 * p + extra, "quantized": quantized, "gradients": grads,
                     "optimizer": state}, 0.0
@@ -272,14 +274,20 @@ class Physics:
         CPU trial's peak is RSS, which grew 1.1-3.1x its traced tensor bytes over the 40
         recorded CPU trials (malloc arenas), so tensor bytes predicted it no better than
         the formula (benchmarks/memory_accuracy.txt)."""
-        if self.shape.hf_config is None or not self.device.is_cuda:
+        args = self.trace_args(c)
+        return None if args is None else trace_activations(*args)
+
+    def trace_args(self, c: TrialConfig) -> tuple | None:
+        """`trace_activations`' arguments for `c`, or None where nothing is traced for it
+        (`trace`): configs sharing them share the trace (`trace.prefetch` makes several at
+        once)."""
+        if self.shape.hf_config is None or not self.device.is_cuda or self.beyond_device(c):
             return None
         mode = ("fp32" if _compute_bytes(c.precision) == 4
                 else "native16" if c.zero_stage > 0 else "autocast16")
-        return trace_activations(
-            self.shape.hf_config, self.shape.task or "causal-lm", self.shape.seq_len, mode,
-            c.gradient_checkpointing, self.attention_kernel(c), self.device.is_cuda,
-            self.shape.lora)
+        return (self.shape.hf_config, self.shape.task or "causal-lm", self.shape.seq_len,
+                mode, c.gradient_checkpointing, self.attention_kernel(c), self.device.is_cuda,
+                self.shape.lora)
 
     def activation_bytes_per_sample(self, c: TrialConfig) -> float:
         """Traced where the model is known: the step's peak per sample less the logits
@@ -410,8 +418,18 @@ class Physics:
         components are then scaled to it.)"""
         if not self.device.is_cuda:
             return CPU_OVERHEAD_FACTOR
-        reserved = self.reserved_peak(c)
+        reserved = None if self.beyond_device(c) else self.reserved_peak(c)
         return FRAGMENTATION if reserved is None or not tensors else reserved / tensors - 1
+
+    def beyond_device(self, c: TrialConfig) -> bool:
+        """Whether `c`'s weights, gradients and optimizer states alone exceed the device's
+        memory: no activation figure or allocator slack could make it fit, so neither is
+        traced nor replayed for it (the formulas stand). A 70B plan's unsharded rows need
+        1,000 GiB and more a rank; their traces and replays were half its seconds."""
+        if not self.device.is_cuda:
+            return False
+        states, _ = self._model_states(c, least=True)
+        return sum(states.values()) > self.device.memory_bytes
 
     def reserved_peak(self, c: TrialConfig) -> float | None:
         """The caching allocator's reserved peak over a trial's steps (plan/allocator.py),

@@ -21,7 +21,6 @@ import contextlib
 import logging
 import weakref
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 from autotune.plan.gc_pause import collector_paused
@@ -351,20 +350,51 @@ def _micro_step(model, hf_config, task: str, seq_len: int, batch: int, mode: str
         del loss, ids, labels
 
 
-@lru_cache(maxsize=256)
-def _trace_cached(config_json: str, task: str, seq_len: int, mode: str, checkpointing: bool,
-                  attention: str, cuda: bool, lora_json: str | None) -> ActivationTrace | None:
+# Traces made in this process, by `_key`: a search predicts every candidate after every
+# trial, and a plan every config, from a handful of traces.
+_TRACES: dict[tuple, ActivationTrace | None] = {}
+_TRACES_KEPT = 256
+
+
+def _trace_cached(*key) -> ActivationTrace | None:
     """None, remembered, where the model cannot be traced: an architecture whose code
     fake tensors cannot run, or LoRA (PEFT moves its adapters with `.to()`, which cannot
     swap fake parameters)."""
+    if key not in _TRACES:
+        if len(_TRACES) >= _TRACES_KEPT:
+            _TRACES.pop(next(iter(_TRACES)))
+        _TRACES[key] = _traced_or_none(key)
+    return _TRACES[key]
+
+
+def _traced_or_none(key: tuple) -> ActivationTrace | None:
     try:
         with collector_paused():
-            return _trace(config_json, task, seq_len, mode, checkpointing, attention, cuda,
-                          lora_json)
+            return _trace(*key)
     except Exception as exc:
         log.info("activations of this model are not traced (%s: %s); the formulas stand",
                  type(exc).__name__, str(exc)[:200])
         return None
+
+
+def prefetch(calls: list[tuple], workers: int) -> int:
+    """Make the traces of `trace_activations(*args)` for each of `calls` not made yet,
+    `workers` at a time in forked processes (each trace runs on one core; a 70B plan
+    needs four). Forks only a process that has started no threads of its own: a
+    search's driver runs Ray's. Returns how many it made in forked processes."""
+    import multiprocessing
+    import threading
+
+    keys = list(dict.fromkeys(_key(*args) for args in calls))
+    missing = [k for k in keys if k not in _TRACES]
+    if len(missing) < 2 or workers < 2 or threading.active_count() > 1:
+        for k in missing:
+            _trace_cached(*k)
+        return 0
+    with multiprocessing.get_context("fork").Pool(min(workers, len(missing))) as pool:
+        for k, value in zip(missing, pool.map(_traced_or_none, missing), strict=True):
+            _TRACES[k] = value
+    return len(missing)
 
 
 def _trace(config_json: str, task: str, seq_len: int, mode: str, checkpointing: bool,
@@ -396,11 +426,17 @@ def trace_activations(config: dict[str, Any], task: str, seq_len: int, mode: str
     """The traced activation memory of the model `config` (a transformers config as a
     dict with its model_type) in one compute mode, with `attention` "eager" or "sdpa";
     None where it cannot be traced. Memoised per process, failures too."""
+
+    return _trace_cached(*_key(config, task, seq_len, mode, checkpointing, attention, cuda,
+                               lora))
+
+
+def _key(config: dict[str, Any], task: str, seq_len: int, mode: str, checkpointing: bool,
+         attention: str, cuda: bool, lora: dict[str, Any] | None = None) -> tuple:
     import json
 
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: allowed {MODES}")
-    return _trace_cached(json.dumps(config, sort_keys=True), task, seq_len, mode,
-                         checkpointing, attention, cuda,
-                         json.dumps(lora, sort_keys=True) if lora else None)
+    return (json.dumps(config, sort_keys=True), task, seq_len, mode, checkpointing,
+            attention, cuda, json.dumps(lora, sort_keys=True) if lora else None)
 
