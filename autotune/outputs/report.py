@@ -170,8 +170,10 @@ def _data_fact(summary: Summary) -> Fact | None:
     if not lengths:
         return None
     seq = int(lengths["seq_len"])
+    cut = ("source and target lengths" if summary.model.get("task") == "seq2seq-lm"
+           else "seq_len")
     return Fact("Rows", f"{lengths['p50']:.0f} tokens (median)",
-                f"of seq_len {seq}: p90 {lengths['p90']:.0f}, max {lengths['max']:.0f}, "
+                f"of {cut} {seq}: p90 {lengths['p90']:.0f}, max {lengths['max']:.0f}, "
                 f"min {lengths['min']:.0f}; {lengths['padding']:.0%} of a padded batch is "
                 f"padding, {lengths['truncated']:.0%} of rows truncated; the loss sees "
                 f"{lengths['loss_tokens']:.0%} of the real tokens · the objective is real "

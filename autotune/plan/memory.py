@@ -29,7 +29,7 @@ from autotune.plan.allocator import (
 )
 from autotune.plan.shape import ModelShape
 from autotune.plan.step_trace import trace_step
-from autotune.plan.trace import ActivationTrace, trace_activations
+from autotune.plan.trace import ActivationTrace, chunked_head_bytes, trace_activations
 
 if TYPE_CHECKING:
     from autotune.plan.device import DeviceSpec
@@ -377,21 +377,30 @@ class Physics:
         return tokens * self.shape.vocab_size * (4 + 4 + 4)
 
     def chunked_logits_bytes(self, c: TrialConfig) -> float:
-        """DPO's log-probs through TRL's chunked LM head (trl.kernels.chunked_logprob), at
-        the peak (its backward): a tile of at most TRL_TOKEN_TILE tokens by TRL_VOCAB_TILE
-        columns in the compute dtype, whatever the vocabulary (on a CPU only the pages of
-        the columns a smaller vocabulary writes are resident), the scored tokens' hidden
-        states copied and their gradient in fp32, and the head's weight gradient in fp32
-        where the head trains (no LoRA). Both rows of every pair of a micro-batch are
-        scored at once. 0 where the trace counted it (a GPU) or under another trainer."""
-        if not self.shape.preference_pairs or self.trace(c) is not None:
+        """DPO's log-probs through TRL's chunked LM head, at its peak (its backward), traced
+        apart at the micro-batch's tokens, both rows of every pair (trace.py's
+        `chunked_head_bytes`: a tile of at most TRL_TOKEN_TILE tokens by TRL_VOCAB_TILE
+        columns in the compute dtype, and on a CPU torch's fp32 copies of it, of which a
+        vocabulary under TRL_VOCAB_TILE columns makes only its own pages resident). 0
+        under another trainer."""
+        if not self.shape.preference_pairs:
             return 0.0
         tokens = 2 * c.per_device_train_batch_size * self.shape.seq_len
-        cb, h, v = _compute_bytes(c.precision), self.shape.hidden_size, self.shape.vocab_size
-        row = TRL_VOCAB_TILE * cb if self.device.is_cuda else max(
-            PAGE, min(v, TRL_VOCAB_TILE) * cb)
-        head = 4.0 * v * h if self.shape.lora is None else 0.0
-        return min(tokens, TRL_TOKEN_TILE) * row + tokens * h * (cb + 4) + head
+        cuda, v = self.device.is_cuda, self.shape.vocab_size
+        peak = chunked_head_bytes(tokens, v, self.shape.hidden_size,
+                                  _compute_bytes(c.precision) == 2, cuda,
+                                  self.shape.lora is None)
+        if not cuda and v < TRL_VOCAB_TILE:
+            cb = _compute_bytes(c.precision)
+            touched = max(v, PAGE // cb)
+            peak -= min(tokens, TRL_TOKEN_TILE) * (TRL_VOCAB_TILE - touched) * cb
+        return float(peak)
+
+    def mapped_bytes(self, c: TrialConfig) -> float:
+        """Of the tensors, what a CPU's allocator maps for itself and unmaps when freed
+        (RSS holds exactly them, no arena beside): the chunked head's vocabulary-wide
+        temporaries, each far above glibc's mmap threshold (32 MiB at most). 0 on a GPU."""
+        return 0.0 if self.device.is_cuda else self.chunked_logits_bytes(c)
 
     def reference_bytes(self, c: TrialConfig) -> float:
         """DPO's reference model without LoRA and without precomputed log-probs: a second
@@ -464,7 +473,7 @@ class Physics:
         if slack < 0:  # the replay's peak is below the components at once: scale them
             comps = {k: v * (1 + slack) for k, v in comps.items()}
             slack = 0.0
-        comps["runtime"] = self.runtime_bytes(c) + slack * tensors
+        comps["runtime"] = self.runtime_bytes(c) + slack * (tensors - self.mapped_bytes(c))
         return MemoryEstimate({k: int(comps[k]) for k in COMPONENTS}, int(host))
 
     def runtime_bytes(self, c: TrialConfig) -> float:
@@ -583,6 +592,7 @@ class Physics:
             tensors = sum(comps[k] for k in COMPONENTS if k != "runtime")
             slack = 1 + self._slack_factor(c, tensors)
             terms = {k: comps[k] * slack for k in COMPONENTS}
+            terms["logits"] -= (slack - 1) * self.mapped_bytes(c)  # no allocator slack
             terms["runtime"] = self.runtime_bytes(c)
             wide = _compute_bytes(c.precision) == 4
             terms["activations|checkpointing"] = terms["activations"] * c.gradient_checkpointing

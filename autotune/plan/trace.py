@@ -365,6 +365,89 @@ def _inputs(hf_config, task: str, seq_len: int, batch: int, target_len: int,
 DPO_OUTPUTS = ("log_probs", "entropy", "mean_logits", "is_top1")
 
 
+def _light_head():
+    """TRL's chunked LM head replaced, for the step's trace, by one that keeps only what
+    any head keeps (the scored hidden states): its own tiles and temporaries, whose size
+    depends on the micro-batch's tokens and not linearly, are traced apart at each batch
+    (`chunked_head_bytes`) and added where they peak, at the start of the backward."""
+    import torch
+
+    class Light(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, hidden, weight, bias, targets, *_):
+            ctx.save_for_backward(hidden, weight)
+            out = hidden.new_zeros(hidden.shape[0], dtype=torch.float32)
+            return out, out.clone(), out.clone(), out.clone(), out.clone()
+
+        @staticmethod
+        def backward(ctx, grad, *_):
+            hidden, weight = ctx.saved_tensors
+            return (grad.to(hidden.dtype).unsqueeze(-1).expand_as(hidden).clone(), None,
+                    None, None, None, None, None, None, None)
+
+    import trl.trainer.utils as utils
+
+    real = utils._ChunkedLogProbFunction
+
+    @contextlib.contextmanager
+    def patched():
+        utils._ChunkedLogProbFunction = Light
+        try:
+            yield
+        finally:
+            utils._ChunkedLogProbFunction = real
+
+    return patched()
+
+
+def _triton_tiles():
+    """TRL's Triton kernels as they hold memory: each folds a tile into per-token running
+    sums in place, allocating nothing (the torch fallback a CPU runs keeps several fp32
+    copies of the tile instead)."""
+    import trl.kernels.chunked_logprob as kernels
+
+    real = kernels._forward_tile, kernels._backward_tile
+
+    @contextlib.contextmanager
+    def patched():
+        kernels._forward_tile = kernels._backward_tile = lambda *a, **k: None
+        try:
+            yield
+        finally:
+            kernels._forward_tile, kernels._backward_tile = real
+
+    return patched()
+
+
+@lru_cache(maxsize=512)
+def chunked_head_bytes(tokens: int, vocab: int, hidden: int, autocast16: bool, cuda: bool,
+                       head_trains: bool) -> int:
+    """Peak bytes of TRL's chunked LM head (DPO's log-probs) over its forward and backward
+    for `tokens` scored tokens, beyond its inputs and the head's weight, traced on fake
+    tensors: its tile of at most 4096 tokens by 32768 columns in the compute dtype, the
+    weight's copy in that dtype, the hidden states' gradient and, where the head trains,
+    the weight's, both fp32; on a GPU its Triton kernels fold each tile in place, on a
+    CPU torch's fallback keeps several fp32 copies of the tile."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from trl.kernels import ChunkedLogProbFunction
+    from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
+
+    with FakeTensorMode(), _triton_tiles() if cuda else contextlib.nullcontext():
+        dtype = torch.bfloat16 if autocast16 and not cuda else torch.float32
+        h = torch.randn(tokens, hidden, dtype=dtype, requires_grad=True)
+        w = torch.randn(vocab, hidden, requires_grad=head_trains)
+        targets = torch.randint(0, vocab, (tokens,))
+        tracker = _LiveBytes(existing=[h, w, targets])
+        with tracker.mode, (torch.autocast("cpu", dtype=torch.bfloat16) if autocast16
+                            else contextlib.nullcontext()):
+            out = ChunkedLogProbFunction.apply(h, w, None, targets, 1.0,
+                                               _CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0,
+                                               DPO_OUTPUTS)
+            out[0].sum().backward()
+        return tracker.peak
+
+
 def _dpo_loss(model, inputs: dict[str, Any]):
     """DPO's sigmoid loss as DPOTrainer computes it: the policy's log-probs of both rows
     of every pair through TRL's chunked head, then the reference's forward without
@@ -393,6 +476,8 @@ def _micro_step(model, hf_config, task: str, seq_len: int, batch: int, mode: str
         if cuda:
             stack.enter_context(_fused_attention())
             stack.enter_context(_cuda_dropout())
+        if pairs:
+            stack.enter_context(_light_head())
         if cuda_autocast is not None:
             stack.enter_context(cuda_autocast.mode)
         with (torch.autocast("cpu", dtype=torch.bfloat16) if mode == "autocast16"

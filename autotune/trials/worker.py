@@ -517,7 +517,9 @@ def _learned_shape(model, spec) -> dict[str, Any] | None:
     """A factory model's shape, for the search's memory model."""
     from autotune.plan.shape import shape_from_model
 
-    shape = shape_from_model(model, spec.data.seq_len, spec.model.task)
+    kinds = {"trainer": spec.trainer} | (
+        {"target_len": spec.target_len} if spec.model.task == "seq2seq-lm" else {})
+    shape = shape_from_model(model, spec.data.seq_len, spec.model.task, **kinds)
     return shape.to_dict() if shape is not None else None
 
 
