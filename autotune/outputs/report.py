@@ -266,7 +266,7 @@ def _speedup_fact(summary: Summary, base: Record | None) -> Fact:
                   if effective != summary.target_batch_size else "")
         notes.append(f"baseline: Trainer defaults with auto_find_batch_size, "
                      f"{base.config.label()}{shrunk}: "
-                     f"{fmt_num(summary.samples_per_second(base))} samples/s")
+                     f"{fmt_num(summary.samples_per_second(base))} {units(summary)[0]}/s")
     recipe = summary.recipe
     if recipe is not None:
         vs = c.vs_recipe if c is not None and c.vs_recipe else {}
@@ -276,7 +276,7 @@ def _speedup_fact(summary: Summary, base: Record | None) -> Fact:
                           "the tuner found nothing faster than the guide's recipe, which is "
                           "the winner"))
         notes.append(f"recipe: {recipe.config.label()}: "
-                     f"{fmt_num(summary.samples_per_second(recipe))} samples/s")
+                     f"{fmt_num(summary.samples_per_second(recipe))} {units(summary)[0]}/s")
     elif any(t.reason == "recipe" for t in summary.searched):
         notes.append("the guide's recipe did not run to the end (see its trials)")
     return Fact("Speedup", " · ".join(parts) or DASH, "; ".join(notes))
