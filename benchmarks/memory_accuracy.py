@@ -19,7 +19,8 @@ allocator's peak reserved bytes plus what NVML sees beyond them (context, worksp
     .venv/bin/python benchmarks/memory_accuracy.py --tasks
         (the other trainers on CPU: T5 and BART under Seq2SeqTrainer, two ViT shapes on
          synthetic images, DPO with LoRA and without, its reference's log-probs
-         precomputed or not; benchmarks/memory_accuracy_tasks.txt)
+         precomputed or not; benchmarks/memory_accuracy_tasks.txt; `--from` that file
+         re-predicts it, uncalibrated and leave-one-out, per group and over all)
     python benchmarks/memory_accuracy.py --proof --parallel 4
         (the GPU proof's step: two shapes, a few trials each, the first with ZeRO rows)
     .venv/bin/python benchmarks/memory_accuracy.py --holdout N --from FILE,FILE
@@ -172,8 +173,10 @@ def shape_spec(name: str, device: DeviceSpec, model: dict | None = None):
 
 
 def section_shape(section: str, device: DeviceSpec):
-    """The model shape a recorded file's section ran: a shape's name, or "NAME: GROUP"
-    for a toolbox group (TOOLBOX_MODELS)."""
+    """The model shape a recorded file's section ran: a shape's name, "NAME: GROUP" for a
+    toolbox group (TOOLBOX_MODELS), or a `--tasks` group (TASK_GROUPS)."""
+    if section in TASK_GROUPS:
+        return model_shape(task_spec(section))
     name, _, group = section.partition(": ")
     return model_shape(shape_spec(name, device, TOOLBOX_MODELS[group] if group else None))
 
@@ -365,7 +368,8 @@ def recorded(path: str) -> tuple[DeviceSpec, dict[str, list[tuple[TrialConfig, i
     section = None
     for line in text.splitlines():
         name, _, group = line.strip().partition(": ")
-        if name in shapes and (not group or group in TOOLBOX_MODELS):
+        if (name in shapes and (not group or group in TOOLBOX_MODELS)
+                or line.strip() in TASK_GROUPS):
             section = line.strip()
             continue
         m = re.match(r"\s+(b\d+x\d+ .*?)\s+measured\s+([\d.]+) MiB", line)
@@ -568,8 +572,22 @@ def preference_file(seq: int) -> Path:
     return path
 
 
+TASK_GROUPS = ("t5 seq2seq", "bart seq2seq (held out)", "vit images",
+               "vit 128px/8 images (held out)", "dpo lora", "dpo full (held out)")
+
+
+def task_spec(name: str):
+    """The loaded spec of a `--tasks` group."""
+    import sys
+
+    sys.path.insert(0, str(HERE.parent))  # examples.data.make_chat's words
+    raw, _ = task_specs()[name]
+    return load_spec(raw | {"target_batch_size": 16, "output": "/tmp/autotune-memacc",
+                            "measure": {"warmup_steps": 1, "steps": 2}})
+
+
 def task_specs() -> dict[str, dict]:
-    """name: (the spec, its configs) of each `--tasks` group."""
+    """name: (the spec, its configs) of each `--tasks` group (TASK_GROUPS' order)."""
     c = lambda *a, **k: _c(16, *a, **k)  # noqa: E731
     plain = [c(4), c(8), c(16), c(16, ck=True), c(8, "bf16"), c(8, o="adamw_bnb_8bit")]
     pairs = [c(2), c(4), c(8), c(8, ck=True), c(4, "bf16")]
@@ -591,17 +609,13 @@ def task_specs() -> dict[str, dict]:
 
 def tasks() -> None:
     """Per kind of training on CPU: measured against physics and leave-one-out calibrated,
-    the error per group and over all."""
-    import sys
-
-    sys.path.insert(0, str(HERE.parent))  # examples.data.make_chat's words
+    the error per group and over all (`--from` this output re-predicts it)."""
     device = local_device()
     overall = []
-    for name, (raw, configs) in task_specs().items():
+    for name in TASK_GROUPS:
         print(name, flush=True)
-        spec = load_spec(raw | {"target_batch_size": 16, "output": "/tmp/autotune-memacc",
-                                "measure": {"warmup_steps": 1, "steps": 2}})
-        errors = measure(name, False, device, 1, configs, spec=spec)
+        spec = task_spec(name)
+        errors = measure(name, False, device, 1, task_specs()[name][1], spec=spec)
         overall += errors
         if errors:
             print(f"  {name}: calibrated median {statistics.median(errors):.1%}, "

@@ -384,7 +384,7 @@ def test_a_search_of_each_kind_exports_files_that_train(tmp_path, kind):
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(
         {"per_device_train_batch_size": [4, 8], "precision": ["fp32"],
          "gradient_checkpointing": [False, True]}))
-    raw = make(tmp_path) | {"search": {"space": str(tmp_path / "space.yaml"), "n_trials": 3,
+    raw = make(tmp_path) | {"search": {"space": str(tmp_path / "space.yaml"), "n_trials": 2,
                                        "confirm_repeats": 0, "trial_timeout": "3m",
                                        "timeout": "8m"}}
     path = tmp_path / "model.yaml"
