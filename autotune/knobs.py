@@ -111,6 +111,12 @@ class Knob:
     # A listed value that cannot apply to the spec is an input error, not a pruned value
     # (a quantized base without LoRA is a mistake, not a lever that does not fit).
     strict: bool = False
+    # Where `applies` lets a value other than the baseline's run, for people (the knob
+    # references): "causal LMs", "trainer: dpo without LoRA". "" : every spec.
+    scope: str = ""
+    # What a value sets where neither training_args nor loading says (a TRL config's own
+    # field, read by name by the one builder); "": the trial itself.
+    sets: str = ""
 
     def allowed(self) -> list:
         return list(self.values() if callable(self.values) else self.values)
@@ -412,7 +418,7 @@ ATTENTION = Knob(
              "runs in fp16 or bf16 only", lambda c, d: c.attn_implementation ==
              "flash_attention_2" and c.precision not in ("fp16", "bf16")),
     ),
-    applies=_attention_applies,
+    applies=_attention_applies, scope="models whose class supports the kernel",
     # The guide: flash-attention 2 where installed and the dtype allows, else SDPA.
     recipe=lambda d, real: ["flash_attention_2", "sdpa", "auto"],
     speed=Speed(_attention_prior, sd=0.1, batch_sd=0.1, kin_sd=0.2,
@@ -448,7 +454,7 @@ def quantization_config(q: str, precision: str) -> dict[str, Any]:
 QUANTIZATION = Knob(
     "quantization", ("none", "int8", "nf4"), "none", "quantized base", "quant",
     tag=lambda q: "" if q == "none" else q, affects_model=True, strict=True,
-    applies=_quantization_applies,
+    applies=_quantization_applies, scope="model.lora, a model from a config or folder",
     loading=lambda q, c: {} if q == "none" else {
         "quantization_config": quantization_config(q, c.precision)},
     rules=(
@@ -486,6 +492,10 @@ def _liger_applies(spec: Spec, on: Any = True) -> str | None:
     if spec.model.task != "causal-lm":  # Trainer patches the causal-LM forward in
         return (f"Liger's kernels are applied to causal LMs (their fused loss replaces the "
                 f"LM head's forward); this model's task is {spec.model.task}")
+    if spec.trainer == "dpo":
+        return ("under trainer: dpo TRL computes the log-probabilities with its own chunked "
+                "LM head and applies Liger's layer kernels only (use_liger_kernel is "
+                "deprecated there); not searched")
 
     try:
         model_type = getattr(load_hf_config(spec.model.model_dump()), "model_type", None)
@@ -500,7 +510,7 @@ def _liger_applies(spec: Spec, on: Any = True) -> str | None:
 LIGER = Knob(
     "use_liger_kernel", (False, True), False, "Liger kernels", "liger", kind=bool,
     tag=lambda on: "liger" if on else "", training_args=lambda on: {"use_liger_kernel": on},
-    applies=_liger_applies,
+    applies=_liger_applies, scope="causal LMs of the types Liger covers, not under trainer: dpo",
     rules=(
         Rule("use_liger_kernel=True", "Liger kernels need liger-kernel, which is not "
              "installed", lambda c, d: c.use_liger_kernel and not _installed("liger_kernel"),
@@ -522,14 +532,17 @@ LIGER = Knob(
 # --- data ---------------------------------------------------------------------------------
 
 def _packing_applies(spec: Spec, on: Any = True) -> str | None:
-    if spec.data.source == "synthetic":
-        return "synthetic rows are all seq_len tokens: there is no padding to remove"
     if spec.model.task != "causal-lm":
         return "padding-free packing (DataCollatorWithFlattening) is for causal LMs"
+    if spec.data.source == "synthetic":
+        return "synthetic rows are all seq_len tokens: there is no padding to remove"
     if spec.trainer == "sft":
         return ("under trainer: sft, TRL batches padding-free only without max_length or "
                 "with its own packing of several samples into a row, which would change the "
                 "effective batch; SFTConfig's packing is yours to set")
+    if spec.trainer == "dpo":
+        return ("under trainer: dpo, TRL has padding-free batching off since its DPO "
+                "rewrite (it pads each batch to its longest row)")
     return None
 
 
@@ -538,7 +551,31 @@ PACKING = Knob(
     # restarting per row, so no compute is spent on padding.
     "padding_free", (False, True), False, "padding-free packing", "packing", kind=bool,
     tag=lambda on: "packed" if on else "", applies=_packing_applies,
+    scope="causal LMs on real rows under trainer: trainer", sets="the data collator",
     speed=Speed(sd=0.3))
+
+
+# --- DPO's reference model ------------------------------------------------------------------
+
+def _precompute_applies(spec: Spec, on: Any = True) -> str | None:
+    if spec.trainer != "dpo":
+        return ("the reference model's log-probs are DPO's: only trainer: dpo has a "
+                "reference to precompute")
+    if spec.model.lora is not None:
+        return ("under LoRA DPO's reference is the base with the adapters off: no second "
+                "model to save, and its forward runs in the step either way")
+    return None
+
+
+PRECOMPUTE_REF = Knob(
+    # DPO without LoRA keeps a second copy of the model as its reference and runs its
+    # forward on every pair in every step; precomputed, one forward over every pair runs
+    # before training and the copy is never made (its weights' memory saved; its
+    # forward's seconds charged to the timed steps at their share of the pairs).
+    "precompute_ref_log_probs", (False, True), False, "reference log-probs precomputed",
+    "ref pre", kind=bool, tag=lambda on: "refpre" if on else "",
+    applies=_precompute_applies, scope="trainer: dpo without model.lora",
+    sets="DPOConfig (dpo_config.json)", speed=Speed(sd=0.1))
 
 DATALOADER_WORKERS = Knob(
     "dataloader_num_workers", (0, 1, 2, 4, 8), 0, "dataloader workers", "loaders", kind=int,
@@ -558,7 +595,7 @@ PIN_MEMORY = Knob(
 
 _TABLE: list[Knob] = [PRECISION, OPTIM, GRADIENT_CHECKPOINTING, ZERO_STAGE, OFFLOAD, FSDP,
                       TORCH_COMPILE, COMPILE_MODE, ATTENTION, QUANTIZATION, LIGER, PACKING,
-                      DATALOADER_WORKERS, PIN_MEMORY]
+                      DATALOADER_WORKERS, PIN_MEMORY, PRECOMPUTE_REF]
 
 
 def table() -> tuple[Knob, ...]:

@@ -142,10 +142,12 @@ def load_space(name_or_path: str, target_batch_size: int, world_size: int = 1) -
 
 # Sections of a space file whose knob lists replace the top level's where their condition
 # holds: the default space searches the GPU's own levers on CUDA (and stays quick on a
-# CPU), and a quantized base where the model trains LoRA adapters.
+# CPU), a quantized base where the model trains LoRA adapters, and DPO's reference
+# log-probs precomputed under trainer: dpo.
 SECTIONS: dict[str, Callable[[DeviceSpec, Spec | None], bool]] = {
     "cuda": lambda device, spec: device.is_cuda,
     "lora": lambda device, spec: spec is not None and spec.model.lora is not None,
+    "dpo": lambda device, spec: spec is not None and spec.trainer == "dpo",
 }
 
 

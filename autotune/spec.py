@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -25,6 +26,8 @@ from pydantic import (
 )
 
 from autotune.errors import SpecError, not_allowed
+
+logger = logging.getLogger(__name__)
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3,
           "gb": 1000**3, "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2,
@@ -123,8 +126,11 @@ class ModelSpec(_Strict):
     """A local model folder (or a Hugging Face id where the hub is reachable)."""
     config: dict[str, Any] | None = None
     """An inline config (model_type plus fields): random weights, no download."""
-    task: Literal["causal-lm", "masked-lm", "sequence-classification"] = "causal-lm"
-    """The head trained: next-token prediction, masked tokens, or a class per row."""
+    task: Literal["causal-lm", "masked-lm", "sequence-classification", "seq2seq-lm",
+                  "image-classification"] = "causal-lm"
+    """The head trained: next-token prediction, masked tokens, a class per row, an
+    encoder-decoder's target tokens (T5, BART: Seq2SeqTrainer), or a class per image
+    (ViT: the images' patches are its sequence)."""
     factory: str | None = None
     """'package.module:function' returning a torch model (takes the HF config or None)."""
     attn_implementation: str | None = None
@@ -186,20 +192,40 @@ class ModelSpec(_Strict):
 DATA_FILES = (".jsonl", ".json", ".parquet")
 
 
+# A seq2seq-lm spec without data.target_len trains on targets of this many tokens (said
+# once where the search or estimate starts): the summaries and translations
+# Seq2SeqTrainer is most used for fit in 128 tokens (HF's examples' max_target_length).
+DEFAULT_TARGET_LEN = 128
+
+
 class DataSpec(_Strict):
-    """What each trial trains on: synthetic tokens, or rows as people have them."""
+    """What each trial trains on: synthetic tokens or images, or rows as people have
+    them."""
 
     seq_len: int = Field(128, gt=0)
-    """Tokens per row: longer rows are truncated, shorter ones padded (or packed)."""
+    """Tokens per row: longer rows are truncated, shorter ones padded (or packed). A
+    seq2seq-lm model's source; under trainer: dpo, each of a pair's two rows (prompt and
+    chosen, prompt and rejected). Not read for image-classification: a ViT's sequence is
+    its patches."""
+    target_len: int | None = Field(None, gt=0)
+    """A seq2seq-lm model's target (decoder) tokens per row, truncated and padded to it.
+    None: 128, said when the search starts."""
     source: str = "synthetic"
     """'synthetic' (random tokens, as in the seeds), a .jsonl/.json/.parquet file, a saved
     dataset folder, or a hub dataset id where the hub is reachable."""
     tokenizer: str | None = None
     """Tokenizer folder (or hub id), needed for a text source."""
-    format: Literal["auto", "text", "messages", "prompt-completion"] = "auto"
+    processor: str | None = None
+    """An image source's image processor (a folder or hub id with its
+    preprocessor_config.json). None: model.name_or_path's."""
+    format: Literal["auto", "text", "messages", "prompt-completion", "preference",
+                    "image"] = "auto"
     """What the rows hold: text (one column, data.text_field); messages (role/content
     lists, rendered by the tokenizer's chat template); prompt and completion (strings,
-    or lists of messages). auto: found from the columns."""
+    or lists of messages); preference pairs for trainer: dpo (chosen and rejected, with
+    a prompt: strings or lists of messages); image and label (an image folder with a
+    subfolder per class, or a dataset with those columns). auto: found from the
+    columns."""
     text_field: str = "text"
     """The column of a text source."""
     completion_only_loss: bool = False
@@ -219,7 +245,7 @@ class DataSpec(_Strict):
                              "folder, a hub dataset id)")
         return v  # a hub dataset id, read by the trial where the hub is reachable
 
-    @field_validator("tokenizer")
+    @field_validator("tokenizer", "processor")
     @classmethod
     def _tokenizer_folder(cls, v: str | None, info: ValidationInfo) -> str | None:
         path = _local(v, info)
@@ -227,10 +253,8 @@ class DataSpec(_Strict):
 
     @model_validator(mode="after")
     def _text_source(self) -> DataSpec:
-        if self.source != "synthetic" and self.tokenizer is None:
-            raise ValueError(f"source {self.source!r} is text: data.tokenizer is required")
         if self.completion_only_loss and (self.source == "synthetic"
-                                          or self.format == "text"):
+                                          or self.format in ("text", "image")):
             raise ValueError("completion_only_loss needs rows with a completion (format "
                              "messages or prompt-completion), not "
                              + ("synthetic tokens" if self.source == "synthetic" else "text"))
@@ -374,9 +398,11 @@ class RunSpec(_Strict):
 class Spec(_Strict):
     model: ModelSpec
     data: DataSpec = DataSpec()
-    trainer: Literal["trainer", "sft"] = "trainer"
-    """What trains each trial and the long run: transformers' Trainer, or TRL's
-    SFTTrainer (its SFTConfig is exported as sft_config.json)."""
+    trainer: Literal["trainer", "sft", "dpo"] = "trainer"
+    """What trains each trial and the long run: transformers' Trainer (Seq2SeqTrainer for
+    a seq2seq-lm model), TRL's SFTTrainer (its SFTConfig is exported as sft_config.json),
+    or TRL's DPOTrainer on preference pairs (DPOConfig, dpo_config.json; a sample is a
+    pair, its chosen and rejected rows)."""
     target_batch_size: int = Field(64, gt=0)
     """The effective batch per optimizer step, all ranks: batch x accumulation x ranks.
     Every config trains exactly this (accumulation is derived)."""
@@ -388,18 +414,70 @@ class Spec(_Strict):
     """The folder the winner's files, summary.json, the report and the study go to."""
 
     @model_validator(mode="after")
-    def _sft(self) -> Spec:
-        if self.trainer != "sft":
+    def _trl(self) -> Spec:
+        if self.trainer == "trainer":
             return self
         import importlib.util
 
+        name = {"sft": "SFTTrainer", "dpo": "DPOTrainer"}[self.trainer]
         if importlib.util.find_spec("trl") is None:
-            raise ValueError("trainer: sft runs TRL's SFTTrainer, and TRL is not installed "
-                             "(pip install trl)")
+            raise ValueError(f"trainer: {self.trainer} runs TRL's {name}, and TRL is not "
+                             "installed (pip install trl)")
+        if self.model.task != "causal-lm":
+            raise ValueError(f"trainer: {self.trainer} trains causal LMs ({name}); this "
+                             f"model's task is {self.model.task} (use trainer: trainer)")
+        if self.trainer == "dpo" and self.data.source == "synthetic":
+            raise ValueError("trainer: dpo trains on preference pairs: give data.source, "
+                             "rows with prompt, chosen and rejected (text or messages)")
         if self.data.tokenizer is None:
-            raise ValueError("trainer: sft needs data.tokenizer (SFTTrainer tokenizes the "
-                             "rows itself)")
+            raise ValueError(f"trainer: {self.trainer} needs data.tokenizer ({name} "
+                             "tokenizes the rows itself)")
         return self
+
+    @model_validator(mode="after")
+    def _task_data(self) -> Spec:
+        """What each task reads: a tokenizer for text rows, a processor (or the model's
+        folder) for images, a target length for an encoder-decoder only."""
+        task, data = self.model.task, self.data
+        image = task == "image-classification"
+        if data.target_len is not None and task != "seq2seq-lm":
+            raise ValueError(f"data.target_len: {data.target_len}: only a seq2seq-lm model "
+                             f"has a target; this model's task is {task}")
+        if image and data.format not in ("auto", "image"):
+            raise ValueError(f"data.format: {data.format!r}: an image-classification model "
+                             "reads images (format image: an image folder or a dataset with "
+                             "image and label columns)")
+        if not image and data.format == "image":
+            raise ValueError(f"data.format: image rows are for model.task "
+                             f"image-classification; this model's task is {task}")
+        if data.source == "synthetic":
+            return self
+        if not image and data.tokenizer is None:
+            raise ValueError(f"data.tokenizer: source {data.source!r} is text: data.tokenizer "
+                             "is required")
+        if image and data.processor is None and self.model.name_or_path is None:
+            raise ValueError("data.processor: images are read through the model's image "
+                             "processor: give data.processor (a folder with its "
+                             "preprocessor_config.json) or model.name_or_path")
+        return self
+
+    def notes(self) -> list[str]:
+        """Defaults the spec left to autotune that change what is measured, one line each
+        (said once where a search or an estimate starts)."""
+        out = []
+        if self.model.task == "seq2seq-lm" and self.data.target_len is None:
+            out.append(f"data.target_len is not set: seq2seq targets of "
+                       f"{DEFAULT_TARGET_LEN} tokens (the default; set data.target_len to "
+                       "your targets' length)")
+        if self.model.task == "image-classification" and "seq_len" in self.data.model_fields_set:
+            out.append("data.seq_len is not read for image-classification: the model's "
+                       "sequence is its image's patches, sized from its config")
+        return out
+
+    @property
+    def target_len(self) -> int:
+        """A seq2seq-lm model's target tokens per row (data.target_len or the default)."""
+        return self.data.target_len or DEFAULT_TARGET_LEN
 
     @model_validator(mode="after")
     def _divisible(self) -> Spec:
@@ -434,7 +512,8 @@ class Spec(_Strict):
         """What makes two searches comparable: the model, data and target, not the budget."""
         # Fields added later count only where set: a study made before them resumes.
         later = {"format": "auto", "completion_only_loss": False, "device": None,
-                 "trainer": "trainer", "nodes_per_trial": None, "weights": "random"}
+                 "trainer": "trainer", "nodes_per_trial": None, "weights": "random",
+                 "target_len": None, "processor": None}
         unset = object()
 
         def given(section: BaseModel) -> dict[str, Any]:
@@ -529,4 +608,7 @@ def load_spec(source: str | Path | dict | Spec, **overrides: Any) -> Spec:
     except ValidationError as exc:
         raise SpecError(_format_error(exc)) from None
     spec._base_dir = str(base)
+    if not isinstance(source, Spec):  # a Spec given back was loaded, and said, before
+        for note in spec.notes():
+            logger.warning(note)
     return spec

@@ -16,6 +16,11 @@ allocator's peak reserved bytes plus what NVML sees beyond them (context, worksp
     .venv/bin/python benchmarks/memory_accuracy.py --families
         (Llama, Qwen2, Mistral and Gemma shapes on CPU: full fine-tuning, LoRA and QLoRA;
          benchmarks/memory_accuracy_families.txt)
+    .venv/bin/python benchmarks/memory_accuracy.py --tasks
+        (the other trainers on CPU: T5 and BART under Seq2SeqTrainer, two ViT shapes on
+         synthetic images, DPO with LoRA and without, its reference's log-probs
+         precomputed or not; benchmarks/memory_accuracy_tasks.txt; `--from` that file
+         re-predicts it, uncalibrated and leave-one-out, per group and over all)
     python benchmarks/memory_accuracy.py --proof --parallel 4
         (the GPU proof's step: two shapes, a few trials each, the first with ZeRO rows)
     .venv/bin/python benchmarks/memory_accuracy.py --holdout N --from FILE,FILE
@@ -168,8 +173,10 @@ def shape_spec(name: str, device: DeviceSpec, model: dict | None = None):
 
 
 def section_shape(section: str, device: DeviceSpec):
-    """The model shape a recorded file's section ran: a shape's name, or "NAME: GROUP"
-    for a toolbox group (TOOLBOX_MODELS)."""
+    """The model shape a recorded file's section ran: a shape's name, "NAME: GROUP" for a
+    toolbox group (TOOLBOX_MODELS), or a `--tasks` group (TASK_GROUPS)."""
+    if section in TASK_GROUPS:
+        return model_shape(task_spec(section))
     name, _, group = section.partition(": ")
     return model_shape(shape_spec(name, device, TOOLBOX_MODELS[group] if group else None))
 
@@ -361,7 +368,8 @@ def recorded(path: str) -> tuple[DeviceSpec, dict[str, list[tuple[TrialConfig, i
     section = None
     for line in text.splitlines():
         name, _, group = line.strip().partition(": ")
-        if name in shapes and (not group or group in TOOLBOX_MODELS):
+        if (name in shapes and (not group or group in TOOLBOX_MODELS)
+                or line.strip() in TASK_GROUPS):
             section = line.strip()
             continue
         m = re.match(r"\s+(b\d+x\d+ .*?)\s+measured\s+([\d.]+) MiB", line)
@@ -438,6 +446,8 @@ def main() -> None:
     ap.add_argument("--toolbox", action="store_true", help="attention kernels and LoRA")
     ap.add_argument("--families", action="store_true", help="Llama, Qwen2, Mistral and "
                     "Gemma shapes on CPU, full fine-tuning and QLoRA")
+    ap.add_argument("--tasks", action="store_true", help="seq2seq (T5, BART), images (two "
+                    "ViT shapes) and DPO (LoRA and full) on CPU")
     ap.add_argument("--proof", action="store_true", help="the GPU proof's few trials")
     ap.add_argument("--holdout", type=int, nargs="?", const=1, choices=(1, 2, 3),
                     help="a round of ZeRO rows no file had: with --from FILE,FILE predicted "
@@ -454,6 +464,9 @@ def main() -> None:
         return
     if args.families:
         families()
+        return
+    if args.tasks:
+        tasks()
         return
     device = local_device()
     if device.is_cuda:
@@ -517,6 +530,96 @@ def families() -> None:
             if errors:
                 print(f"  {family} {label}: calibrated median "
                       f"{statistics.median(errors):.1%}, max {max(errors):.1%}", flush=True)
+    if overall:
+        print(f"overall: {len(overall)} trials, median calibrated (leave-one-out) relative "
+              f"error {statistics.median(overall):.1%}, max {max(overall):.1%}")
+
+
+# The other trainers' shapes on CPU (`--tasks`): 4 layers x 256 where the architecture
+# allows, each measured over batches, checkpointing and bf16; the second of each kind is
+# the held-out one (another architecture or shape, or DPO without LoRA).
+T5 = {"model_type": "t5", "d_model": 256, "d_ff": 1024, "d_kv": 64, "num_layers": 4,
+      "num_heads": 4, "vocab_size": 8192}
+BART = {"model_type": "bart", "d_model": 256, "encoder_layers": 3, "decoder_layers": 3,
+        "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 1024,
+        "decoder_ffn_dim": 1024, "vocab_size": 8192, "max_position_embeddings": 512}
+VIT = {"model_type": "vit", "hidden_size": 256, "num_hidden_layers": 4,
+       "num_attention_heads": 4, "intermediate_size": 1024, "image_size": 224,
+       "patch_size": 16, "num_labels": 10}
+VIT_2 = {"model_type": "vit", "hidden_size": 192, "num_hidden_layers": 6,
+         "num_attention_heads": 3, "intermediate_size": 768, "image_size": 128,
+         "patch_size": 8, "num_labels": 100}
+LLAMA = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 688,
+         "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "vocab_size": 32000, "max_position_embeddings": 512, "tie_word_embeddings": False}
+TOKENIZER = HERE.parent / "examples" / "data" / "chat-tokenizer"
+
+
+def preference_file(seq: int) -> Path:
+    """Preference pairs in the chat tokenizer's words whose rows all reach `seq` tokens
+    (truncated to it), so that every batch is as wide as the memory model assumes."""
+    import json
+    import random
+
+    from examples.data.make_chat import WORDS
+
+    rng = random.Random(3)
+    path = Path("/tmp/autotune-memacc-pairs.jsonl")
+    words = lambda n: " ".join(rng.choice(WORDS) for _ in range(n))  # noqa: E731
+    rows = [{"prompt": words(24) + " ?", "chosen": " " + words(seq) + " .",
+             "rejected": " " + words(seq) + " ."} for _ in range(64)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+TASK_GROUPS = ("t5 seq2seq", "bart seq2seq (held out)", "vit images",
+               "vit 128px/8 images (held out)", "dpo lora", "dpo full (held out)")
+
+
+def task_spec(name: str):
+    """The loaded spec of a `--tasks` group."""
+    import sys
+
+    sys.path.insert(0, str(HERE.parent))  # examples.data.make_chat's words
+    raw, _ = task_specs()[name]
+    return load_spec(raw | {"target_batch_size": 16, "output": "/tmp/autotune-memacc",
+                            "measure": {"warmup_steps": 1, "steps": 2}})
+
+
+def task_specs() -> dict[str, dict]:
+    """name: (the spec, its configs) of each `--tasks` group (TASK_GROUPS' order)."""
+    c = lambda *a, **k: _c(16, *a, **k)  # noqa: E731
+    plain = [c(4), c(8), c(16), c(16, ck=True), c(8, "bf16"), c(8, o="adamw_bnb_8bit")]
+    pairs = [c(2), c(4), c(8), c(8, ck=True), c(4, "bf16")]
+    seq2seq = {"seq_len": 256, "target_len": 64}
+    dpo = {"source": str(preference_file(128)), "tokenizer": str(TOKENIZER), "seq_len": 128}
+    return {
+        "t5 seq2seq": ({"model": {"config": T5, "task": "seq2seq-lm"}, "data": seq2seq}, plain),
+        "bart seq2seq (held out)": ({"model": {"config": BART, "task": "seq2seq-lm"},
+                                     "data": seq2seq}, plain),
+        "vit images": ({"model": {"config": VIT, "task": "image-classification"}}, plain),
+        "vit 128px/8 images (held out)": (
+            {"model": {"config": VIT_2, "task": "image-classification"}}, plain),
+        "dpo lora": ({"model": {"config": LLAMA, "lora": {"r": 8}}, "trainer": "dpo",
+                      "data": dpo}, pairs),
+        "dpo full (held out)": ({"model": {"config": LLAMA}, "trainer": "dpo", "data": dpo},
+                                pairs + [c(b, precompute_ref_log_probs=True) for b in (2, 8)]),
+    }
+
+
+def tasks() -> None:
+    """Per kind of training on CPU: measured against physics and leave-one-out calibrated,
+    the error per group and over all (`--from` this output re-predicts it)."""
+    device = local_device()
+    overall = []
+    for name in TASK_GROUPS:
+        print(name, flush=True)
+        spec = task_spec(name)
+        errors = measure(name, False, device, 1, task_specs()[name][1], spec=spec)
+        overall += errors
+        if errors:
+            print(f"  {name}: calibrated median {statistics.median(errors):.1%}, "
+                  f"max {max(errors):.1%}", flush=True)
     if overall:
         print(f"overall: {len(overall)} trials, median calibrated (leave-one-out) relative "
               f"error {statistics.median(overall):.1%}, max {max(overall):.1%}")

@@ -13,7 +13,9 @@ from autotune.files import write_atomically
 from autotune.trials.trainargs import (
     accelerate_config,
     deepspeed_config,
+    dpo_fields_for,
     model_kwargs,
+    seq2seq_fields_for,
     sft_fields_for,
     training_arguments_kwargs,
 )
@@ -30,12 +32,14 @@ LORA_FILE = "lora_config.json"
 MODEL_KWARGS_FILE = "model_kwargs.json"
 QUANTIZATION_FILE = "quantization_config.json"
 SFT_FILE = "sft_config.json"
+DPO_FILE = "dpo_config.json"
 
 
 def export_config(config: TrialConfig, output: Path, *, on_cpu: bool, seed: int,
                   world_size: int = 1, lora: dict[str, Any] | None = None,
                   task: str = "causal-lm", sft: dict[str, Any] | None = None,
-                  nodes: int = 1) -> dict[str, str | None]:
+                  nodes: int = 1, dpo: dict[str, Any] | None = None,
+                  seq2seq: dict[str, Any] | None = None) -> dict[str, str | None]:
     """Write the winner's files into `output`; returns {kind: file name or None}.
 
     training_args.json carries the DeepSpeed config inline, so
@@ -49,7 +53,9 @@ def export_config(config: TrialConfig, output: Path, *, on_cpu: bool, seed: int,
     `from_pretrained`'s; quantization_config.json, for a quantized base, is
     `BitsAndBytesConfig(**kwargs)` (the same dict model_kwargs.json holds); under
     `trainer: sft`, sft_config.json is `SFTConfig(**kwargs)`: training_args.json's kwargs
-    and SFTConfig's own fields (`sft`)."""
+    and SFTConfig's own fields (`sft`); under `trainer: dpo`, dpo_config.json is
+    `DPOConfig(**kwargs)` likewise (`dpo`). For a seq2seq-lm model training_args.json
+    holds Seq2SeqTrainingArguments' own fields too (`seq2seq`)."""
     from autotune.trials.lora import lora_config_kwargs
 
     output.mkdir(parents=True, exist_ok=True)
@@ -71,12 +77,13 @@ def export_config(config: TrialConfig, output: Path, *, on_cpu: bool, seed: int,
     elif lora_path.exists():
         lora_path.unlink()
     kwargs = training_arguments_kwargs(config, seed=seed, world_size=world_size, on_cpu=on_cpu)
-    write_atomically(output / TRAINING_ARGS_FILE, json.dumps(kwargs, indent=2) + "\n")
-    sft_path = output / SFT_FILE
-    if sft is not None:  # the same kwargs and SFTConfig's own fields
-        write_atomically(sft_path, json.dumps(kwargs | sft, indent=2) + "\n")
-    elif sft_path.exists():
-        sft_path.unlink()
+    write_atomically(output / TRAINING_ARGS_FILE,
+                     json.dumps(kwargs | (seq2seq or {}), indent=2) + "\n")
+    for path, fields in ((output / SFT_FILE, sft), (output / DPO_FILE, dpo)):
+        if fields is not None:  # the same kwargs and the TRL config's own fields
+            write_atomically(path, json.dumps(kwargs | fields, indent=2) + "\n")
+        elif path.exists():  # a stale file from an earlier winner would mislead
+            path.unlink()
     ds = deepspeed_config(config, world_size=world_size)
     ds_path = output / DEEPSPEED_FILE
     if ds is not None:
@@ -88,7 +95,22 @@ def export_config(config: TrialConfig, output: Path, *, on_cpu: bool, seed: int,
             "accelerate": ACCELERATE_FILE, "lora": LORA_FILE if lora is not None else None,
             "model": MODEL_KWARGS_FILE if loading else None,
             "quantization": QUANTIZATION_FILE if quantized else None,
-            "sft": SFT_FILE if sft is not None else None}
+            "sft": SFT_FILE if sft is not None else None,
+            "dpo": DPO_FILE if dpo is not None else None}
+
+
+def spec_exports(spec: Spec, config: TrialConfig) -> dict[str, Any]:
+    """`export_config`'s spec-given arguments for `config`: the task, LoRA, and the
+    trainer's own fields (SFTConfig's, DPOConfig's, Seq2SeqTrainingArguments')."""
+    return {"task": spec.model.task, "seed": spec.search.seed, "world_size": spec.world_size,
+            "lora": spec.model.lora.model_dump() if spec.model.lora else None,
+            "sft": sft_fields_for(spec, config), "dpo": dpo_fields_for(spec, config),
+            "seq2seq": seq2seq_fields_for(spec)}
+
+
+def trainer_file(spec: Spec) -> str:
+    """The exported file the spec's trainer's arguments load from."""
+    return {"sft": SFT_FILE, "dpo": DPO_FILE}.get(spec.trainer, TRAINING_ARGS_FILE)
 
 
 def load_training_args(path: str | Path, output_dir: str, **overrides: Any):
@@ -105,10 +127,8 @@ def write_outputs(summary: Summary, output: Path, spec: Spec, *, on_cpu: bool) -
 
     if summary.best is not None:
         summary.exports = export_config(
-            summary.best.config, output, on_cpu=on_cpu, seed=spec.search.seed,
-            world_size=spec.world_size, task=spec.model.task,
-            lora=spec.model.lora.model_dump() if spec.model.lora else None,
-            sft=sft_fields_for(spec, summary.best.config),
-            nodes=summary.device.nodes if summary.device else 1)
+            summary.best.config, output, on_cpu=on_cpu,
+            nodes=summary.device.nodes if summary.device else 1,
+            **spec_exports(spec, summary.best.config))
     summary.write(output)
     write_report(output)

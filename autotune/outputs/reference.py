@@ -119,7 +119,8 @@ def knob_rows(device: DeviceSpec | None = None) -> list[dict[str, Any]]:
         row: dict[str, Any] = {
             "name": k.name, "label": k.label, "values": k.allowed(), "baseline": k.baseline,
             "listed_in": k.listed_in, "rules": [(r.label, r.reason) for r in k.rules],
-            "sets": _sets(k), "recipe": None, "allowed": None, "out": {}}
+            "sets": _sets(k), "scope": k.scope or "every spec", "recipe": None,
+            "allowed": None, "out": {}}
         if device is not None:
             allowed = []
             for v in (row["values"] if not k.listed_in else [k.baseline, *_listed(k)]):
@@ -142,6 +143,8 @@ def _listed(k: knobs.Knob) -> list:
 
 
 def _sets(k: knobs.Knob) -> str:
+    if k.sets:
+        return k.sets
     if k.training_args is not None:
         return "TrainingArguments"
     if k.loading is not None:
@@ -156,16 +159,20 @@ def knobs_markdown() -> str:
              "search space (`autotune/search_spaces/*.yaml`, or a file of your own) lists the "
              "values to search per knob; a knob left out keeps Trainer's default. `autotune "
              "knobs [--device NAME]` prints this for a device, with what its rules allow "
-             "there.", "",
-             "| knob | values | Trainer's default | sets | rules (what rules a value out) |",
-             "| --- | --- | --- | --- | --- |"]
+             "there. \"Applies to\" is where a value other than the default can run on the "
+             "spec's model, data and trainer (causal LMs, seq2seq-lm encoder-decoders, "
+             "image classifiers, trainer: trainer, sft or dpo); elsewhere the search leaves "
+             "it out and says why.", "",
+             "| knob | values | Trainer's default | sets | applies to | rules (what rules a "
+             "value out) |",
+             "| --- | --- | --- | --- | --- | --- |"]
     for row in knob_rows():
         values = (f"see {row['listed_in']}" if row["listed_in"]
                   else ", ".join(f"`{v}`" for v in row["values"]))
         rules = "; ".join(f"{_plain(label)}: {_plain(why)}" for label, why in row["rules"]
                           ) or "—"
         lines.append(f"| `{row['name']}` ({row['label']}) | {values} | `{row['baseline']}` | "
-                     f"{row['sets']} | {_one_line(rules)} |")
+                     f"{row['sets']} | {row['scope']} | {_one_line(rules)} |")
     lines += ["", "## The guide's recipe", "",
               "What a careful user picks by hand from the seeds' guide, best first (the first "
               "value the device's rules and the model allow is taken), on a GPU and on a CPU:",
@@ -191,14 +198,15 @@ def render_knobs(device: DeviceSpec, console: Any) -> None:
     from rich.table import Table
 
     table = Table(title=f"knobs on {device.name}", box=box.SIMPLE_HEAD)
-    for col in ("knob", "allowed here", "Trainer's default", "the guide's pick", "not here"):
+    for col in ("knob", "allowed here", "Trainer's default", "the guide's pick", "applies to",
+                "not here"):
         table.add_column(col, overflow="fold")
     for row in knob_rows(device):
         recipe = row["recipe"] or []
         pick = next((v for v in recipe if v in (row["allowed"] or [])), row["baseline"])
         out = "; ".join(f"{v}: {why}" for v, why in row["out"].items())
         table.add_row(row["name"], ", ".join(map(str, row["allowed"] or [])),
-                      str(row["baseline"]), str(pick), out)
+                      str(row["baseline"]), str(pick), row["scope"], out)
     console.print(table)
 
 

@@ -170,8 +170,10 @@ def _data_fact(summary: Summary) -> Fact | None:
     if not lengths:
         return None
     seq = int(lengths["seq_len"])
+    cut = ("source and target lengths" if summary.model.get("task") == "seq2seq-lm"
+           else "seq_len")
     return Fact("Rows", f"{lengths['p50']:.0f} tokens (median)",
-                f"of seq_len {seq}: p90 {lengths['p90']:.0f}, max {lengths['max']:.0f}, "
+                f"of {cut} {seq}: p90 {lengths['p90']:.0f}, max {lengths['max']:.0f}, "
                 f"min {lengths['min']:.0f}; {lengths['padding']:.0%} of a padded batch is "
                 f"padding, {lengths['truncated']:.0%} of rows truncated; the loss sees "
                 f"{lengths['loss_tokens']:.0%} of the real tokens · the objective is real "
@@ -213,8 +215,25 @@ def _throughput_fact(summary: Summary, best: Record | None) -> Fact:
     runs = len(row.samples_per_second) if row else 0  # fewer than asked where time ran out
     how = ("one trial's measurement" if not runs else "one confirmation run" if runs == 1
            else f"median of {runs} confirmation runs")
-    return Fact("Throughput", DASH if sps == DASH else f"{sps} samples/s",
-                DASH if tps == DASH else f"{tps} {'real ' if real else ''}tokens/s · {how}")
+    sample, token, note = units(summary)
+    return Fact("Throughput", DASH if sps == DASH else f"{sps} {sample}/s",
+                DASH if tps == DASH else f"{tps} {'real ' if real else ''}{token}/s · {how}"
+                + (f" · {note}" if note else ""))
+
+
+def units(summary: Summary) -> tuple[str, str, str]:
+    """(what a sample is, what its tokens are, a note saying so) for the model's task and
+    trainer: a DPO sample is a preference pair, an image's tokens are its patches, an
+    encoder-decoder's are its source's and its target's."""
+    model = summary.model
+    if model.get("trainer") == "dpo":
+        return ("pairs", "tokens", "a sample is a preference pair, its tokens both rows' "
+                "(prompt and chosen, prompt and rejected)")
+    if model.get("task") == "image-classification":
+        return "images", "patches", "an image's tokens are its patches"
+    if model.get("task") == "seq2seq-lm":
+        return "samples", "tokens", "a sample's tokens are its source's and its target's"
+    return "samples", "tokens", ""
 
 
 def _mfu_fact(summary: Summary, best: Record | None) -> Fact:
@@ -247,7 +266,7 @@ def _speedup_fact(summary: Summary, base: Record | None) -> Fact:
                   if effective != summary.target_batch_size else "")
         notes.append(f"baseline: Trainer defaults with auto_find_batch_size, "
                      f"{base.config.label()}{shrunk}: "
-                     f"{fmt_num(summary.samples_per_second(base))} samples/s")
+                     f"{fmt_num(summary.samples_per_second(base))} {units(summary)[0]}/s")
     recipe = summary.recipe
     if recipe is not None:
         vs = c.vs_recipe if c is not None and c.vs_recipe else {}
@@ -257,7 +276,7 @@ def _speedup_fact(summary: Summary, base: Record | None) -> Fact:
                           "the tuner found nothing faster than the guide's recipe, which is "
                           "the winner"))
         notes.append(f"recipe: {recipe.config.label()}: "
-                     f"{fmt_num(summary.samples_per_second(recipe))} samples/s")
+                     f"{fmt_num(summary.samples_per_second(recipe))} {units(summary)[0]}/s")
     elif any(t.reason == "recipe" for t in summary.searched):
         notes.append("the guide's recipe did not run to the end (see its trials)")
     return Fact("Speedup", " · ".join(parts) or DASH, "; ".join(notes))
@@ -384,9 +403,11 @@ def exports_of(summary: Summary) -> list[tuple[str, str]]:
     """(file name, how to use it) for each file the search exported."""
     ex = summary.exports
     out = []
+    task = summary.model.get("task") or "causal-lm"
+    args = "Seq2SeqTrainingArguments" if task == "seq2seq-lm" else "TrainingArguments"
     if ex.get("training_args"):
-        out.append((ex["training_args"], "import json; from transformers import "
-                    f"TrainingArguments\nargs = TrainingArguments(**json.load(open("
+        out.append((ex["training_args"], f"import json; from transformers import {args}\n"
+                    f"args = {args}(**json.load(open("
                     f"\"{ex['training_args']}\")) | {{\"output_dir\": \"runs/my-run\"}})\n"
                     "# works from any folder: a DeepSpeed config, if any, is inline"))
     if ex.get("deepspeed"):
@@ -403,7 +424,10 @@ def exports_of(summary: Summary) -> list[tuple[str, str]]:
         out.append((ex["accelerate"], f"accelerate launch --config_file {ex['accelerate']} "
                     "train.py ...\n# DeepSpeed (from ds_config.json) or FSDP inside it"))
     if ex.get("model"):
-        out.append((ex["model"], "model = AutoModelForCausalLM.from_pretrained(name, "
+        from autotune.plan.shape import AUTO_CLASSES
+
+        out.append((ex["model"], f"model = {AUTO_CLASSES.get(task, 'AutoModel')}"
+                    ".from_pretrained(name, "
                     f"**json.load(open(\"{ex['model']}\")))\n# e.g. the attention kernel"))
     if ex.get("quantization"):
         out.append((ex["quantization"], "from transformers import BitsAndBytesConfig\n"
@@ -414,7 +438,16 @@ def exports_of(summary: Summary) -> list[tuple[str, str]]:
         out.append((ex["sft"], "from trl import SFTConfig, SFTTrainer\nargs = SFTConfig(**"
                     f"json.load(open(\"{ex['sft']}\")) | {{\"output_dir\": \"runs/my-run\"}})"
                     "\n# SFTTrainer(model, args=args, train_dataset=..., processing_class=tok)"))
-    if ex.get("lora"):
+    if ex.get("dpo"):
+        out.append((ex["dpo"], "from trl import DPOConfig, DPOTrainer\nargs = DPOConfig(**"
+                    f"json.load(open(\"{ex['dpo']}\")) | {{\"output_dir\": \"runs/my-run\"}})"
+                    "\n# DPOTrainer(model, args=args, train_dataset=pairs, processing_class=tok"
+                    + (", peft_config=lora)" if ex.get("lora") else ", ref_model=a copy)")))
+    if ex.get("lora") and ex.get("dpo"):
+        out.append((ex["lora"], "import json; from peft import LoraConfig\nlora = "
+                    f"LoraConfig(**json.load(open(\"{ex['lora']}\")))\n# given to "
+                    "DPOTrainer: its reference is the base with the adapters off"))
+    elif ex.get("lora"):
         out.append((ex["lora"], "import json; from peft import LoraConfig, get_peft_model\n"
                     f"model = get_peft_model(model, LoraConfig(**json.load(open("
                     f"\"{ex['lora']}\"))))"))

@@ -115,6 +115,22 @@ def estimate(spec_or_path: Any, *, device: str | None = None,
                           spec.world_size)
 
 
+def describe(s: ModelShape) -> str:
+    """The shape's layers and sequences, as its task and trainer have them."""
+    if s.decoder_layers:
+        return (f"{s.num_layers} encoder and {s.decoder_layers} decoder layers, hidden "
+                f"{s.hidden_size}, source {s.seq_len} and target {s.target_len} tokens")
+    if s.pixels:
+        return (f"{s.num_layers} layers, hidden {s.hidden_size}, {s.seq_len} patches an "
+                "image (its tokens)")
+    text = f"{s.num_layers} layers, hidden {s.hidden_size}, seq {s.seq_len}"
+    if s.preference_pairs:
+        text += (" a row, a sample is a preference pair (chosen and rejected rows) and "
+                 + ("the base with the adapters off as the reference" if s.lora else
+                    "a second copy as the reference unless its log-probs are precomputed"))
+    return text
+
+
 _SHORT = {"weights": "weights", "quantized": "quant", "gradients": "grads",
           "optimizer": "optim", "activations": "activ", "runtime": "runtime"}
 
@@ -132,8 +148,7 @@ def render_estimate(result: EstimateResult, console: Console, *, all_rows: bool 
 
     s = result.shape
     console.print(f"[bold]{s.name}[/]: {s.num_parameters / 1e6:,.1f}M parameters, "
-                  f"{s.num_layers} layers, hidden {s.hidden_size}, seq {s.seq_len}, "
-                  f"attention {s.attn_implementation}")
+                  f"{describe(s)}, attention {s.attn_implementation}", highlight=False)
     console.print(f"device {result.device.name}, limit {_gib(result.limit_bytes)} GiB per rank "
                   f"({result.limit_from})", highlight=False, soft_wrap=True)
     ranks, nodes = result.world_size, result.device.nodes

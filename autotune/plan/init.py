@@ -77,8 +77,47 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "large": {"model_type": "bert", "num_hidden_layers": 24, "hidden_size": 1024,
                   "num_attention_heads": 16, "intermediate_size": 4096},
     },
+    # Encoder-decoders (seq2seq-lm): T5 v1.0's and BART's published shapes.
+    "t5": {
+        "small": {"model_type": "t5", "d_model": 512, "d_ff": 2048, "d_kv": 64,
+                  "num_layers": 6, "num_heads": 8, "vocab_size": 32128,
+                  "decoder_start_token_id": 0},
+        "base": {"model_type": "t5", "d_model": 768, "d_ff": 3072, "d_kv": 64,
+                 "num_layers": 12, "num_heads": 12, "vocab_size": 32128,
+                 "decoder_start_token_id": 0},
+        "large": {"model_type": "t5", "d_model": 1024, "d_ff": 4096, "d_kv": 64,
+                  "num_layers": 24, "num_heads": 16, "vocab_size": 32128,
+                  "decoder_start_token_id": 0},
+    },
+    "bart": {
+        "base": {"model_type": "bart", "d_model": 768, "encoder_layers": 6,
+                 "decoder_layers": 6, "encoder_attention_heads": 12,
+                 "decoder_attention_heads": 12, "encoder_ffn_dim": 3072,
+                 "decoder_ffn_dim": 3072, "vocab_size": 50265,
+                 "max_position_embeddings": 1024},
+        "large": {"model_type": "bart", "d_model": 1024, "encoder_layers": 12,
+                  "decoder_layers": 12, "encoder_attention_heads": 16,
+                  "decoder_attention_heads": 16, "encoder_ffn_dim": 4096,
+                  "decoder_ffn_dim": 4096, "vocab_size": 50265,
+                  "max_position_embeddings": 1024},
+    },
+    # Image classifiers: ViT at 224 pixels in patches of 16 (197 tokens with the class
+    # token), ImageNet's 1000 classes.
+    "vit": {
+        "base": {"model_type": "vit", "hidden_size": 768, "num_hidden_layers": 12,
+                 "num_attention_heads": 12, "intermediate_size": 3072, "image_size": 224,
+                 "patch_size": 16, "num_labels": 1000},
+        "large": {"model_type": "vit", "hidden_size": 1024, "num_hidden_layers": 24,
+                  "num_attention_heads": 16, "intermediate_size": 4096, "image_size": 224,
+                  "patch_size": 16, "num_labels": 1000},
+    },
 }
-TASKS = {"bert": "sequence-classification"}  # the head a type is usually tuned with
+# The head a type is usually tuned with.
+TASKS = {"bert": "sequence-classification", "t5": "seq2seq-lm", "bart": "seq2seq-lm",
+         "vit": "image-classification"}
+# An encoder-decoder's source and target tokens where --seq-len does not say: a
+# summary's article and its summary, as T5 was trained (512 positions).
+SEQ2SEQ_LENGTHS = (512, 128)
 
 
 def preset_names() -> list[str]:
@@ -138,11 +177,19 @@ def plan(model: str, *, seq_len: int | None = None, target_batch: int = 32,
     from autotune.spec import load_spec
 
     section, source = model_section(model)
+    task = section.get("task", "causal-lm")
     if seq_len is None:  # 1024, or fewer where the model has fewer positions
         seq_len = _default_seq_len(section)
+        if task == "seq2seq-lm":
+            seq_len = min(seq_len, SEQ2SEQ_LENGTHS[0])
     if lora or qlora:
         section["lora"] = {"r": 16, "alpha": 32}
-    spec: dict[str, Any] = {"model": section, "data": {"seq_len": seq_len},
+    data: dict[str, Any] = {"seq_len": seq_len}
+    if task == "seq2seq-lm":
+        data["target_len"] = min(SEQ2SEQ_LENGTHS[1], seq_len)
+    if task == "image-classification":  # its sequence is its patches, from its config
+        data = {}
+    spec: dict[str, Any] = {"model": section, "data": data,
                             "target_batch_size": target_batch,
                             "hardware": {"gpus_per_trial": 1},
                             "search": {"space": "default", "n_trials": 40, "timeout": "30m"},
@@ -194,9 +241,7 @@ def render(p: InitPlan) -> str:
                    "shape, random weights." + ("\nlora: train adapters; the default space "
                                                "then searches a 4-bit base (QLoRA) too."
                                                if "lora" in p.spec["model"] else "")),
-             block("data", "synthetic tokens as written; for your rows set source (a .jsonl, "
-                   ".parquet, dataset folder or hub id)\nand tokenizer; format is found from "
-                   "the columns (text, messages, prompt/completion)."),
+             block("data", _data_comment(p.spec["model"].get("task", "causal-lm"))),
              block("target_batch_size", "The effective batch per optimizer step: every "
                    "config trains exactly this."),
              block("hardware", "Ranks per trial (data parallel); memory_budget caps a "
@@ -207,6 +252,21 @@ def render(p: InitPlan) -> str:
              block("run", "Your long run: its wall time is projected in the report."),
              block("output", "Where the winner's files and the report go.")]
     return "\n".join(parts)
+
+
+def _data_comment(task: str) -> str:
+    if task == "image-classification":
+        return ("synthetic images sized from the model's config as written (no seq_len: "
+                "the sequence is its patches);\nfor your images set source (a folder with a "
+                "subfolder per class, or a dataset with image and label)\nand processor "
+                "(the image processor's folder), unless model.name_or_path holds one.")
+    if task == "seq2seq-lm":
+        return ("synthetic tokens as written: seq_len source and target_len target tokens "
+                "a row; for your rows set\nsource (prompt and completion: the source and "
+                "the target text) and tokenizer.")
+    return ("synthetic tokens as written; for your rows set source (a .jsonl, .parquet, "
+            "dataset folder or hub id)\nand tokenizer; format is found from the columns "
+            "(text, messages, prompt/completion; chosen/rejected\nunder trainer: dpo).")
 
 
 def write(path: Path, text: str) -> None:

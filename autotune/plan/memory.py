@@ -30,7 +30,7 @@ from autotune.plan.allocator import (
 from autotune.plan.gc_pause import collector_paused
 from autotune.plan.shape import ModelShape
 from autotune.plan.step_trace import trace_step
-from autotune.plan.trace import ActivationTrace, trace_activations
+from autotune.plan.trace import ActivationTrace, chunked_head_bytes, trace_activations
 
 if TYPE_CHECKING:
     from autotune.plan.device import DeviceSpec
@@ -66,6 +66,15 @@ FRAGMENTATION = 0.05
 CPU_OVERHEAD_FACTOR = 0.95
 COMPONENTS = ("weights", "quantized", "gradients", "optimizer", "activations", "logits",
               "runtime")
+# TRL's chunked LM head (DPO's log-probs) projects at most this many tokens by this many
+# vocabulary entries at a time (trl.kernels.chunked_logprob's TOKEN_CHUNK_SIZE and
+# trl.trainer.utils' _CHUNKED_LOGPROB_CHUNK_SIZE, TRL 1.16).
+TRL_TOKEN_TILE = 4096
+TRL_VOCAB_TILE = 32768
+PAGE = 4096  # a host page: what one written element makes resident of an untouched block
+# The tasks whose steps the allocator replays follow (their layers one stack, their input
+# token ids).
+REPLAYED_TASKS = ("causal-lm", "masked-lm", "sequence-classification")
 # A quantized base's bytes per quantized weight: NF4 packs two in a byte, with an 8-bit
 # absmax per block of 64 and, double-quantized, an fp32 constant per 256 blocks (QLoRA's
 # 0.127 bits); LLM.int8 one byte and an fp32 scale per output row (counted as nothing).
@@ -287,7 +296,7 @@ class Physics:
                 else "native16" if c.zero_stage > 0 else "autocast16")
         return (self.shape.hf_config, self.shape.task or "causal-lm", self.shape.seq_len,
                 mode, c.gradient_checkpointing, self.attention_kernel(c), self.device.is_cuda,
-                self.shape.lora)
+                self.shape.lora, self.shape.target_len, self.shape.preference_pairs)
 
     def activation_bytes_per_sample(self, c: TrialConfig) -> float:
         """Traced where the model is known: the step's peak per sample less the logits
@@ -305,25 +314,49 @@ class Physics:
         the trace follows eager autograd, and calibration fits the rest)."""
         return COMPILED_ACTIVATIONS if c.torch_compile else 1.0
 
+    def _stacks(self) -> list[tuple[int, int, int]]:
+        """(layers, tokens, tokens attended across) of each stack a sample runs through:
+        the layers at seq_len; an encoder-decoder's encoder at seq_len and its decoder at
+        target_len, attending the source too (cross-attention); under DPO each pair's
+        two rows (chosen and rejected), each at seq_len."""
+        shape = self.shape
+        if shape.decoder_layers:
+            return [(shape.num_layers, shape.seq_len, 0),
+                    (shape.decoder_layers, shape.target_len, shape.seq_len)]
+        rows = 2 if shape.preference_pairs else 1
+        return [(shape.num_layers, shape.seq_len, 0)] * rows
+
     def _formula_activations(self, c: TrialConfig) -> float:
-        s, h, layers = self.shape.seq_len, self.shape.hidden_size, self.shape.num_layers
-        scale = _compute_bytes(c.precision) / 2
+        """Korthikanti's per-layer bytes over the sample's stacks, and an image model's
+        input: the fp32 pixels its patch embedding keeps (and their 16-bit copy under
+        autocast)."""
+        h, cb = self.shape.hidden_size, _compute_bytes(c.precision)
+        scale = cb / 2
         mlp = 34 * (1 + (self.shape.ffn_size / (4 * h) - 1) * 16 / 34)  # 16 of 34 scale with ffn
-        per_layer = s * h * mlp * scale
-        if c.gradient_checkpointing:
-            # Layer inputs kept for every layer, plus one layer recomputed in full.
-            linear = layers * s * h * _compute_bytes(c.precision) + per_layer
-        else:
-            linear = layers * per_layer
-        return linear + (self.attention_bytes_per_sample(c)
-                         if self.materialises_attention(c) else 0.0)
+        linear = 0.0
+        for layers, s, source in self._stacks():
+            # A decoder layer's cross-attention: its norm, query, output projection and
+            # dropout on its own tokens (11 s h, as self-attention's), keys and values
+            # of the source (4 source h).
+            per_layer = (s * h * mlp + (11 * s * h + 4 * source * h if source else 0)) * scale
+            if c.gradient_checkpointing:
+                # Layer inputs kept for every layer, plus one layer recomputed in full.
+                linear += layers * s * h * cb + per_layer
+            else:
+                linear += layers * per_layer
+        pixels = self.shape.pixels * (4 + (2 if cb == 2 else 0))
+        return linear + pixels + (self.attention_bytes_per_sample(c)
+                                  if self.materialises_attention(c) else 0.0)
 
     def attention_bytes_per_sample(self, c: TrialConfig) -> float:
         """The s^2 attention term alone: 5*a*s^2 bytes per layer in 16-bit (Korthikanti),
-        in every layer, or in the one recomputed layer under checkpointing."""
-        s, a = self.shape.seq_len, self.shape.num_attention_heads
-        layers = 1 if c.gradient_checkpointing else self.shape.num_layers
-        return layers * 5 * a * s * s * _compute_bytes(c.precision) / 2
+        in every layer, or in the one recomputed layer under checkpointing; a decoder's
+        cross-attention 5*a*s*source more."""
+        a, out = self.shape.num_attention_heads, 0.0
+        for layers, s, source in self._stacks():
+            kept = 1 if c.gradient_checkpointing else layers
+            out += kept * 5 * a * s * (s + source) * _compute_bytes(c.precision) / 2
+        return out
 
     def logits_bytes_per_sample(self, c: TrialConfig) -> float:
         """LM heads, at the peak (the loss's backward): the fp32 log-softmax the loss
@@ -348,9 +381,53 @@ class Physics:
         return 4.0 * self.shape.vocab_size * self.shape.hidden_size
 
     def _logits_formula(self) -> float:
-        if not self.shape.has_lm_logits:
+        """Per sample: an encoder-decoder's logits are its targets'; DPO's are never whole
+        (TRL's chunked head: `chunked_logits_bytes`)."""
+        if not self.shape.has_lm_logits or self.shape.preference_pairs:
             return 0.0
-        return self.shape.seq_len * self.shape.vocab_size * (4 + 4 + 4)
+        tokens = self.shape.target_len or self.shape.seq_len
+        return tokens * self.shape.vocab_size * (4 + 4 + 4)
+
+    def chunked_logits_bytes(self, c: TrialConfig) -> float:
+        """DPO's log-probs through TRL's chunked LM head, at its peak (its backward), traced
+        apart at the micro-batch's tokens, both rows of every pair (trace.py's
+        `chunked_head_bytes`: a tile of at most TRL_TOKEN_TILE tokens by TRL_VOCAB_TILE
+        columns in the compute dtype, and on a CPU torch's fp32 copies of it, of which a
+        vocabulary under TRL_VOCAB_TILE columns makes only its own pages resident). 0
+        under another trainer."""
+        if not self.shape.preference_pairs:
+            return 0.0
+        tokens = 2 * c.per_device_train_batch_size * self.shape.seq_len
+        cuda, v = self.device.is_cuda, self.shape.vocab_size
+        peak = chunked_head_bytes(tokens, v, self.shape.hidden_size,
+                                  _compute_bytes(c.precision) == 2, cuda,
+                                  self.shape.lora is None)
+        if not cuda and v < TRL_VOCAB_TILE:
+            cb = _compute_bytes(c.precision)
+            touched = max(v, PAGE // cb)
+            peak -= min(tokens, TRL_TOKEN_TILE) * (TRL_VOCAB_TILE - touched) * cb
+        return float(peak)
+
+    def mapped_bytes(self, c: TrialConfig) -> float:
+        """Of the tensors, what a CPU's allocator maps for itself and unmaps when freed
+        (RSS holds exactly them, no arena beside): the chunked head's vocabulary-wide
+        temporaries, each far above glibc's mmap threshold (32 MiB at most). 0 on a GPU."""
+        return 0.0 if self.device.is_cuda else self.chunked_logits_bytes(c)
+
+    def reference_bytes(self, c: TrialConfig) -> float:
+        """DPO's reference model without LoRA and without precomputed log-probs: a second
+        copy of the weights, fp32 as built (Trainer prepares it for evaluation only),
+        16-bit inside a DeepSpeed engine of its own under mixed precision (TRL's
+        prepare_deepspeed), partitioned at ZeRO-3. Under LoRA the reference is the base
+        with the adapters off; precomputed, the policy before its first step served."""
+        if not (self.shape.preference_pairs and self.shape.lora is None
+                and not c.precompute_ref_log_probs):
+            return 0.0
+        p, n = float(self.shape.num_parameters), max(1, self.world_size)
+        if c.zero_stage == 0 and c.fsdp == "none":
+            return 4 * p
+        wide = 2 if c.precision in ("fp16", "bf16") and c.zero_stage else 4
+        return wide * p / (n if c.zero_stage == 3 or c.fsdp.startswith("full") else 1)
 
     def attention_kernel(self, c: TrialConfig) -> str:
         """The kernel the trace imitates for `c`: eager where the scores are kept."""
@@ -359,7 +436,16 @@ class Physics:
     def zero_replayed(self, c: TrialConfig) -> bool:
         """Whether `c`'s peak comes from the ZeRO emulation (plan/zero_replay.py): on a
         GPU, for a model whose config is known, where the emulation applies."""
-        return self.device.is_cuda and zero_replay.applies(self.shape, c, self.world_size)
+        return (self.device.is_cuda and self.replayable()
+                and zero_replay.applies(self.shape, c, self.world_size))
+
+    def replayable(self) -> bool:
+        """Whether the allocator replays can follow this model's step: a decoder-only or
+        encoder-only model under Trainer (an encoder-decoder's two stacks, an image
+        model's input, DPO's two forwards are not replayed; the fragmentation allowance
+        stands)."""
+        return (self.shape.task or "causal-lm") in REPLAYED_TASKS and (
+            not self.shape.preference_pairs)
 
     def zero_bucket_bytes(self, c: TrialConfig) -> float:
         """ZeRO's gradient reduction buffers (`zero_replay.bucket_buffers` of
@@ -392,13 +478,14 @@ class Physics:
         b = c.per_device_train_batch_size
         comps = states | {"activations": b * self.activation_bytes_per_sample(c),
                           "logits": b * self.logits_bytes_per_sample(c)
-                          + self.logits_fixed_bytes(c)}
+                          + self.logits_fixed_bytes(c) + self.chunked_logits_bytes(c)}
+        comps["weights"] += self.reference_bytes(c)
         tensors = sum(comps.values())
         slack = self._slack_factor(c, tensors)
         if slack < 0:  # the replay's peak is below the components at once: scale them
             comps = {k: v * (1 + slack) for k, v in comps.items()}
             slack = 0.0
-        comps["runtime"] = self.runtime_bytes(c) + slack * tensors
+        comps["runtime"] = self.runtime_bytes(c) + slack * (tensors - self.mapped_bytes(c))
         return MemoryEstimate({k: int(comps[k]) for k in COMPONENTS}, int(host))
 
     def runtime_bytes(self, c: TrialConfig) -> float:
@@ -510,7 +597,8 @@ class Physics:
         """What `c`'s replay depends on, or None where none applies: a CPU, a model without
         config, LoRA, FSDP, the ZeRO configs the emulation does not cover, Liger's
         kernels, Adafactor."""
-        if not (self.device.is_cuda and self.shape.hf_config is not None):
+        if not (self.device.is_cuda and self.shape.hf_config is not None
+                and self.replayable()):
             return None
         accumulation = min(c.gradient_accumulation_steps, REPLAYED)
         attention = self.attention_kernel(c)
@@ -545,6 +633,7 @@ class Physics:
             tensors = sum(comps[k] for k in COMPONENTS if k != "runtime")
             slack = 1 + self._slack_factor(c, tensors)
             terms = {k: comps[k] * slack for k in COMPONENTS}
+            terms["logits"] -= (slack - 1) * self.mapped_bytes(c)  # no allocator slack
             terms["runtime"] = self.runtime_bytes(c)
             wide = _compute_bytes(c.precision) == 4
             terms["activations|checkpointing"] = terms["activations"] * c.gradient_checkpointing

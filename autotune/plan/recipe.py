@@ -22,12 +22,15 @@ from autotune.config import Family, TrialConfig
 if TYPE_CHECKING:
     from autotune.plan.device import DeviceSpec
 
-# The guide's memory levers in its order, each rung with checkpointing: 8-bit optimizer
-# states, a 4-bit base under LoRA, then DeepSpeed ZeRO (stage 2 over several ranks,
-# stage 3) and its CPU offload, whose optimizer must have a CPU implementation
-# (DeepSpeed's CPU Adam).
+# The guide's memory levers in its order, each rung with checkpointing: DPO's reference
+# precomputed, 8-bit optimizer states, a 4-bit base under LoRA, then DeepSpeed ZeRO
+# (stage 2 over several ranks, stage 3) and its CPU offload, whose optimizer must have a
+# CPU implementation (DeepSpeed's CPU Adam).
 FALLBACKS: tuple[dict[str, Any], ...] = (
     {"gradient_checkpointing": True},
+    # Under DPO without LoRA: the reference's log-probs precomputed, its copy never made
+    # (TRL's documented way to save the reference's memory).
+    {"gradient_checkpointing": True, "precompute_ref_log_probs": True},
     {"gradient_checkpointing": True, "optim": "adamw_bnb_8bit"},
     # Under LoRA: the base in 4 bits (QLoRA), how a 7-8B model fits a 24 GB card.
     {"gradient_checkpointing": True, "quantization": "nf4"},

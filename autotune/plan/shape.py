@@ -25,6 +25,8 @@ AUTO_CLASSES = {
     "causal-lm": "AutoModelForCausalLM",
     "masked-lm": "AutoModelForMaskedLM",
     "sequence-classification": "AutoModelForSequenceClassification",
+    "seq2seq-lm": "AutoModelForSeq2SeqLM",
+    "image-classification": "AutoModelForImageClassification",
 }
 
 
@@ -42,7 +44,7 @@ class ModelShape:
     # "eager" materialises the seq x seq attention matrix; "sdpa"/"flash_attention_2" do
     # not; "auto": not known, the memory model decides from the device.
     attn_implementation: str = "auto"
-    task: str = ""  # causal-lm | masked-lm | sequence-classification; "" = from causal_lm
+    task: str = ""  # a key of AUTO_CLASSES; "" = from causal_lm
     # Parameters with gradients and optimizer states: LoRA's adapters; None: all of them.
     trainable_parameters: int | None = None
     # The transformers config (a dict with its model_type) and LoRA section the model is
@@ -57,11 +59,28 @@ class ModelShape:
     # output head's (transformers keeps that in the compute dtype). None: not known.
     quantizable_parameters: int | None = None
     largest_linear: int | None = None  # the largest such weight, dequantized one at a time
+    # An encoder-decoder's (seq2seq-lm) decoder: its layers and target tokens per row (the
+    # encoder's are num_layers and seq_len). 0: no decoder.
+    decoder_layers: int = 0
+    target_len: int = 0
+    # An image model's input values per image (channels x height x width); its seq_len is
+    # its patches (and class token). 0: not an image model.
+    pixels: int = 0
+    # What trains it: "trainer", "sft", or "dpo" (a sample is a preference pair: two rows
+    # through the policy, and the reference's forward). "" = not known (a landscape).
+    trainer: str = ""
 
     @property
     def has_lm_logits(self) -> bool:
-        """A vocabulary-sized output per token (causal or masked LM), not a class head."""
-        return self.task in ("causal-lm", "masked-lm") if self.task else self.causal_lm
+        """A vocabulary-sized output per token (causal or masked LM, an encoder-decoder's
+        target), not a class head."""
+        return self.task in ("causal-lm", "masked-lm", "seq2seq-lm") if self.task else (
+            self.causal_lm)
+
+    @property
+    def preference_pairs(self) -> bool:
+        """Trained by DPO: every sample is a chosen and a rejected row."""
+        return self.trainer == "dpo"
 
     @property
     def ffn_size(self) -> int:
@@ -100,7 +119,8 @@ class ModelShape:
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 _HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model")
 _HEAD_KEYS = ("num_attention_heads", "n_head")
-_FFN_KEYS = ("intermediate_size", "n_inner", "ffn_dim")
+_FFN_KEYS = ("intermediate_size", "n_inner", "ffn_dim", "d_ff", "encoder_ffn_dim")
+_DECODER_LAYER_KEYS = ("num_decoder_layers", "decoder_layers")
 
 
 def _first(cfg: Any, keys: tuple[str, ...]) -> Any:
@@ -143,13 +163,43 @@ def model_class(model: dict[str, Any]) -> type | None:
         return None
 
 
+def task_config(hf_config: Any, task: str) -> Any:
+    """`hf_config` with what training its task's head needs and an inline config can
+    leave out: an encoder-decoder's decoder start token (T5's checkpoints set it to the
+    pad token, 0; transformers 5's T5Config has none of its own)."""
+    if task == "seq2seq-lm" and getattr(hf_config, "decoder_start_token_id", None) is None:
+        hf_config.decoder_start_token_id = getattr(hf_config, "pad_token_id", None) or 0
+    return hf_config
+
+
+def image_tokens(model: Any) -> int | None:
+    """The sequence an image model's encoder runs on: its position embeddings' length
+    (patches and class token), or (image/patch)^2 + 1; None for no image model."""
+    cfg = getattr(model, "config", None)
+    for name, p in model.named_parameters():
+        if name.endswith("position_embeddings") and p.dim() == 3:
+            return int(p.shape[1])
+    size, patch = getattr(cfg, "image_size", None), getattr(cfg, "patch_size", None)
+    if isinstance(size, int) and isinstance(patch, int) and patch:
+        return (size // patch) ** 2 + 1
+    return None
+
+
+def image_pixels(cfg: Any) -> int:
+    """Input values per image (channels x height x width), from the config."""
+    size = getattr(cfg, "image_size", None)
+    h, w = (size, size) if isinstance(size, int) else tuple(size or (0, 0))[:2]
+    return int(getattr(cfg, "num_channels", 3) or 3) * int(h) * int(w)
+
+
 def count_parameters(hf_config: Any, task: str = "causal-lm",
                      lora: dict[str, Any] | None = None) -> tuple[int, str, int | None, int,
-                                                                  tuple[int, int]]:
+                                                                  tuple[int, int], int | None]:
     """Parameters of the model the config describes, built on the meta device (no weights
     allocated, so a 70B model counts in seconds), the attention implementation
     transformers resolves for it, under LoRA the adapters' (trainable) count, the
-    trainable parameters of its embeddings, and what a quantized base quantizes."""
+    trainable parameters of its embeddings, what a quantized base quantizes, and an
+    image model's sequence (`image_tokens`)."""
     import torch
     import transformers
 
@@ -169,7 +219,8 @@ def count_parameters(hf_config: Any, task: str = "causal-lm",
                 model = with_lora(model, lora, task)
             trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     n = sum(p.numel() for p in model.parameters())
-    return n, str(attn), trainable, embedding_parameters(model), quantizable
+    return n, str(attn), trainable, embedding_parameters(model), quantizable, (
+        image_tokens(model) if task == "image-classification" else None)
 
 
 def quantizable_parameters(model: Any) -> tuple[int, int]:
@@ -199,8 +250,15 @@ def _from_config(cfg: Any, num_parameters: int, seq_len: int, task: str, name: s
                  attn_implementation: str, trainable: int | None = None,
                  lora: dict[str, Any] | None = None,
                  embeddings: int | None = None,
-                 quantizable: tuple[int, int] | None = None) -> ModelShape:
-    return ModelShape(
+                 quantizable: tuple[int, int] | None = None, **kinds: Any) -> ModelShape:
+    """The shape; `kinds`: an encoder-decoder's, an image model's or a trainer's fields
+    (decoder_layers, target_len, pixels, trainer)."""
+    if task == "seq2seq-lm":
+        kinds.setdefault("decoder_layers", int(_first(cfg, _DECODER_LAYER_KEYS)
+                                               or _first(cfg, _LAYER_KEYS) or 1))
+    if task == "image-classification":
+        kinds.setdefault("pixels", image_pixels(cfg))
+    return ModelShape(**kinds,
         num_parameters=int(num_parameters),
         num_layers=int(_first(cfg, _LAYER_KEYS) or 1),
         hidden_size=int(_first(cfg, _HIDDEN_KEYS) or 1),
@@ -224,7 +282,8 @@ def _config_dict(cfg: Any) -> dict[str, Any] | None:
     return raw | {"model_type": cfg.model_type}
 
 
-def shape_from_model(model: Any, seq_len: int, task: str = "causal-lm") -> ModelShape | None:
+def shape_from_model(model: Any, seq_len: int, task: str = "causal-lm",
+                     **kinds: Any) -> ModelShape | None:
     """The shape of a built model (a factory's, whose config the spec does not give), so a
     search can predict memory from its first trial on."""
     cfg = getattr(model, "config", None)
@@ -232,24 +291,28 @@ def shape_from_model(model: Any, seq_len: int, task: str = "causal-lm") -> Model
         return None
     params = list(model.parameters())
     trainable = sum(p.numel() for p in params if p.requires_grad)
+    if task == "image-classification":
+        seq_len = image_tokens(model) or seq_len
     return _from_config(cfg, sum(p.numel() for p in params), seq_len, task,
                         str(getattr(cfg, "model_type", "model")),
                         str(getattr(cfg, "_attn_implementation", None) or "auto"),
                         trainable if trainable < sum(p.numel() for p in params) else None,
-                        embeddings=embedding_parameters(model))
+                        embeddings=embedding_parameters(model), **kinds)
 
 
 def shape_from_hf_config(hf_config: Any, seq_len: int, task: str = "causal-lm",
                          attn_implementation: str | None = None,
-                         lora: dict[str, Any] | None = None) -> ModelShape:
+                         lora: dict[str, Any] | None = None, **kinds: Any) -> ModelShape:
+    """The shape of the model `hf_config` describes; `kinds` as `_from_config` takes them
+    (an image model's seq_len is its patches, counted here)."""
     if attn_implementation:
         hf_config._attn_implementation = attn_implementation
-    n_params, resolved, trainable, embeddings, quantizable = count_parameters(
+    n_params, resolved, trainable, embeddings, quantizable, patches = count_parameters(
         hf_config, task, lora)
     name = str(getattr(hf_config, "name_or_path", "") or hf_config.model_type)
-    return _from_config(hf_config, n_params, seq_len, task, name,
+    return _from_config(hf_config, n_params, patches or seq_len, task, name,
                         attn_implementation or resolved, trainable, lora, embeddings,
-                        quantizable)
+                        quantizable, **kinds)
 
 
 def max_positions(hf_config: Any) -> int | None:
@@ -288,12 +351,17 @@ def model_shape(spec: Spec) -> ModelShape | None:
     if hf_config is None:
         return None
     limit = max_positions(hf_config)
-    if limit is not None and spec.data.seq_len > limit:
-        raise SpecError(f"data.seq_len: {spec.data.seq_len} exceeds the model's {limit} "
-                        "positions")
+    lengths = {"seq_len": spec.data.seq_len} if model.task != "image-classification" else {}
+    if model.task == "seq2seq-lm":
+        lengths["target_len"] = spec.target_len
+    for key, n in lengths.items():
+        if limit is not None and n > limit:
+            raise SpecError(f"data.{key}: {n} exceeds the model's {limit} positions")
     lora = model.lora.model_dump() if model.lora else None
     fields = ["model.task"] + (["model.attn_implementation"] if model.attn_implementation
                                else []) + (["model.lora"] if lora else [])
+    kinds = {"trainer": spec.trainer} | (
+        {"target_len": spec.target_len} if model.task == "seq2seq-lm" else {})
     with spec_field(" / ".join(fields)):
-        return shape_from_hf_config(hf_config, spec.data.seq_len, model.task,
-                                    model.attn_implementation, lora)
+        return shape_from_hf_config(task_config(hf_config, model.task), spec.data.seq_len,
+                                    model.task, model.attn_implementation, lora, **kinds)

@@ -21,6 +21,7 @@ import contextlib
 import logging
 import weakref
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from autotune.plan.gc_pause import collector_paused
@@ -195,7 +196,9 @@ class _CudaAutocast:
 def _fused_attention():
     """`scaled_dot_product_attention` as a GPU's fused kernels hold it: the output and a
     fp32 log-sum-exp per query kept for the backward, the scores never materialised
-    (flash and memory-efficient attention alike; dropout is regenerated, not kept)."""
+    (flash and memory-efficient attention alike; dropout is regenerated, not kept). A
+    bias that trains (T5's relative positions) has an s^2 gradient whatever the kernel:
+    the unfused path then stands."""
     import torch
     import torch.nn.functional as F
 
@@ -203,6 +206,9 @@ def _fused_attention():
 
     def fused(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
               enable_gqa=False, **_):
+        if attn_mask is not None and attn_mask.requires_grad:
+            return real(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                        is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
         if enable_gqa and k.shape[-3] != q.shape[-3]:
             k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
             v = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)
@@ -247,27 +253,47 @@ def _cuda_dropout():
 
 
 def _build(hf_config, task: str, layers: int, mode: str, checkpointing: bool,
-           attention: str, lora: dict[str, Any] | None):
+           attention: str, lora: dict[str, Any] | None, *, decoder_layers: int | None = None,
+           pairs: bool = False):
+    """The model at `layers` layers (an encoder-decoder's decoder at `decoder_layers`, or
+    as many); under DPO (`pairs`) with TRL's chunked LM head and no dropout, as
+    DPOTrainer runs it."""
     import copy
 
     import torch
     import transformers
+    from torch._subclasses.fake_tensor import DataDependentOutputException
 
-    from autotune.plan.shape import _LAYER_KEYS, AUTO_CLASSES
+    from autotune.plan.shape import _DECODER_LAYER_KEYS, _LAYER_KEYS, AUTO_CLASSES, task_config
 
-    cfg = copy.deepcopy(hf_config)
+    cfg = task_config(copy.deepcopy(hf_config), task)
     for key in _LAYER_KEYS:
         if getattr(cfg, key, None) is not None:
             setattr(cfg, key, layers)
+    for key in _DECODER_LAYER_KEYS if task == "seq2seq-lm" else ():
+        if getattr(cfg, key, None) is not None:
+            setattr(cfg, key, decoder_layers or layers)
     cfg.use_cache = False
     cfg._attn_implementation = attention
     default = torch.get_default_dtype()
     if mode == "native16":  # built in 16 bits (a cast would swap fake parameters)
         torch.set_default_dtype(torch.bfloat16)
+    auto = getattr(transformers, AUTO_CLASSES[task])
     try:
-        model = getattr(transformers, AUTO_CLASSES[task]).from_config(cfg)
+        try:
+            model = auto.from_config(cfg)
+        except DataDependentOutputException:
+            # An init that reads values (ViT's truncated normal) cannot run on fake tensors;
+            # fake values need none.
+            with _no_init():
+                model = auto.from_config(cfg)
     finally:
         torch.set_default_dtype(default)
+    if pairs:
+        from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
+
+        disable_dropout_in_model(model)
+        add_fused_lm_head(model, outputs=DPO_OUTPUTS)
     if lora is not None:
         from autotune.trials.lora import with_lora
 
@@ -282,18 +308,31 @@ def _build(hf_config, task: str, layers: int, mode: str, checkpointing: bool,
     return model
 
 
+def _no_init():
+    """transformers' context that skips the weights' init, where this version has one."""
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:
+        return contextlib.nullcontext()
+    return no_init_weights()
+
+
 def _peak(hf_config, task: str, seq_len: int, layers: int, batch: int, mode: str,
           checkpointing: bool, attention: str, cuda: bool,
-          lora: dict[str, Any] | None, fake: bool = True) -> int:
+          lora: dict[str, Any] | None, fake: bool = True, *, target_len: int = 0,
+          pairs: bool = False, decoder_layers: int | None = None) -> int:
     """The step's peak bytes beyond parameters and gradients; `fake=False` runs it on real
-    CPU tensors (how the tests hold the fake trace to a real step)."""
+    CPU tensors (how the tests hold the fake trace to a real step). `target_len`: an
+    encoder-decoder's target tokens; `pairs`: a DPO step of `batch` pairs."""
     return _peaks(hf_config, task, seq_len, layers, (batch,), mode, checkpointing, attention,
-                  cuda, lora, fake)[0]
+                  cuda, lora, fake, target_len=target_len, pairs=pairs,
+                  decoder_layers=decoder_layers)[0]
 
 
 def _peaks(hf_config, task: str, seq_len: int, layers: int, batches: tuple[int, ...],
            mode: str, checkpointing: bool, attention: str, cuda: bool,
-           lora: dict[str, Any] | None, fake: bool = True) -> list[int]:
+           lora: dict[str, Any] | None, fake: bool = True, *, target_len: int = 0,
+           pairs: bool = False, decoder_layers: int | None = None) -> list[int]:
     """`_peak` at each micro-batch of `batches`, one after the other on one model (a
     build costs a tenth of a micro-batch's trace): each starts from fresh zero
     gradients."""
@@ -301,14 +340,16 @@ def _peaks(hf_config, task: str, seq_len: int, layers: int, batches: tuple[int, 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext():
-        model = _build(hf_config, task, layers, mode, checkpointing, attention, lora)
+        model = _build(hf_config, task, layers, mode, checkpointing, attention, lora,
+                       decoder_layers=decoder_layers, pairs=pairs)
         peaks = []
         for batch in batches:
             for p in model.parameters():
                 if p.requires_grad:  # as under accumulation: gradients exist before the step
                     p.grad = torch.zeros_like(p)
             tracker = _LiveBytes(existing=_state_tensors(model))
-            _micro_step(model, hf_config, task, seq_len, batch, mode, cuda, tracker)
+            _micro_step(model, hf_config, task, seq_len, batch, mode, cuda, tracker,
+                        target_len=target_len, pairs=pairs)
             peaks.append(tracker.peak)
         return peaks
 
@@ -318,25 +359,151 @@ def _state_tensors(model) -> list:
             *(p.grad for p in model.parameters() if p.grad is not None)]
 
 
+def _inputs(hf_config, task: str, seq_len: int, batch: int, target_len: int,
+            pairs: bool) -> dict[str, Any]:
+    """A micro-batch's inputs as its trainer hands them to the model: token ids (both rows
+    of every pair under DPO) and labels; an encoder-decoder's labels are its targets, an
+    image model's input its pixels."""
+    import torch
+
+    from autotune.plan.shape import image_pixels
+
+    if task == "image-classification":
+        size = hf_config.image_size
+        h, w = (size, size) if isinstance(size, int) else tuple(size)[:2]
+        channels = image_pixels(hf_config) // (h * w)
+        return {"pixel_values": torch.randn(batch, channels, h, w),
+                "labels": torch.zeros(batch, dtype=torch.long)}
+    vocab = int(getattr(hf_config, "vocab_size", 2) or 2)
+    ids = torch.randint(0, vocab, (2 * batch if pairs else batch, seq_len))
+    if task == "seq2seq-lm":
+        return {"input_ids": ids, "labels": torch.randint(0, vocab, (batch, target_len))}
+    labels = ids if task != "sequence-classification" else torch.zeros(batch, dtype=int)
+    return {"input_ids": ids, "labels": labels}
+
+
+# What DPOTrainer asks its chunked LM head to compute per token (TRL 1.16, no weighting).
+DPO_OUTPUTS = ("log_probs", "entropy", "mean_logits", "is_top1")
+
+
+def _light_head():
+    """TRL's chunked LM head replaced, for the step's trace, by one that keeps only what
+    any head keeps (the scored hidden states): its own tiles and temporaries, whose size
+    depends on the micro-batch's tokens and not linearly, are traced apart at each batch
+    (`chunked_head_bytes`) and added where they peak, at the start of the backward."""
+    import torch
+
+    class Light(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, hidden, weight, bias, targets, *_):
+            ctx.save_for_backward(hidden, weight)
+            out = hidden.new_zeros(hidden.shape[0], dtype=torch.float32)
+            return out, out.clone(), out.clone(), out.clone(), out.clone()
+
+        @staticmethod
+        def backward(ctx, grad, *_):
+            hidden, weight = ctx.saved_tensors
+            return (grad.to(hidden.dtype).unsqueeze(-1).expand_as(hidden).clone(), None,
+                    None, None, None, None, None, None, None)
+
+    import trl.trainer.utils as utils
+
+    real = utils._ChunkedLogProbFunction
+
+    @contextlib.contextmanager
+    def patched():
+        utils._ChunkedLogProbFunction = Light
+        try:
+            yield
+        finally:
+            utils._ChunkedLogProbFunction = real
+
+    return patched()
+
+
+def _triton_tiles():
+    """TRL's Triton kernels as they hold memory: each folds a tile into per-token running
+    sums in place, allocating nothing (the torch fallback a CPU runs keeps several fp32
+    copies of the tile instead)."""
+    import trl.kernels.chunked_logprob as kernels
+
+    real = kernels._forward_tile, kernels._backward_tile
+
+    @contextlib.contextmanager
+    def patched():
+        kernels._forward_tile = kernels._backward_tile = lambda *a, **k: None
+        try:
+            yield
+        finally:
+            kernels._forward_tile, kernels._backward_tile = real
+
+    return patched()
+
+
+@lru_cache(maxsize=512)
+def chunked_head_bytes(tokens: int, vocab: int, hidden: int, autocast16: bool, cuda: bool,
+                       head_trains: bool) -> int:
+    """Peak bytes of TRL's chunked LM head (DPO's log-probs) over its forward and backward
+    for `tokens` scored tokens, beyond its inputs and the head's weight, traced on fake
+    tensors: its tile of at most 4096 tokens by 32768 columns in the compute dtype, the
+    weight's copy in that dtype, the hidden states' gradient and, where the head trains,
+    the weight's, both fp32; on a GPU its Triton kernels fold each tile in place, on a
+    CPU torch's fallback keeps several fp32 copies of the tile."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from trl.kernels import ChunkedLogProbFunction
+    from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
+
+    with FakeTensorMode(), _triton_tiles() if cuda else contextlib.nullcontext():
+        dtype = torch.bfloat16 if autocast16 and not cuda else torch.float32
+        h = torch.randn(tokens, hidden, dtype=dtype, requires_grad=True)
+        w = torch.randn(vocab, hidden, requires_grad=head_trains)
+        targets = torch.randint(0, vocab, (tokens,))
+        tracker = _LiveBytes(existing=[h, w, targets])
+        with tracker.mode, (torch.autocast("cpu", dtype=torch.bfloat16) if autocast16
+                            else contextlib.nullcontext()):
+            out = ChunkedLogProbFunction.apply(h, w, None, targets, 1.0,
+                                               _CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0,
+                                               DPO_OUTPUTS)
+            out[0].sum().backward()
+        return tracker.peak
+
+
+def _dpo_loss(model, inputs: dict[str, Any]):
+    """DPO's sigmoid loss as DPOTrainer computes it: the policy's log-probs of both rows
+    of every pair through TRL's chunked head, then the reference's forward without
+    gradients (the same model here: a second copy's weights are model states, and under
+    LoRA the reference is the base with the adapters off), compared with beta 0.1."""
+    import torch
+    import torch.nn.functional as F
+
+    logps = model(**inputs, fused_lm_head=True).log_probs.sum(dim=1)
+    with torch.no_grad():
+        ref = model(**inputs, fused_lm_head=True).log_probs.sum(dim=1)
+    chosen, rejected = (logps - ref).chunk(2, dim=0)
+    return -F.logsigmoid(0.1 * (chosen - rejected)).mean()
+
+
 def _micro_step(model, hf_config, task: str, seq_len: int, batch: int, mode: str,
-                cuda: bool, tracker: _LiveBytes, before_backward: Any = None) -> None:
+                cuda: bool, tracker: _LiveBytes, before_backward: Any = None, *,
+                target_len: int = 0, pairs: bool = False) -> None:
     """One forward and backward of a micro-batch, followed by `tracker`."""
     import torch
 
-    vocab = int(getattr(hf_config, "vocab_size", 2) or 2)
-    ids = torch.randint(0, vocab, (batch, seq_len))
-    labels = ids if task != "sequence-classification" else torch.zeros(batch, dtype=int)
+    inputs = _inputs(hf_config, task, seq_len, batch, target_len, pairs)
     cuda_autocast = _CudaAutocast(torch.bfloat16) if mode == "autocast16" and cuda else None
     with contextlib.ExitStack() as stack:
         stack.enter_context(tracker.mode)
         if cuda:
             stack.enter_context(_fused_attention())
             stack.enter_context(_cuda_dropout())
+        if pairs:
+            stack.enter_context(_light_head())
         if cuda_autocast is not None:
             stack.enter_context(cuda_autocast.mode)
         with (torch.autocast("cpu", dtype=torch.bfloat16) if mode == "autocast16"
               and not cuda else contextlib.nullcontext()):
-            loss = model(input_ids=ids, labels=labels).loss
+            loss = _dpo_loss(model, inputs) if pairs else model(**inputs).loss
         if cuda_autocast is not None:
             cuda_autocast.end_forward()
         if before_backward is not None:
@@ -347,7 +514,7 @@ def _micro_step(model, hf_config, task: str, seq_len: int, batch: int, mode: str
 
         _engine_run_backward((loss,), (torch.ones_like(loss),), False, False, (),
                              allow_unreachable=True, accumulate_grad=True)
-        del loss, ids, labels
+        del loss, inputs
 
 
 # Traces made in this process, by `_key`: a search predicts every candidate after every
@@ -398,45 +565,59 @@ def prefetch(calls: list[tuple], workers: int) -> int:
 
 
 def _trace(config_json: str, task: str, seq_len: int, mode: str, checkpointing: bool,
-           attention: str, cuda: bool, lora_json: str | None) -> ActivationTrace:
+           attention: str, cuda: bool, lora_json: str | None, target_len: int = 0,
+           pairs: bool = False) -> ActivationTrace:
     import json
 
-    from autotune.plan.shape import load_hf_config
+    from autotune.plan.shape import _DECODER_LAYER_KEYS, _first, load_hf_config
 
     raw = json.loads(config_json)
     hf_config = load_hf_config({"config": raw})
     layers = next((int(raw[k]) for k in ("num_hidden_layers", "n_layer", "num_layers")
-                   if k in raw), 1)
+                   if k in raw), None) or int(getattr(hf_config, "num_hidden_layers", 1) or 1)
+    # An encoder-decoder's decoder is a stack of its own: linear in each stack's depth.
+    decoder = (int(_first(hf_config, _DECODER_LAYER_KEYS) or layers)
+               if task == "seq2seq-lm" else None)
     lora = json.loads(lora_json) if lora_json else None
     b1, b2 = BATCHES
-    peak = {(n, b): p for n in (1, 2) for b, p in zip(BATCHES, _peaks(
-        hf_config, task, seq_len, n, BATCHES, mode, checkpointing, attention, cuda, lora),
+    depths = [(1, 1), (2, 1)] + ([(1, 2)] if decoder else [])
+    peak = {(n, d, b): p for n, d in depths for b, p in zip(BATCHES, _peaks(
+        hf_config, task, seq_len, n, BATCHES, mode, checkpointing, attention, cuda, lora,
+        target_len=target_len, pairs=pairs, decoder_layers=d if decoder else None),
         strict=True)}
-    # Bilinear in layers n and batch b: peak = f0 + f1*n + b*(s0 + s1*n).
-    slope = {n: (peak[n, b2] - peak[n, b1]) / (b2 - b1) for n in (1, 2)}
-    fixed = {n: peak[n, b1] - b1 * slope[n] for n in (1, 2)}
-    per_sample = slope[1] + (slope[2] - slope[1]) * (layers - 1)
-    return ActivationTrace(per_sample=max(0.0, per_sample),
-                           fixed=max(0.0, fixed[1] + (fixed[2] - fixed[1]) * (layers - 1)))
+    # Linear in each stack's layers, times the batch b: peak = f(n, d) + b * s(n, d).
+    slope = {nd: (peak[(*nd, b2)] - peak[(*nd, b1)]) / (b2 - b1) for nd in depths}
+    fixed = {nd: peak[(*nd, b1)] - b1 * slope[nd] for nd in depths}
+
+    def extend(term: dict) -> float:
+        out = term[1, 1] + (term[2, 1] - term[1, 1]) * (layers - 1)
+        return out + ((term[1, 2] - term[1, 1]) * (decoder - 1) if decoder else 0.0)
+
+    return ActivationTrace(per_sample=max(0.0, extend(slope)), fixed=max(0.0, extend(fixed)))
 
 
 def trace_activations(config: dict[str, Any], task: str, seq_len: int, mode: str,
                       checkpointing: bool, attention: str, cuda: bool,
-                      lora: dict[str, Any] | None = None) -> ActivationTrace | None:
+                      lora: dict[str, Any] | None = None, target_len: int = 0,
+                      pairs: bool = False) -> ActivationTrace | None:
     """The traced activation memory of the model `config` (a transformers config as a
     dict with its model_type) in one compute mode, with `attention` "eager" or "sdpa";
-    None where it cannot be traced. Memoised per process, failures too."""
-
+    an encoder-decoder's with `target_len` target tokens, DPO's (`pairs`: a sample is two
+    rows and the reference's forward). None where it cannot be traced. Memoised per
+    process, failures too."""
     return _trace_cached(*_key(config, task, seq_len, mode, checkpointing, attention, cuda,
-                               lora))
+                               lora, target_len=target_len, pairs=pairs))
 
 
 def _key(config: dict[str, Any], task: str, seq_len: int, mode: str, checkpointing: bool,
-         attention: str, cuda: bool, lora: dict[str, Any] | None = None) -> tuple:
+         attention: str, cuda: bool, lora: dict[str, Any] | None = None,
+         target_len: int = 0, pairs: bool = False) -> tuple:
+    """What a trace depends on, hashable: the arguments `_trace` takes."""
     import json
 
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: allowed {MODES}")
     return (json.dumps(config, sort_keys=True), task, seq_len, mode, checkpointing,
-            attention, cuda, json.dumps(lora, sort_keys=True) if lora else None)
+            attention, cuda, json.dumps(lora, sort_keys=True) if lora else None, target_len,
+            pairs)
 

@@ -18,9 +18,14 @@ from typing import Any
 from autotune.errors import SetupError
 from autotune.plan.shape import max_positions
 
-FORMATS = ("text", "messages", "prompt-completion")
-# Columns that say a format, in the order they are looked for.
-FORMAT_COLUMNS = {"messages": ("messages",), "prompt-completion": ("prompt", "completion")}
+FORMATS = ("text", "messages", "prompt-completion", "preference", "image")
+# Columns that say a format (a preference row's prompt may be left in its chosen and
+# rejected conversations, which TRL then splits).
+FORMAT_COLUMNS = {"messages": ("messages",), "prompt-completion": ("prompt", "completion"),
+                  "preference": ("chosen", "rejected"), "image": ("image", "label")}
+# The order the columns are looked for when data.format is auto: a preference row may
+# also have a prompt, a conversation's rows a completion.
+DETECTED = ("preference", "messages", "prompt-completion", "image", "text")
 IGNORE = -100  # labels the loss skips
 
 
@@ -88,7 +93,9 @@ def read_rows(source: str, n: int | None = None):
 
     path = Path(source)
     try:
-        if path.is_dir():
+        if path.is_dir() and not _saved_dataset(path):  # a folder of images, one per class
+            ds = datasets.load_dataset("imagefolder", data_dir=str(path))
+        elif path.is_dir():
             ds = datasets.load_from_disk(str(path))
         elif path.suffix in (".jsonl", ".json"):
             ds = datasets.load_dataset("json", data_files=str(path))
@@ -107,6 +114,12 @@ def read_rows(source: str, n: int | None = None):
     return ds.select(range(min(n, len(ds)))) if n else ds
 
 
+def _saved_dataset(path: Path) -> bool:
+    """Whether a folder holds a dataset written by `save_to_disk` (else: image files)."""
+    return any((path / name).is_file() for name in
+               ("dataset_info.json", "state.json", "dataset_dict.json"))
+
+
 def data_format(data: dict[str, Any], columns: list[str]) -> str:
     """The format `data.format` says, or the one the columns show; one line naming the
     columns found where none fits."""
@@ -120,13 +133,14 @@ def data_format(data: dict[str, Any], columns: list[str]) -> str:
                              f"{', '.join(missing)}; {data['source']!r} has "
                              f"{', '.join(columns) or 'none'}")
         return said
-    for name in ("messages", "prompt-completion", "text"):
+    for name in DETECTED:
         if all(c in columns for c in needs[name]):
             return name
     raise SetupError("data.format", f"{data['source']!r} has the columns "
                      f"{', '.join(columns) or 'none'}: none fits a format (text needs "
                      f"{text_field!r}, messages needs 'messages', prompt-completion needs "
-                     "'prompt' and 'completion'; or set data.text_field)")
+                     "'prompt' and 'completion', preference needs 'chosen' and 'rejected', "
+                     "image needs 'image' and 'label'; or set data.text_field)")
 
 
 def resolved_format(data: dict[str, Any]) -> str:
@@ -195,6 +209,28 @@ def _field(row: dict, name: str, i: int):
     if value is None:
         raise SetupError("data.source", f"row {i} has no {name!r} (every row needs one)")
     return value
+
+
+def preference_rows(data: dict[str, Any], n_samples: int):
+    """`n_samples` preference pairs as DPOTrainer takes them (it renders and tokenizes
+    them), in memory (a cached file would let one trial reuse another's precomputed
+    reference log-probs): the source's rows, repeated where it has fewer; a row without
+    its chosen or rejected reply is named."""
+    import datasets
+
+    rows = read_rows(data["source"], n_samples)
+    fmt = data_format(data, list(rows.column_names))
+    if fmt != "preference":
+        raise SetupError("data.format", f"trainer: dpo trains on preference pairs (columns "
+                         f"chosen and rejected, with a prompt); {data['source']!r} has "
+                         f"{', '.join(rows.column_names)} ({fmt} rows)")
+    keep = [c for c in ("prompt", "chosen", "rejected") if c in rows.column_names]
+    pairs = []
+    for i, row in enumerate(rows):
+        for name in keep:
+            _field(row, name, i)
+        pairs.append({c: row[c] for c in keep})
+    return datasets.Dataset.from_list((pairs * (n_samples // len(pairs) + 1))[:n_samples])
 
 
 def _encode_row(tok, row: dict, fmt: str, data: dict, only: bool,

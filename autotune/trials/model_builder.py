@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import SetupError
-from autotune.plan.shape import AUTO_CLASSES, load_hf_config
+from autotune.plan.shape import AUTO_CLASSES, load_hf_config, task_config
 from autotune.trials.oom import is_oom_exception
 
 RANDOM, CHECKPOINT = "random", "checkpoint"
@@ -95,6 +95,8 @@ def _build_model(model: dict[str, Any], quantization: dict[str, Any] | None,
     import transformers
 
     hf_config = load_hf_config(model)
+    if hf_config is not None:
+        task_config(hf_config, model.get("task") or "causal-lm")
     if hf_config is not None and model.get("task") == "sequence-classification":
         hf_config.num_labels = getattr(hf_config, "num_labels", 2) or 2
         if getattr(hf_config, "pad_token_id", None) is None:  # GPT-style: batches need one

@@ -62,13 +62,34 @@ def training_arguments_kwargs(
 
 def trainer_kwargs(spec: Spec, config: TrialConfig, *, on_cpu: bool,
                    output_dir: str = OUTPUT_DIR_PLACEHOLDER) -> dict[str, Any]:
-    """The kwargs the spec's trainer takes for `config`: TrainingArguments', or under
-    `trainer: sft` SFTConfig's (a TrainingArguments subclass: the same kwargs and its
-    own fields)."""
+    """The kwargs the spec's trainer takes for `config`: TrainingArguments', or those and
+    the own fields of its subclass: Seq2SeqTrainingArguments' for a seq2seq-lm model,
+    SFTConfig's under `trainer: sft`, DPOConfig's under `trainer: dpo`."""
     kwargs = training_arguments_kwargs(config, seed=spec.search.seed,
                                        world_size=spec.world_size, on_cpu=on_cpu,
                                        output_dir=output_dir)
-    return kwargs | (sft_fields_for(spec, config) or {})
+    return kwargs | (sft_fields_for(spec, config) or dpo_fields_for(spec, config)
+                     or seq2seq_fields_for(spec) or {})
+
+
+def seq2seq_fields_for(spec: Spec) -> dict[str, Any] | None:
+    """What Seq2SeqTrainingArguments adds for a seq2seq-lm model (None for any other): no
+    generation in evaluation by default, and where it is asked for, targets as long as
+    the trials trained on."""
+    if spec.model.task != "seq2seq-lm":
+        return None
+    return {"predict_with_generate": False, "generation_max_length": spec.target_len}
+
+
+def dpo_fields_for(spec: Spec, config: TrialConfig) -> dict[str, Any] | None:
+    """What a DPOConfig adds under `trainer: dpo` (None under the others): each of a pair's
+    rows cut at data.seq_len, the reference's log-probs precomputed where the knob says,
+    no padding-free batching (TRL has it off since its DPO rewrite)."""
+    if spec.trainer != "dpo":
+        return None
+    return {"max_length": int(spec.data.seq_len), "truncation_mode": "keep_start",
+            "padding_free": False,
+            "precompute_ref_log_probs": bool(config.precompute_ref_log_probs)}
 
 
 def sft_fields_for(spec: Spec, config: TrialConfig) -> dict[str, Any] | None:

@@ -104,14 +104,18 @@ class MicroBatches:
     every time, removing the host/device overlap the step timer keeps and charging
     configs with much accumulation for it."""
 
-    def __init__(self, trainer, packed: bool) -> None:
+    def __init__(self, trainer, packed: bool, count=None) -> None:
         self._sizes: list = []
         self._tokens: list = []
         step = trainer.training_step
 
         def counted(model, inputs, *args, **kwargs):
             ids = inputs.get("input_ids", inputs.get("labels"))
-            if packed and "position_ids" in inputs:
+            if count is not None:  # the kind's own (trials/tasks.py): pairs, images
+                size, tokens = count(inputs)
+                self._sizes.append(size)
+                self._tokens.append(tokens)
+            elif packed and "position_ids" in inputs:
                 self._sizes.append((inputs["position_ids"] == 0).sum())
                 self._tokens.append(ids.numel())
             else:
@@ -271,6 +275,7 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
     from autotune.errors import SetupError
     from autotune.plan.device import local_device
     from autotune.spec import Spec
+    from autotune.trials import tasks
     from autotune.trials.build_lock import install as guard_build_locks
     from autotune.trials.data import build_dataset
     from autotune.trials.model_builder import build_model, prepare_quantized
@@ -326,10 +331,11 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
                                                       model_kwargs(cfg), device)
             if cfg.quantization != "none":
                 model = prepare_quantized(model)
-            if spec.model.lora is not None:
+            if spec.model.lora is not None and spec.trainer != "dpo":  # DPO: TRL adds them
                 from autotune.trials.lora import with_lora
 
                 model = with_lora(model, spec.model.lora.model_dump(), spec.model.task)
+            reference = tasks.reference_model(spec, cfg, device, request.seed)
         extra["model_build"] |= _held(model) | {
             "host_peak_rss_bytes": max(0, _peak_rss() - base_rss)} | (
             {"device_peak_bytes": torch.cuda.max_memory_allocated()} if cuda else {})
@@ -339,16 +345,20 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
         with clock.phase("engine"):
             if spec.trainer == "sft":
                 trainer, lengths = _sft_trainer(spec, model, args, samples, timer)
+            elif tasks.kind(spec):  # seq2seq, images, DPO
+                trainer, lengths = tasks.make_trainer(spec, model, args, samples, timer,
+                                                      request.seed, reference)
             else:
                 dataset = build_dataset(spec.model_dump(), model, samples, seed=request.seed)
                 lengths = dataset.lengths
                 extra_args = {"data_collator": _packing_collator()} if cfg.padding_free else {}
                 trainer = Trainer(model=model, args=args, train_dataset=dataset,
                                   callbacks=[timer], **extra_args)
-            counted = MicroBatches(trainer, cfg.padding_free)
+            counted = MicroBatches(trainer, cfg.padding_free, tasks.counter(spec, shape))
         clock.mark_engine_until(timer)  # Trainer.train() up to its first step is the engine's
         trainer.train()
         outcome = _measure(timer, spec, cfg, world, model, trainer, counted.tokens())
+        tasks.finish(spec, outcome, trainer)
         outcome.extra |= extra
         outcome.extra["micro_batches"] = counted.sizes()
         if lengths:  # the rows' real tokens: what padding and packing are judged on
@@ -445,14 +455,11 @@ def _join_deepspeed(args) -> None:
 
 
 def _arguments(spec, kwargs: dict):
-    """The spec's trainer's arguments: TrainingArguments, or TRL's SFTConfig."""
-    if spec.trainer == "sft":
-        from trl import SFTConfig
+    """The spec's trainer's arguments: TrainingArguments, Seq2SeqTrainingArguments, or
+    TRL's SFTConfig or DPOConfig (trials/tasks.py)."""
+    from autotune.trials.tasks import arguments
 
-        return SFTConfig(**kwargs)
-    from transformers import TrainingArguments
-
-    return TrainingArguments(**kwargs)
+    return arguments(spec, kwargs)
 
 
 def _sft_trainer(spec, model, args, samples: int, timer):
@@ -510,7 +517,9 @@ def _learned_shape(model, spec) -> dict[str, Any] | None:
     """A factory model's shape, for the search's memory model."""
     from autotune.plan.shape import shape_from_model
 
-    shape = shape_from_model(model, spec.data.seq_len, spec.model.task)
+    kinds = {"trainer": spec.trainer} | (
+        {"target_len": spec.target_len} if spec.model.task == "seq2seq-lm" else {})
+    shape = shape_from_model(model, spec.data.seq_len, spec.model.task, **kinds)
     return shape.to_dict() if shape is not None else None
 
 

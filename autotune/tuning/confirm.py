@@ -127,18 +127,15 @@ class ConfirmStrategy(Strategy):
         self.exported: dict[TrialConfig, dict] = {}
 
     def _exported(self, config: TrialConfig) -> dict:
-        """The config's training_args.json (sft_config.json under SFT), written once under
-        the confirm folder."""
+        """The config's training_args.json (sft_config.json under SFT, dpo_config.json
+        under DPO), written once under the confirm folder."""
         if config not in self.exported:
-            from autotune.outputs.export import SFT_FILE, TRAINING_ARGS_FILE, export_config
-            from autotune.trials.trainargs import sft_fields_for
+            from autotune.outputs.export import export_config, spec_exports, trainer_file
 
             where = self.folder / config.label().replace(" ", "-").replace(":", "_")
-            sft = sft_fields_for(self.spec, config)
-            export_config(config, where, on_cpu=self.on_cpu, seed=self.spec.search.seed,
-                          world_size=self.spec.world_size, sft=sft)
-            name = SFT_FILE if sft is not None else TRAINING_ARGS_FILE
-            self.exported[config] = json.loads((where / name).read_text())
+            export_config(config, where, on_cpu=self.on_cpu,
+                          **spec_exports(self.spec, config))
+            self.exported[config] = json.loads((where / trainer_file(self.spec)).read_text())
         return self.exported[config]
 
     def ask(self, history: Sequence[Record],
