@@ -136,7 +136,9 @@ def headline(summary: Summary) -> list[Fact]:
              _mfu_fact(summary, best), _projection_fact(summary, best, base),
              _search_fact(summary)]
     data = _data_fact(summary)
-    return facts + ([data] if data else [])
+    from autotune.store.notes import store_facts
+
+    return facts + ([data] if data else []) + [Fact(*f) for f in store_facts(summary)]
 
 
 def _data_fact(summary: Summary) -> Fact | None:
