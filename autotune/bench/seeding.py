@@ -3,9 +3,11 @@ near match leaves in the results store (its winner and runner-ups, its memory
 calibration); a search of landscape B of the same model then starts from it, and is set
 against the same search of B from nothing.
 
-Per pair and repeat (the same seed for A's search and both of B's): the trials run until
-the best found reaches TARGET_QUALITY of B's best, the virtual wall time to it, the
-quality at the end of the budget, the trials and the OOMs. A's record is its searched
+Per pair and repeat (the same seed for A's search and each of B's): the trials run until
+the best found reaches EARLY_QUALITY and TARGET_QUALITY of B's best ("—": never within
+the budget), the virtual wall time to it, the quality at the end of the budget, the
+trials and the OOMs; for B from nothing, with A's memory calibration only, and seeded
+(A's winner first, its runner-ups behind it, and the calibration). A's record is its searched
 contenders (bench replays have no confirmation runs: the best and the runner-ups within
 5% of it, as the confirmation would pick them), translated to B's space as a search
 translates a stored record (tuning/strategies/seeded.py).
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
 
 
 EARLY_QUALITY = 0.95  # a second, looser mark: how soon the search is near the best
+VARIANTS = ("unseeded", "calibration", "seeded")  # each pair's three searches of B
 
 
 @dataclass
@@ -49,7 +52,7 @@ class Seeding:
     def wrap(self, strategy: Strategy, ctx: SearchContext, seq_len: int) -> Seeded:
         seeds = [c for c in (translate(d, ctx, self.seq_len / seq_len)
                              for d in self.configs) if c is not None]
-        return Seeded(strategy, seeds)
+        return Seeded(strategy, [seeds])
 
 
 def seeding_from(land: Landscape, seed: int, budget_fraction: float) -> Seeding:
@@ -57,7 +60,7 @@ def seeding_from(land: Landscape, seed: int, budget_fraction: float) -> Seeding:
     history, _ = replay(land, "autotune", seed, budget_fraction)
     per_rank = land.target_batch_size // land.world_size
     picked = [r.config.to_dict() for role, r in confirm.contenders(history, per_rank)
-              if role not in (BASELINE, RECIPE)]
+              if role not in (BASELINE, RECIPE)]  # the best first, then the runner-ups
     scales = MemoryModel.from_history(land.shape, land.device, land.world_size, history,
                                       land.device.memory_bytes).term_scales()
     return Seeding(land.name, picked, land.shape.seq_len, scales)
@@ -76,7 +79,9 @@ def run_pair(source: Landscape, target: Landscape, seed: int,
     applied = seeding.wrap(_Idle(ctx), ctx, target.shape.seq_len).seeds
     out: dict[str, Any] = {"from": source.name, "to": target.name, "repeat": seed,
                            "seeds": len(applied)}
-    for name, s in (("unseeded", None), ("seeded", seeding)):
+    calibration_only = Seeding(seeding.source, [], seeding.seq_len, seeding.calibration)
+    for name, s in (("unseeded", None), ("calibration", calibration_only),
+                    ("seeded", seeding)):
         r = run_one(target, "autotune", seed, budget_fraction, seeding=s)
         out[name] = {"trials_to_target": trials_to(r["trajectory"], TARGET_QUALITY),
                      "trials_to_early": trials_to(r["trajectory"], EARLY_QUALITY),
@@ -118,9 +123,9 @@ def seeding_main(landscapes: Sequence[str], seeded_from: Sequence[str],
                         "(a search seeded by itself says nothing)")
     records = [run_pair(loaded[s], loaded[t], seed, budget_fraction)
                for s, t in pairs for seed in range(repeats)]
-    table = Table(title=f"seeding: trials to {TARGET_QUALITY} of the best, from nothing → "
-                        f"seeded (medians over {repeats} repeats, budget "
-                        f"{budget_fraction:.1%} of the grid)")
+    table = Table(title=f"seeding, from nothing → with the record's memory calibration only "
+                        f"→ seeded (its winner first, and the calibration): medians over "
+                        f"{repeats} repeats, budget {budget_fraction:.1%} of the grid")
     for col in ("seeded from", "landscape", "seeds", f"trials to {EARLY_QUALITY}",
                 "trials to target", "reached", "hours to target", "quality at the end",
                 "trials", "OOMs"):
@@ -130,18 +135,16 @@ def seeding_main(landscapes: Sequence[str], seeded_from: Sequence[str],
         rs = [r for r in records if r["from"] == loaded[s].name and r["to"] == loaded[t].name]
 
         def both(key: str, fmt: str, rs: list = rs) -> str:
-            a, b = (_median([r[k][key] for r in rs]) for k in ("unseeded", "seeded"))
-            return " → ".join("not reached" if v is None else format(v, fmt) for v in (a, b))
+            values = (_median([r[k][key] for r in rs]) for k in VARIANTS)
+            return " → ".join("—" if v is None else format(v, fmt) for v in values)
 
         def hours(rs: list = rs) -> str:
-            a, b = (_median([r[k]["seconds_to_target"] for r in rs])
-                    for k in ("unseeded", "seeded"))
-            return " → ".join("not reached" if v is None else f"{v / 3600:.2f}"
-                              for v in (a, b))
+            values = (_median([r[k]["seconds_to_target"] for r in rs]) for k in VARIANTS)
+            return " → ".join("—" if v is None else f"{v / 3600:.2f}" for v in values)
 
         reached = " → ".join(
             f"{sum(r[k]['trials_to_target'] is not None for r in rs)}/{len(rs)}"
-            for k in ("unseeded", "seeded"))
+            for k in VARIANTS)
         table.add_row(loaded[s].name, loaded[t].name, f"{_median([r['seeds'] for r in rs]):g}",
                       both("trials_to_early", "g"), both("trials_to_target", "g"), reached, hours(),
                       both("quality", ".3f"), both("trials", "g"), both("ooms", "g"))

@@ -43,14 +43,14 @@ def store_facts(summary: Summary) -> list[tuple[str, str, str]]:
     """(label, value, detail) headline facts for the report."""
     r = summary.remembered
     if r and r.get("reconfirmed"):
-        was = r.get("seconds") or summary.search.get("remembered_search", {}).get(
-            "wall_seconds")
+        was, now = summary.search.get("wall_seconds"), r.get("wall_seconds")
         took = f"; that search took {was / 60:.1f} min" if was else ""
         return [("Remembered", f"from {r['from'][:10]}",
                  f"the search in {r['output']} answered (autotune "
-                 f"{r.get('autotune_version', '?')}{took}); reconfirmed now by one run "
-                 f"each, within the recorded intervals: {_checks(r)} samples/s; the trials "
-                 "below are that search's")]
+                 f"{r.get('autotune_version', '?')}{took}); reconfirmed now"
+                 + (f" in {now:.0f} s" if now else "") + " by one run each, within the "
+                 f"recorded intervals: {_checks(r)} samples/s; the trials below are that "
+                 "search's")]
     facts = []
     if r:
         facts.append(("Searched again", f"record of {r['from'][:10]} not reconfirmed",

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.errors import SetupError, SpecError
+from autotune.errors import SetupError
 from autotune.store.db import ResultStore, StoreError, shown, store_url
 from autotune.store.fingerprint import Fingerprint, fingerprint_of
 from autotune.store.record import StoredResult
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("autotune.store")
 
 NEAR_RECORDS = 2  # near matches a search is seeded from, the closest first
-MAX_SEEDS = 4  # configs run first, over all of them
+MAX_RUNNER_UPS = 2  # behind each record's winner (the confirmation keeps at most two)
 
 
 def _say(text: str) -> None:
@@ -74,6 +74,10 @@ class StoreSession:
             session.fp = fingerprint_of(spec, device, space, shape)
         except SetupError as exc:  # the data cannot be read: the first trial says so
             logger.info("results store: not used (%s)", exc)
+            return session
+        except Exception as exc:  # noqa: BLE001 - the store may never stop a search
+            _say(f"not used: this setup could not be fingerprinted ({type(exc).__name__}: "
+                 f"{' '.join(str(exc).split())[:200]})")
             return session
         try:
             session.store = ResultStore.open(url)
@@ -130,12 +134,13 @@ class StoreSession:
             _say(f"the result of {record.date} ({record.output}) was not reconfirmed: "
                  f"{why}; searching again")
             return None
-        summary.remembered = said | {"reconfirmed": True}
+        # The summary stays the recorded search's (its trials, its wall time); this call's
+        # own cost and study are the `remembered` part's.
+        summary.remembered = said | {
+            "reconfirmed": True, "wall_seconds": round(time.time() - started, 1),
+            "study_name": log.study.study_name, "storage": storage}
+        log.add_wall_seconds(time.time() - started)
         summary.projection = self.spec.run.model_dump()
-        summary.search = {"wall_seconds": log.add_wall_seconds(time.time() - started),
-                          "study_name": log.study.study_name, "storage": storage,
-                          "sampler": self.spec.search.sampler,
-                          "remembered_search": record.summary.get("search") or {}}
         write_outputs(summary, self.output, self.spec, on_cpu=not self.device.is_cuda)
         log.save_summary(summary.to_dict())
         self.close()
@@ -184,21 +189,21 @@ class StoreSession:
         """`strategy`, with the near matches' winners and runner-ups first."""
         from autotune.tuning.strategies.seeded import Seeded, runnable, translate
 
-        seeds: list[TrialConfig] = []
+        groups: list[list[TrialConfig]] = []
         for r in self._near_records():
             ratio = (r.seq_len or self.spec.data.seq_len) / self.spec.data.seq_len
             translated = [c for c in (translate(d, ctx, ratio) for d in _winners(r.summary))
-                          if c is not None]
-            mine = [c for c in runnable(translated, ctx) if c not in seeds]
-            mine = mine[:max(0, MAX_SEEDS - len(seeds))]
-            seeds += mine
+                          if c is not None][:1 + MAX_RUNNER_UPS]
+            group = [c for c in runnable(translated, ctx) if all(c not in g for g in groups)]
+            groups.append(group)
             self.seeded_by.append({
                 "from": r.created, "output": r.output, "key": r.key[:12],
                 "seq_len": r.seq_len, "target_batch_size": r.target_batch_size,
-                "device": r.device, "configs": [c.label() for c in mine],
+                "device": r.device,
+                # The first runs first; each next only where the one before did not run.
+                "configs": [c.label() for c in group],
                 # Translated here to a config the references' probes run anyway.
-                "left_to_the_probes": [c.label() for c in translated
-                                       if c not in runnable(translated, ctx)],
+                "left_to_the_probes": [c.label() for c in translated if c not in group],
                 "calibration": self.prior is not None and r is self._near_records()[0],
                 "versions_differ": sorted(k for k, v in r.versions.items()
                                           if self.fp and self.fp.exact["versions"].get(k) != v)})
@@ -207,9 +212,10 @@ class StoreSession:
                  f"{'es' if len(self.seeded_by) > 1 else ''} ("
                  + "; ".join(f"{s['from'][:10]}, seq_len {s['seq_len']}, {s['device']}"
                              for s in self.seeded_by)
-                 + f"): {len(seeds)} recorded winner{'s' if len(seeds) != 1 else ''} run "
-                 "first" + (", its memory calibration the start" if self.prior else ""))
-        return Seeded(strategy, seeds) if seeds else strategy
+                 + f"): {sum(1 for g in groups if g)} recorded winner"
+                 f"{'s' if sum(1 for g in groups if g) != 1 else ''} run first"
+                 + (", its memory calibration the start" if self.prior else ""))
+        return Seeded(strategy, groups) if any(groups) else strategy
 
     # 4) --------------------------------------------------------------------------------
     def annotate(self, summary: Summary) -> None:
@@ -279,6 +285,7 @@ def _calibration(history: list[Record], shape: ModelShape | None, device: Device
         model = MemoryModel.from_history(learned, device, world_size,
                                          [r for r in history if not r.confirming], limit,
                                          prior)
-    except (SpecError, ValueError, ArithmeticError):
+        return model.term_scales()
+    except Exception:  # noqa: BLE001 - a record without its calibration is still a record
+        logger.debug("results store: no calibration recorded", exc_info=True)
         return None
-    return model.term_scales()

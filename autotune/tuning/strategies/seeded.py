@@ -1,12 +1,16 @@
 """A search that starts from what a similar search found (a near match in the results
-store, or in the bench a search of another landscape): the recorded winners and
-runner-ups run first, translated to this search's space, then `inner` takes over.
+store, or in the bench a search of another landscape): each record's winner runs first,
+translated to this search's space, its runner-ups behind it, then `inner` takes over.
 
-A seed on the baseline's chain or one of the recipe's is left to the probes, which run
-the references under their own reasons (a seed that ran the recipe's config under another
-reason would leave the recipe without its trial). A seed the memory model says will not
-fit here (a longer seq_len, a smaller device) moves down its family's batches to the
-largest it says fits, or is dropped.
+A runner-up runs only where the config before it did not end ok here (out of memory, an
+error): measured on nine landscape pairs (docs/results.md), running the runner-ups as
+well cost final quality on three of them (they are the winner's close kin: little news,
+and they anchor the throughput model), while the winner alone reached 0.95 of the best
+at its first trial as often. A winner on the baseline's chain or one of the recipe's is
+left to the probes, which run the references under their own reasons (a seed that ran
+the recipe's config under another reason would leave the recipe without its trial). A
+seed the memory model says will not fit here (a longer seq_len, a smaller device) moves
+down its family's batches to the largest it says fits, or is passed over.
 """
 
 from __future__ import annotations
@@ -50,37 +54,54 @@ def translate(recorded: Mapping[str, Any], ctx: SearchContext,
                                     c.per_device_train_batch_size))
 
 
-def runnable(seeds: Sequence[TrialConfig], ctx: SearchContext) -> list[TrialConfig]:
-    """The seeds a Seeded strategy runs itself: each once, none that is on the baseline's
-    chain or a recipe's (the probes run those under their own reasons)."""
+def runnable(group: Sequence[TrialConfig], ctx: SearchContext) -> list[TrialConfig]:
+    """What a Seeded strategy runs of a record's group (its winner first, its runner-ups
+    behind): each config once, and none where the winner is on the baseline's chain or a
+    recipe's (the probes run it under their own reason, and the references stand for
+    it); a runner-up on a probe's chain is left out."""
     baseline = ctx.baseline_chain
     probes = {*(baseline if baseline is not None else halving_chain(ctx)),
               *(c for chain in ctx.recipe_chains or [] for c in chain)}
-    return [c for c in dict.fromkeys(seeds) if c not in probes]
+    if not group or group[0] in probes:
+        return []
+    return [c for c in dict.fromkeys(group) if c not in probes]
 
 
 class Seeded(Strategy):
-    """`seeds` first (see the module), then `inner`."""
+    """Each group's winner first (see the module); a runner-up only where the config
+    before it in its group did not end ok here; then `inner`."""
 
-    def __init__(self, inner: Strategy, seeds: Sequence[TrialConfig]) -> None:
+    def __init__(self, inner: Strategy, groups: Sequence[Sequence[TrialConfig]]) -> None:
         super().__init__(inner.ctx)
         self.inner, self.name = inner, inner.name
-        self.seeds = runnable(seeds, self.ctx)
+        self.groups = [g for g in (runnable(g, self.ctx) for g in groups) if g]
         self.gate = MemoryGate(self.ctx)
+
+    @property
+    def seeds(self) -> list[TrialConfig]:
+        return [c for g in self.groups for c in g]
 
     def ask(self, history: Sequence[Record],
             pending: Sequence[TrialConfig] = ()) -> Proposal | None:
-        # A seed is tried once: where it ran out of memory, the search takes it from there.
-        tried = {r.config.family for r in history if r.reason == SEEDED_REASON} | {
-            c.family for c in pending}
+        seeded = [r for r in history if r.reason == SEEDED_REASON]
         taken = {r.config for r in history if r.outcome.ran} | set(pending)
-        open_ = [s for s in self.seeds if s.family not in tried]
-        if open_:
-            self.gate.update(history)
-        for seed in open_:
-            c = self._fitting(seed)
-            if c is not None and c not in taken:
-                return Proposal(c, SEEDED_REASON, predicted_memory_bytes=self.gate.predicted(c))
+        updated = False
+        for group in self.groups:
+            families = {c.family for c in group}
+            if any(c.family in families for c in pending):
+                continue  # one of it in flight
+            tried = [r for r in seeded if r.config.family in families]
+            if any(r.outcome.ok for r in tried):
+                continue  # its winner (or a runner-up in its place) ran here
+            done = {r.config.family for r in tried}  # a seed is tried once, at one batch
+            for seed in (c for c in group if c.family not in done):
+                if not updated:
+                    self.gate.update(history)
+                    updated = True
+                c = self._fitting(seed)
+                if c is not None and c not in taken:
+                    return Proposal(c, SEEDED_REASON,
+                                    predicted_memory_bytes=self.gate.predicted(c))
         return self.inner.ask(history, pending)
 
     def _fitting(self, seed: TrialConfig) -> TrialConfig | None:
