@@ -330,7 +330,7 @@ class SearchSpec(_Strict):
             try:
                 check_url(v.strip())
             except StoreError as exc:
-                raise ValueError(str(exc).removeprefix("--store / search.store: ")) from None
+                raise ValueError(str(exc)) from None
         return v
 
     @field_validator("storage")

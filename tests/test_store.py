@@ -198,6 +198,10 @@ def test_an_unreachable_or_read_only_store_says_so_in_one_line(tmp_path, postgre
     with pytest.raises(StoreError) as e:
         ResultStore.open("postgresql://autotune@127.0.0.1:1/nothing")
     assert "unreachable" in str(e.value) and "\n" not in str(e.value)
+    for bad, said in (("mysql://u@h/db", "the mysql driver is not installed"),
+                      ("nonsense", "is not a database URL")):
+        with pytest.raises(StoreError, match=said):
+            ResultStore.open(bad)
     made = tmp_path / "made.db"
     ResultStore.open(f"sqlite:///{made}").put(_record())
     for ro in (f"sqlite:///file:{made}?mode=ro&uri=true",

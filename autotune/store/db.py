@@ -56,8 +56,8 @@ def _url(url: str):
     try:
         parsed = make_url(url)
     except ArgumentError:
-        raise StoreError(f"--store / search.store: {url!r} is not a database URL; use e.g. "
-                         "sqlite:///results.db or postgresql://user:password@host/db") from None
+        raise StoreError(f"{url!r} is not a database URL; use e.g. sqlite:///results.db or "
+                         "postgresql://user:password@host/db") from None
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     return parsed
@@ -83,7 +83,8 @@ def check_url(url: str) -> None:
                          "postgresql, ...)") from None
     except ImportError as exc:
         raise StoreError(f"the {parsed.drivername} driver is not installed ({exc.name}): "
-                         "pip install 'psycopg[binary]', or use sqlite:///results.db") from None
+                         "pip install it, or use postgresql:// (psycopg, installed with "
+                         "autotune) or sqlite:///results.db") from None
 
 
 def _why(exc: BaseException) -> str:
@@ -109,12 +110,19 @@ class ResultStore:
         import sqlalchemy as sa
 
         self.url = url
-        parsed = _url(url)
+        parsed = _url(url)  # not a URL, or a driver that is not here: one line
+        try:
+            check_url(url)
+        except StoreError as exc:
+            raise StoreError(f"{shown(url)}: {exc}") from None
         is_sqlite = parsed.drivername.startswith("sqlite")
         if is_sqlite and url == default_url():
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
         args = {"timeout": BUSY_SECONDS} if is_sqlite else {"connect_timeout": CONNECT_SECONDS}
-        self.engine = sa.create_engine(parsed, connect_args=args)
+        try:
+            self.engine = sa.create_engine(parsed, connect_args=args)
+        except (sa.exc.SQLAlchemyError, TypeError, ValueError) as exc:
+            raise StoreError(f"{shown(url)}: {_why(exc)}") from None
         meta = sa.MetaData()
         self.table = sa.Table(
             TABLE, meta,
