@@ -20,12 +20,14 @@ if TYPE_CHECKING:
 
 
 def search(spec_or_path: Any, *, address: str | None = None, progress: bool = True,
-           **overrides: Any) -> SearchResult:
+           fresh: bool = False, **overrides: Any) -> SearchResult:
     """Run or resume a search. `spec_or_path`: a model.yaml path, a dict or a Spec;
     overrides use dotted keys, e.g. `autotune.search("m.yaml", **{"search.n_trials": 8})`
-    or the short forms n_trials=, timeout=, output=, storage=. With `progress`, a line
-    per finished trial goes to stderr, and a search that ends without a winner warns
-    why (`result.best` is then None)."""
+    or the short forms n_trials=, timeout=, output=, storage=, store=. With `progress`, a
+    line per finished trial goes to stderr, and a search that ends without a winner warns
+    why (`result.best` is then None). A setup the results store remembers comes back as
+    a SearchResult like any other, after its winner and baseline ran once more
+    (`result.summary.remembered` says from when); `fresh` searches anyway."""
     import sys
     import warnings
 
@@ -39,7 +41,7 @@ def search(spec_or_path: Any, *, address: str | None = None, progress: bool = Tr
                   f"({record.reason}): {o.status}{figure}", file=sys.stderr, flush=True)
 
     result = run_search(spec_or_path, address=address, on_record=said if progress else None,
-                        **_expand(overrides))
+                        fresh=fresh, **_expand(overrides))
     if progress and result.best is None:
         why = result.summary.no_winner_why or "no trial succeeded"
         warnings.warn(f"autotune: no winner: {why} (see {result.output / 'summary.json'})",
@@ -57,6 +59,7 @@ def estimate(spec_or_path: Any, *, device: str | None = None,
 
 _SHORT = {"n_trials": "search.n_trials", "trials": "search.n_trials", "timeout": "search.timeout",
           "storage": "search.storage", "study_name": "search.study_name",
+          "store": "search.store",
           "space": "search.space", "seed": "search.seed", "sampler": "search.sampler",
           "memory_budget": "hardware.memory_budget"}
 

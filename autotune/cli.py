@@ -1,4 +1,4 @@
-"""The `autotune` command: search, init, knobs, estimate, bench, report, show."""
+"""The `autotune` command: search, init, knobs, estimate, bench, report, show, results."""
 
 from __future__ import annotations
 
@@ -239,8 +239,14 @@ def search(
     storage: Annotated[str | None, typer.Option(help="Optuna storage URL")] = None,
     output: Annotated[Path | None, typer.Option(help="output folder")] = None,
     study_name: Annotated[str | None, typer.Option(help="Optuna study name")] = None,
+    store: Annotated[str | None, typer.Option(help="results store URL, or off (default: "
+                                              "search.store, $AUTOTUNE_STORE, or the user's "
+                                              "cache)")] = None,
+    fresh: Annotated[bool, typer.Option("--fresh", help="search even where the results "
+                                        "store remembers this setup")] = False,
 ) -> None:
-    """Run (or resume) a search and write the winner's files."""
+    """Run (or resume) a search and write the winner's files; a setup the results store
+    remembers is answered from it after its winner and baseline run once more."""
     from autotune.outputs.report import render_summary
     from autotune.spec import load_spec
     from autotune.tuning.run import run_search
@@ -251,6 +257,7 @@ def search(
             parsed = load_spec(spec, **{"search.n_trials": trials, "search.timeout": timeout,
                                         "search.storage": storage,
                                         "search.study_name": study_name,
+                                        "search.store": store,
                                         "output": str(output) if output else None})
             from autotune.spec import parse_duration
 
@@ -261,7 +268,7 @@ def search(
                         transient=False) if view.live else contextlib.nullcontext()
             with live:
                 result = run_search(
-                    parsed, address=address,
+                    parsed, address=address, fresh=fresh,
                     on_start=_unless_interrupted(interrupts, view.on_start),
                     on_record=_unless_interrupted(interrupts, view.on_record))
             view.finish()
@@ -274,6 +281,10 @@ def search(
                 _fail(exc)
             raise
     render_summary(result.summary, console)
+    from autotune.store.notes import remembered_line
+
+    if line := remembered_line(result.summary):
+        console.print(line, highlight=False, soft_wrap=True)
     files = [f for f in result.summary.exports.values() if f]
     console.print(f"files in [bold]{result.output}[/]: "
                   + ", ".join([*files, "summary.json", "report.md", "report.html"]))
@@ -359,11 +370,30 @@ def bench(
     strategies: Annotated[str | None, typer.Option(help="comma-separated subset of "
                                                    "autotune,random,tpe,halving,deepspeed "
                                                    "(default: all)")] = None,
+    seeded_from: Annotated[list[Path] | None, typer.Option(
+        "--seeded-from", help="a landscape of the same model whose search seeds each "
+        "--landscape's (as a near match in the results store would): trials to 0.98 of "
+        "the best with and without; repeatable")] = None,
 ) -> None:
     """Replay strategies on tuning landscapes and compare quality and cost."""
     from autotune.bench.bench import bench_main
     from autotune.errors import SpecError
 
+    if seeded_from:
+        from autotune.bench.bench import DEFAULT_BUDGET_FRACTION
+        from autotune.bench.seeding import seeding_main
+
+        try:
+            records = seeding_main([str(p) for p in landscape], [str(p) for p in seeded_from],
+                                   budget_fraction or DEFAULT_BUDGET_FRACTION, repeats,
+                                   console)
+        except AutotuneError as exc:
+            _fail(exc)
+        if json_path:
+            import json
+
+            write_atomically(json_path, json.dumps(records, indent=2) + "\n")
+        raise typer.Exit(0)
     try:
         try:
             counts = [int(w) for w in workers.split(",")]
@@ -417,6 +447,84 @@ def show(output_dir: Annotated[Path, typer.Argument(help="a search's output fold
         render_summary(load_summary(output_dir), console)
     except AutotuneError as exc:
         _fail(exc)
+
+
+results_app = typer.Typer(no_args_is_help=False, help="What the results store knows: list, "
+                          "export, import.")
+app.add_typer(results_app, name="results")
+StoreOption = Annotated[str | None, typer.Option("--store", help="results store URL (default: "
+                                                 "$AUTOTUNE_STORE or the user's cache)")]
+
+
+@results_app.callback(invoke_without_command=True)
+def results(
+    ctx: typer.Context,
+    store: StoreOption = None,
+    model: Annotated[str | None, typer.Option(help="only models whose name holds this")] = None,
+    device: Annotated[str | None, typer.Option(help="only devices whose name holds this")]
+    = None,
+) -> None:
+    """List the recorded searches: setup, winner, speedups, date, versions."""
+    if ctx.invoked_subcommand is not None:
+        ctx.obj = store
+        return
+    from autotune.store.listing import open_store, render_records
+
+    try:
+        s = open_store(store)
+        try:
+            render_records(s, console, model, device)
+        finally:
+            s.close()
+    except AutotuneError as exc:
+        _fail(exc)
+
+
+@results_app.command("export")
+def results_export(ctx: typer.Context,
+                   file: Annotated[Path, typer.Argument(help="JSON-lines file to write")],
+                   store: StoreOption = None) -> None:
+    """Write every record of the store to FILE, one JSON object a line."""
+    from autotune.store.listing import export_records, open_store
+
+    try:
+        s = open_store(store or ctx.obj)
+        try:
+            n = export_records(s, file)
+        finally:
+            s.close()
+    except AutotuneError as exc:
+        _fail(exc)
+    console.print(f"exported {n} record{'s' if n != 1 else ''} to {file}", highlight=False)
+
+
+@results_app.command("import")
+def results_import(ctx: typer.Context,
+                   file: Annotated[Path, typer.Argument(help="JSON-lines file of `autotune "
+                                                    "results export`")],
+                   store: StoreOption = None) -> None:
+    """Add FILE's records to the store (a record already there is left as it is)."""
+    from autotune.store.listing import import_records, open_store
+
+    try:
+        s = open_store(store or ctx.obj)
+        try:
+            counts = import_records(s, file)
+        finally:
+            s.close()
+    except AutotuneError as exc:
+        _fail(exc)
+    said = f"imported {counts['added']} record{'s' if counts['added'] != 1 else ''}"
+    if counts["present"]:
+        said += f", {counts['present']} already there"
+    if counts["newer"]:
+        said += (f" ({counts['newer']} of a newer autotune's record schema: kept for it, "
+                 "not read by this one)")
+    console.print(said, highlight=False)
+    for bad in counts["bad"]:
+        err_console.print(f"skipped {bad}", highlight=False)
+    if counts["bad"]:
+        raise typer.Exit(1)
 
 
 def main() -> None:  # pragma: no cover - console script entry

@@ -326,6 +326,12 @@ class SearchSpec(_Strict):
     sampler: Literal["autotune", "tpe", "gp", "random"] = "autotune"
     """Who proposes trials: autotune's structured strategy, or one of Optuna's samplers
     (with the same memory prediction in front of them)."""
+    store: str | None = None
+    """The results store that remembers confirmed searches: a database URL
+    (postgresql://user:password@host/db for a team, sqlite:///results.db), or off. None:
+    $AUTOTUNE_STORE, else results.db in the user's cache folder. The same setup searched
+    again is answered from it after its winner and baseline run once more; a similar one
+    starts from its winners (docs/store.md)."""
     confirm_repeats: int = Field(3, ge=0)
     """After the search, the winner, the runner-ups within noise and the baseline run this
     many more times each (interleaved, twice the steps, from the exported files); the
@@ -343,6 +349,22 @@ class SearchSpec(_Strict):
     @classmethod
     def _duration(cls, v: str | int) -> str | int:
         parse_duration(v)
+        return v
+
+    @field_validator("store", mode="before")
+    @classmethod
+    def _store(cls, v: Any) -> Any:
+        """`store: off` (YAML reads a bare off as false) turns the store off; a URL must be
+        one whose driver is here."""
+        if v is False:
+            return "off"
+        if isinstance(v, str) and v.strip().lower() not in ("off", "none", "no", "false"):
+            from autotune.store.db import StoreError, check_url
+
+            try:
+                check_url(v.strip())
+            except StoreError as exc:
+                raise ValueError(str(exc)) from None
         return v
 
     @field_validator("storage")

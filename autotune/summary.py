@@ -146,6 +146,10 @@ class Summary:
     memory_components: dict[str, int] | None = None  # the winner's, calibrated
     confirmation: Confirmation | None = None
     autotune_version: str = field(default_factory=autotune_version)
+    # Answered from the results store (autotune/store): {from, output, reconfirmed, checks,
+    # ...}; with reconfirmed false, the record this search replaced and why.
+    remembered: dict[str, Any] | None = None
+    seeded_by: list[dict[str, Any]] = field(default_factory=list)  # near matches run first
 
     # --- derived: never stored apart from the trials they come from --------------------
     @property
@@ -312,6 +316,7 @@ class Summary:
                 "trials_run": sum(t.counted for t in self.trials), "ooms": self.ooms,
                 "efficiency": self.efficiency},
             "exports": self.exports, "projection": self.projection,
+            "remembered": self.remembered, "seeded_by": self.seeded_by,
         }
 
     @classmethod
@@ -332,7 +337,8 @@ class Summary:
                 memory_components=d.get("memory_components"),
                 confirmation=Confirmation.from_dict(d["confirmation"])
                 if d.get("confirmation") else None,
-                autotune_version=str(d.get("autotune_version", "unknown")))
+                autotune_version=str(d.get("autotune_version", "unknown")),
+                remembered=d.get("remembered"), seeded_by=list(d.get("seeded_by") or []))
         except (KeyError, TypeError, ValueError) as exc:
             raise AutotuneError(f"not an autotune summary: {exc!r}") from None
 

@@ -60,9 +60,11 @@ elementwise time and 30% of overhead under compile (a 30 s + 1.5 s/layer compile
 an error under ZeRO-3), and keeps an eighth of the logits under Liger with 70% less
 logits traffic.
 
-    .venv/bin/python benchmarks/simulate_landscape.py OUT_DIR [--gpuknobs]
+    .venv/bin/python benchmarks/simulate_landscape.py OUT_DIR [--gpuknobs] [--near]
 writes OUT_DIR/<name>/{meta.json,trials.csv} for each scenario in SCENARIOS, or with
---gpuknobs for each in GPUKNOB_SCENARIOS only.
+--gpuknobs for each in GPUKNOB_SCENARIOS only. --near adds, beside each, the same model,
+device and space at 3/4 of its seq_len with other noise (`<name>-seq<N>`): the pairs a
+results store's near match makes, for `autotune bench --seeded-from`.
 """
 
 from __future__ import annotations
@@ -582,8 +584,17 @@ def gk_landscape(s: Scenario) -> tuple[dict, list[dict]]:
     return meta, rows
 
 
-def main(out: str, gpuknobs: bool = False) -> None:
-    for s in GPUKNOB_SCENARIOS if gpuknobs else SCENARIOS:
+def near(s: Scenario) -> Scenario:
+    """`s` at 3/4 of its seq_len, its noise drawn afresh: a near match of it."""
+    import dataclasses
+
+    seq = s.seq * 3 // 4
+    return dataclasses.replace(s, name=f"{s.name}-seq{seq}", seq=seq, seed=s.seed + 100)
+
+
+def main(out: str, gpuknobs: bool = False, near_too: bool = False) -> None:
+    scenarios = GPUKNOB_SCENARIOS if gpuknobs else SCENARIOS
+    for s in [x for base in scenarios for x in ([base, near(base)] if near_too else [base])]:
         folder = Path(out) / s.name
         folder.mkdir(parents=True, exist_ok=True)
         meta, rows = gk_landscape(s) if s.gpuknobs else landscape(s)
@@ -597,5 +608,6 @@ def main(out: str, gpuknobs: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if a != "--gpuknobs"]
-    main(args[0] if args else "benchmarks/landscapes", "--gpuknobs" in sys.argv[1:])
+    args = [a for a in sys.argv[1:] if a not in ("--gpuknobs", "--near")]
+    main(args[0] if args else "benchmarks/landscapes", "--gpuknobs" in sys.argv[1:],
+         "--near" in sys.argv[1:])

@@ -32,6 +32,13 @@ def _own_device_leases(tmp_path_factory):
     os.environ[SESSION_MARK] = uuid.uuid4().hex
 
 
+@pytest.fixture(autouse=True)
+def _own_results_store(tmp_path, monkeypatch):
+    """Each test's searches remember into a store of its own, never the user's cache (a
+    search the suite ran would answer a developer's, and one test's another's)."""
+    monkeypatch.setenv("AUTOTUNE_STORE", f"sqlite:///{tmp_path / 'results.db'}")
+
+
 # Every process the suite starts inherits this variable (through Ray's daemons and the
 # trial launchers too, and keeps it when orphaned), so tests that look for, or kill,
 # trial processes touch only their own: never a search a developer runs beside the suite.
@@ -87,3 +94,21 @@ def study_names(storage: str) -> list[str]:
         return optuna.get_all_study_names(storage)
     except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError):
         return []
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """One real PostgreSQL server for the session (tests/postgres.py); skipped where none
+    is installed, unless AUTOTUNE_REQUIRE_POSTGRES is set (CI), where that fails."""
+    from tests.postgres import session_server
+
+    for server in session_server():
+        if server is None:
+            pytest.skip("PostgreSQL is not installed (set AUTOTUNE_PG_BIN to its bin folder)")
+        yield server
+
+
+@pytest.fixture
+def postgres_url(postgres_server) -> str:
+    """A fresh, empty database on the session's server."""
+    return postgres_server.new_database()

@@ -14,7 +14,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,6 +30,10 @@ from autotune.tuning.strategies.base import SearchContext
 from autotune.tuning.strategies.probe import recipe_chains
 from autotune.tuning.strategies.registry import BENCH_STRATEGIES, make_strategy, sampler_for
 from autotune.tuning.study import StudyLog
+
+if TYPE_CHECKING:
+    from autotune.bench.seeding import Seeding
+    from autotune.records import Record
 
 DEFAULT_BUDGET_FRACTION = 0.03
 
@@ -84,18 +88,31 @@ def classification_accuracy(land: Landscape, memory: MemoryModel) -> float:
     return right / len(rows) if rows else 1.0
 
 
-def run_one(land: Landscape, strategy_name: str, seed: int, budget_fraction: float,
-            workers: int = 1) -> dict[str, Any]:
+def replay(land: Landscape, strategy_name: str, seed: int, budget_fraction: float,
+           workers: int = 1, seeding: Seeding | None = None,
+           ) -> tuple[list[Record], list[float]]:
+    """One search of `land` under the budget: its records and the virtual wall time at
+    each. `seeding`: what a similar search found runs first (bench/seeding.py)."""
     ctx = context(land, seed, raw=strategy_name in RAW_SPACE)
+    if seeding is not None:
+        ctx.memory_prior = seeding.calibration
     log = StudyLog.in_memory(choices(ctx.candidates), ctx.memory_limit_bytes,
                              sampler_for(strategy_name, seed))
     strategy = make_strategy(strategy_name, ctx, log, guarded=False)
+    if seeding is not None:
+        strategy = seeding.wrap(strategy, ctx, land.shape.seq_len)
     executor = ReplayExecutor(land, workers)
     clock: list[float] = []  # virtual wall time at each record
-    started = time.perf_counter()
     history = drive(strategy, executor, log,
                     Limits(budget_seconds=budget_fraction * land.grid_seconds()),
                     on_record=lambda r: clock.append(executor.clock))
+    return history, clock
+
+
+def run_one(land: Landscape, strategy_name: str, seed: int, budget_fraction: float,
+            workers: int = 1, seeding: Seeding | None = None) -> dict[str, Any]:
+    started = time.perf_counter()
+    history, clock = replay(land, strategy_name, seed, budget_fraction, workers, seeding)
     best_table = land.best()
     top = best_table[1].samples_per_second if best_table else None
     trajectory, spent, best_so_far = [], 0.0, 0.0

@@ -139,8 +139,10 @@ def headline(summary: Summary) -> list[Fact]:
              _throughput_fact(summary, best), _memory_fact(summary, best),
              _mfu_fact(summary, best), _projection_fact(summary, best, base),
              _search_fact(summary)]
+    from autotune.store.notes import store_facts
+
     extra = [_data_fact(summary), _weights_fact(summary)]
-    return facts + [f for f in extra if f]
+    return facts + [f for f in extra if f] + [Fact(*f) for f in store_facts(summary)]
 
 
 WEIGHTS = {"random": "random, of the model's exact shape, made on the device by its own "

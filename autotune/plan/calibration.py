@@ -54,7 +54,11 @@ MEASUREMENT_NOISE = 0.03  # a measured peak's relative noise (allocator, RSS)
 class MemoryModel(Physics):
     """Physics, calibrated by `observe` (a measured peak) and `observe_oom`."""
 
-    def __init__(self, shape: ModelShape, device: DeviceSpec, world_size: int = 1) -> None:
+    def __init__(self, shape: ModelShape, device: DeviceSpec, world_size: int = 1,
+                 prior: dict[str, float] | None = None) -> None:
+        """`prior`: term scales another search fitted (`term_scales`), the centre of this
+        fit's prior in place of 1 (a near match in the results store: the same model at
+        another seq_len, or on a kin device)."""
         super().__init__(shape, device, world_size)
         self._points: dict[Family, dict[int, int]] = {}
         self._configs: dict[tuple[Family, int], TrialConfig] = {}  # each point's config
@@ -74,15 +78,28 @@ class MemoryModel(Physics):
         self._lower[FEATURES.index("activations|attention")] = (
             -1.0 if self.materialises_attention() else 0.0)
         self._lower[FEATURES.index("logits|liger")] = 0.0  # the physics holds none of it
+        self._prior = PRIOR_MEAN.copy()
+        for name, scale in (prior or {}).items():
+            if name in FEATURES:  # a term this version no longer has is ignored
+                i = FEATURES.index(name)
+                self._prior[i] = max(float(scale), self._lower[i])
+        self._theta = self._prior.copy()
 
     @classmethod
     def from_history(cls, shape: ModelShape, device: DeviceSpec, world_size: int,
-                     records: Iterable[Record], limit_bytes: int) -> MemoryModel:
+                     records: Iterable[Record], limit_bytes: int,
+                     prior: dict[str, float] | None = None) -> MemoryModel:
         """The model calibrated on every measured trial of a search."""
-        model = cls(shape, device, world_size)
+        model = cls(shape, device, world_size, prior)
         for r in records:
             model.learn(r, limit_bytes)
         return model
+
+    def term_scales(self) -> dict[str, float]:
+        """The fitted scale of each physics term and deviation, by name: what a record
+        keeps of this calibration (the per-family residuals are bytes at this seq_len
+        and device, and stay behind)."""
+        return {name: float(v) for name, v in zip(FEATURES, self._theta, strict=True)}
 
     def learn(self, record: Record, limit_bytes: int) -> None:
         """What one record teaches: a measured peak, or an OOM at the limit. A GPU
@@ -223,7 +240,7 @@ class MemoryModel(Physics):
                     for b, m in points.items()]
         X = np.array([self.features(c) for c, _ in measured]).reshape(-1, len(FEATURES))
         y = np.array([m for _, m in measured], float)
-        self._theta = _fit_term_scales(X, y, self._lower)
+        self._theta = _fit_term_scales(X, y, self._lower, self._prior)
         # 1b) OOMs the scaled terms still put under their limit: censored at the limit.
         for _ in range(3):
             under = [(c, limit) for c, limit in self._ooms.items()
@@ -232,7 +249,7 @@ class MemoryModel(Physics):
                 break
             X = np.vstack([X, [self.features(c) for c, _ in under]])
             y = np.append(y, [limit * (1 + OOM_OVERSHOOT) for _, limit in under])
-            self._theta = _fit_term_scales(X, y, self._lower)
+            self._theta = _fit_term_scales(X, y, self._lower, self._prior)
         # 2) What the scaled terms still miss, per measured family.
         self._family_resid, self._offsets, self._effects = {}, {}, None
         errors = []
@@ -248,15 +265,16 @@ class MemoryModel(Physics):
                                 / (len(errors) + PRIOR_WEIGHT))
 
 
-def _fit_term_scales(X: np.ndarray, y: np.ndarray, lower: np.ndarray) -> np.ndarray:
+def _fit_term_scales(X: np.ndarray, y: np.ndarray, lower: np.ndarray,
+                     mean: np.ndarray = PRIOR_MEAN) -> np.ndarray:
     """Posterior mode of the term scales, given peaks measured to about MEASUREMENT_NOISE,
-    the prior PRIOR_MEAN +- PRIOR_SD, and each coefficient at least `lower` (a term's scale
+    the prior `mean` +- PRIOR_SD, and each coefficient at least `lower` (a term's scale
     stays positive; a deviation cannot remove more memory than its term holds). Bounds by
     active set: a coefficient that would cross its bound is held there and the rest
     refitted, until none crosses."""
     w = 1.0 / (MEASUREMENT_NOISE * y) ** 2
     A = X.T @ (X * w[:, None]) + np.diag(1.0 / PRIOR_SD**2)
-    b = X.T @ (y * w) + PRIOR_MEAN / PRIOR_SD**2
+    b = X.T @ (y * w) + mean / PRIOR_SD**2
     held = np.zeros(len(lower), bool)
     theta = np.linalg.solve(A, b)
     for _ in range(len(lower)):

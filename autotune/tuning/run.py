@@ -23,6 +23,7 @@ from autotune.plan.shape import ModelShape, model_shape
 from autotune.records import CONFIRM_REASON
 from autotune.space import Space, build_space, divisors, few_splits, load_space
 from autotune.spec import Spec, load_spec, parse_duration
+from autotune.store.session import StoreSession
 from autotune.summary import Summary
 from autotune.trials.executor import Executor, RayExecutor
 from autotune.tuning import confirm, numerics
@@ -73,9 +74,11 @@ def run_search(
     device: DeviceSpec | None = None,
     on_start: Callable[[Proposal], None] | None = None,
     on_record: Callable[[Record], None] | None = None,
+    fresh: bool = False,
     **overrides: Any,
 ) -> SearchResult:
-    """Run (or resume) a search; `overrides` use dotted spec keys ('search.n_trials')."""
+    """Run (or resume) a search; `overrides` use dotted spec keys ('search.n_trials').
+    `fresh`: search even where the results store remembers this setup, and seed nothing."""
     started = time.time()
     spec = load_spec(spec_or_path, **overrides)
     # What the spec alone decides fails before Ray starts: the model it names, the output.
@@ -93,7 +96,8 @@ def run_search(
         device = device or executor.discover()  # where trials run, not the driver
     device = device or local_device()
     try:
-        return _search(spec, shape, space, device, executor, started, on_start, on_record)
+        return _search(spec, shape, space, device, executor, started, on_start, on_record,
+                       fresh)
     finally:
         if owns_executor:
             executor.close()
@@ -117,7 +121,7 @@ def _say_resumed(history: list[Record], study_name: str, storage: str,
 def _search(spec: Spec, shape: ModelShape | None, space_file: Space, device: DeviceSpec,
             executor: Executor, started: float,
             on_start: Callable[[Proposal], None] | None,
-            on_record: Callable[[Record], None] | None) -> SearchResult:
+            on_record: Callable[[Record], None] | None, fresh: bool = False) -> SearchResult:
     space = build_space(spec, device, space_file)
     if not space.candidates:
         raise SpecError("the search space has no config this device can run: "
@@ -127,6 +131,8 @@ def _search(spec: Spec, shape: ModelShape | None, space_file: Space, device: Dev
     output = Path(spec.output)
     output.mkdir(parents=True, exist_ok=True)
     limit = memory_limit(device, spec.hardware.budget_bytes(), parallel=executor.capacity)
+    if isinstance(executor, RayExecutor):
+        executor.shape, executor.budget = (shape.to_dict() if shape else None), limit
     storage = spec.search.storage or f"sqlite:///{(output / 'study.db').resolve()}"
     key = fingerprint(spec, device, space.space)
     study_name = spec.search.study_name or f"autotune-{key[:12]}"
@@ -139,12 +145,16 @@ def _search(spec: Spec, shape: ModelShape | None, space_file: Space, device: Dev
     ctx.recipe_chains = recipe_chains(ctx, recipe_rungs(
         device, available_values(spec), world_size=spec.world_size,
         real_data=spec.data.source != "synthetic"), divisors(spec.per_rank_batch))
-    strategy = make_strategy(spec.search.sampler, ctx, log)
+    # The results store: an exact match answers (checked on read), a near one seeds.
+    memory = StoreSession.open(spec, device, space.space, shape, output, fresh=fresh)
+    remembered = memory.answer(ctx, executor, log, storage, started, on_start, on_record)
+    if remembered is not None:
+        return SearchResult(spec, device, remembered, output)
+    ctx.memory_prior = memory.calibration()
+    strategy = memory.seeded(make_strategy(spec.search.sampler, ctx, log), ctx)
     owed = [(c, why) for c, why in log.abandoned() if why != CONFIRM_REASON]
     if owed:
         strategy = Resume(strategy, owed)
-    if isinstance(executor, RayExecutor):
-        executor.shape, executor.budget = (shape.to_dict() if shape else None), limit
     deadline = started + parse_duration(spec.search.timeout)
     repeats = spec.search.confirm_repeats
     history = log.history()
@@ -180,10 +190,12 @@ def _search(spec: Spec, shape: ModelShape | None, space_file: Space, device: Dev
                        "study_name": study_name, "storage": storage,
                        "sampler": spec.search.sampler, "slots": executor.capacity}
         summary = summarise(spec, device, limit, shape, history, space.pruned, search_info)
+        memory.annotate(summary)
         from autotune.outputs.export import write_outputs
 
         write_outputs(summary, output, spec, on_cpu=not device.is_cuda)
         log.save_summary(summary.to_dict())
+    memory.finish(summary, history, shape, limit, spec.world_size)
     return SearchResult(spec, device, summary, output)
 
 

@@ -42,6 +42,9 @@ class SearchContext:
     # The guide's recipe and its memory fallbacks, each a chain of batches, largest first
     # (probe.py); None: no recipe reference.
     recipe_chains: list[list[TrialConfig]] | None = None
+    # The memory model's term scales from a similar search (plan/calibration.py
+    # `term_scales`), its prior's centre; None: the physics' own (1).
+    memory_prior: dict[str, float] | None = None
 
 
 @dataclass

@@ -28,7 +28,7 @@ SPREAD = 0.015
 class MemoryGate:
     def __init__(self, ctx: SearchContext) -> None:
         self.ctx = ctx
-        self.model = (MemoryModel(ctx.shape, ctx.device, ctx.world_size)
+        self.model = (MemoryModel(ctx.shape, ctx.device, ctx.world_size, ctx.memory_prior)
                       if ctx.shape is not None else None)
         self.oom_at: dict[Family, int] = {}  # per family, the smallest batch that OOMed
         self._ooms: list[TrialConfig] = []
@@ -42,7 +42,7 @@ class MemoryGate:
             learned = next((r.outcome.shape for r in history if r.outcome.shape), None)
             if learned is not None:
                 self.model = MemoryModel(ModelShape.from_dict(learned), self.ctx.device,
-                                         self.ctx.world_size)
+                                         self.ctx.world_size, self.ctx.memory_prior)
                 self._seen = 0
         if len(history) > self._seen:
             self._ceiling = None

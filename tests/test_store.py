@@ -1,0 +1,332 @@
+"""The results store without a search: fingerprints, the store on SQLite and on a real
+PostgreSQL, the check on read, translating a record's winners, the calibration it carries
+and what seeding is worth in the bench. (The searches: test_remember.py.)"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune.config import Family, TrialConfig
+from autotune.plan.device import DeviceSpec, named_device
+from autotune.space import build_space, load_space
+from autotune.spec import load_spec
+from autotune.store import fingerprint as fp_mod
+from autotune.store.db import ResultStore, StoreError, default_url, store_url
+from autotune.store.fingerprint import fingerprint_of
+from autotune.store.reconfirm import Check, band, noise, t_quantile, verdict
+from autotune.store.record import SCHEMA_VERSION, StoredResult
+from autotune.summary import Confirmation, ConfirmedConfig
+from autotune.tuning.strategies.base import SearchContext
+from autotune.tuning.strategies.seeded import translate
+from tests.conftest import TINY_SPEC
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU = DeviceSpec("cpu", "cpu", 16 * 2**30)
+
+
+def _fingerprint(spec_dict: dict, device: DeviceSpec = CPU):
+    from autotune.plan.shape import model_shape
+
+    spec = load_spec(spec_dict)
+    space = build_space(spec, device, load_space("default", spec.target_batch_size)).space
+    return fingerprint_of(spec, device, space, model_shape(spec))
+
+
+# --- fingerprints -----------------------------------------------------------------------
+
+def test_the_same_model_inline_or_in_a_folder_is_one_fingerprint(tmp_path):
+    import transformers
+
+    inline = copy.deepcopy(TINY_SPEC)
+    cfg = dict(inline["model"]["config"])
+    transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg).save_pretrained(
+        tmp_path / "ckpt")
+    folder = copy.deepcopy(TINY_SPEC) | {"model": {"name_or_path": str(tmp_path / "ckpt")}}
+    a, b = _fingerprint(inline), _fingerprint(folder)
+    assert a.key == b.key and a.near_key == b.near_key
+    wider = copy.deepcopy(TINY_SPEC)
+    wider["model"]["config"]["n_embd"] = 64
+    assert _fingerprint(wider).key != a.key and _fingerprint(wider).near_key != a.near_key
+
+
+def test_real_rows_are_keyed_by_their_lengths_not_their_path(tmp_path):
+    from tests.test_data import make_tokenizer  # a local tokenizer, no download
+
+    rows = [{"text": " ".join(["word"] * n)} for n in (5, 20, 40, 80, 12, 33)]
+    make_tokenizer(tmp_path / "tok", [r["text"] + " more" for r in rows])
+    tok = str(tmp_path / "tok")
+    for name in ("a.jsonl", "b.jsonl"):
+        (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps({"text": r["text"] + " more"}) + "\n"
+                                              for r in rows))
+
+    def spec(source: str, seq: int = 32) -> dict:
+        return copy.deepcopy(TINY_SPEC) | {"data": {"source": str(tmp_path / source),
+                                                    "tokenizer": tok, "seq_len": seq}}
+
+    a, b, c = (_fingerprint(spec(s)) for s in ("a.jsonl", "b.jsonl", "c.jsonl"))
+    assert a.key == b.key  # other rows of the same lengths (a copy moved elsewhere)
+    assert c.key != a.key  # longer rows
+    shorter = _fingerprint(spec("a.jsonl", 24))
+    assert shorter.key != a.key and shorter.near_key == a.near_key  # another seq_len: near
+    assert _fingerprint(copy.deepcopy(TINY_SPEC)).near_key != a.near_key  # synthetic
+
+
+def test_a_kin_device_or_other_versions_are_near_not_exact(monkeypatch):
+    spec = copy.deepcopy(TINY_SPEC)
+    a10g, l4 = _fingerprint(spec, named_device("A10G-24GB")), _fingerprint(spec, named_device(
+        "L4-24GB"))
+    assert a10g.key != l4.key and a10g.near_key == l4.near_key  # both compute capability 8.x
+    a100, h100 = _fingerprint(spec, named_device("A100-80GB")), _fingerprint(
+        spec, named_device("H100-80GB"))
+    assert a100.near_key != h100.near_key  # 8.0 and 9.0: another family
+    before = _fingerprint(spec)
+    newer = fp_mod.library_versions() | {"bitsandbytes": "0.41.0"}
+    monkeypatch.setattr(fp_mod, "library_versions", lambda: newer)
+    after = _fingerprint(spec)
+    assert after.key != before.key and after.near_key == before.near_key
+    assert after.exact["versions"]["cuda"] and "liger-kernel" in after.exact["versions"]
+
+
+def test_the_store_is_the_flag_then_the_environment_then_the_user_cache(monkeypatch,
+                                                                        tmp_path):
+    monkeypatch.delenv("AUTOTUNE_STORE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert store_url() == default_url() == f"sqlite:///{tmp_path}/cache/autotune/results.db"
+    monkeypatch.setenv("AUTOTUNE_STORE", "postgresql://team@db/autotune")
+    assert store_url() == "postgresql://team@db/autotune"
+    assert store_url("sqlite:///x.db") == "sqlite:///x.db"
+    assert store_url("off") is None
+    monkeypatch.setenv("AUTOTUNE_STORE", "off")
+    assert store_url() is None
+    assert load_spec(copy.deepcopy(TINY_SPEC) | {"search": {"store": False}}).search.store == (
+        "off")  # YAML's bare `off`
+    with pytest.raises(Exception, match="search.store: .*mysql"):
+        load_spec(copy.deepcopy(TINY_SPEC) | {"search": {"store": "mysql://u@h/db"}})
+
+
+# --- the store, on SQLite and on PostgreSQL -----------------------------------------------
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request, tmp_path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'results.db'}"
+    return request.getfixturevalue("postgres_url")
+
+
+def _record(key: str = "k1", near: str = "n1", seq: int = 128, model: str = "gpt2",
+            created: str = "2026-11-27T10:00:00+00:00", **kw) -> StoredResult:
+    summary = {"model": {"name": model}, "device": {"name": "L4-24GB", "count": 1},
+               "seq_len": seq, "target_batch_size": 32, "best": None, "confirmation": None}
+    return StoredResult(key, near, {"versions": {"torch": "2.13.0"}}, {}, summary, "/runs/x",
+                        created=created, **kw)
+
+
+def test_records_go_in_and_come_back_by_exact_and_near_key(url):
+    store = ResultStore.open(url)
+    old, new = _record(created="2026-11-20T00:00:00+00:00"), _record()
+    other = _record("k2", seq=96, model="llama-8b")
+    for r in (old, new, other):
+        assert store.put(r)
+    assert not store.put(new)  # the same record again (an import twice) is not doubled
+    assert [r.uid for r in store.exact("k1").records] == [new.uid, old.uid]  # newest first
+    assert {r.uid for r in store.near("n1").records} == {old.uid, new.uid, other.uid}
+    assert [r.uid for r in store.records(model="LLAMA").records] == [other.uid]
+    assert store.records(device="h100").records == []
+    assert store.exact("k1").records[0].to_dict() == new.to_dict()
+    store.close()
+    assert len(ResultStore.open(url).records().records) == 3  # a new connection sees them
+
+
+def test_a_newer_autotunes_record_is_skipped_with_a_note_and_moves_whole(url, tmp_path):
+    store = ResultStore.open(url)
+    mine = _record()
+    newer = _record(created="2026-12-01T00:00:00+00:00").to_dict() | {
+        "schema": SCHEMA_VERSION + 1, "autotune_version": "9.9.0", "a_field_we_lack": [1]}
+    store.put(mine)
+    store.put(newer)
+    found = store.exact("k1")
+    assert [r.uid for r in found.records] == [mine.uid]
+    assert found.notes == [f"skipped 1 record written by autotune 9.9.0 (a newer record "
+                           f"schema than this autotune's {SCHEMA_VERSION}): upgrade autotune "
+                           "to use them"]
+    # Export keeps it as it was; import elsewhere keeps it too.
+    lines = list(store.export_lines())
+    assert len(lines) == 2 and any('"a_field_we_lack": [1]' in line for line in lines)
+    other = ResultStore.open(f"sqlite:///{tmp_path / 'other.db'}")
+    counts = other.import_lines([*lines, "not json", '{"schema": 1}', ""])
+    assert (counts["added"], counts["present"], counts["newer"]) == (2, 0, 1)
+    assert [b.split(":")[0] for b in counts["bad"]] == ["line 3", "line 4"]
+    assert other.import_lines(lines)["present"] == 2
+
+
+WRITER = """
+import sys, time
+sys.path.insert(0, {root!r})
+from autotune.store.db import ResultStore
+from tests.test_store import _record
+store = ResultStore.open({url!r})
+while time.time() < {start}:  # both processes start writing at the same moment
+    time.sleep(0.005)
+for i in range({n}):
+    store.put(_record(key="k-{who}-%d" % i, near="n"))
+"""
+
+
+def test_two_processes_writing_at_once_lose_no_record(url):
+    """What two searches that finish together do: each puts its records at the same
+    moment (here 40 each, to make the collisions many)."""
+    ResultStore.open(url).close()  # the table, as the first search would make it
+    start, n = time.time() + 4.0, 40
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER.format(
+        root=str(ROOT), url=url, start=start, n=n, who=who)], stderr=subprocess.PIPE,
+        text=True) for who in ("a", "b")]
+    for p in procs:
+        assert p.wait(timeout=120) == 0, p.stderr.read()
+    keys = {r.key for r in ResultStore.open(url).near("n").records}
+    assert keys == {f"k-{who}-{i}" for who in "ab" for i in range(n)}
+
+
+def test_an_unreachable_or_read_only_store_says_so_in_one_line(tmp_path, postgres_url):
+    with pytest.raises(StoreError) as e:
+        ResultStore.open("postgresql://autotune@127.0.0.1:1/nothing")
+    assert "unreachable" in str(e.value) and "\n" not in str(e.value)
+    for bad, said in (("mysql://u@h/db", "the mysql driver is not installed"),
+                      ("nonsense", "is not a database URL")):
+        with pytest.raises(StoreError, match=said):
+            ResultStore.open(bad)
+    made = tmp_path / "made.db"
+    ResultStore.open(f"sqlite:///{made}").put(_record())
+    for ro in (f"sqlite:///file:{made}?mode=ro&uri=true",
+               postgres_url + "?options=-c%20default_transaction_read_only%3Don"):
+        if ro.startswith("postgresql"):
+            ResultStore.open(postgres_url).put(_record())
+        store = ResultStore.open(ro)
+        assert len(store.exact("k1").records) == 1  # read: yes
+        with pytest.raises(StoreError, match="cannot write .*read") as e:
+            store.put(_record())
+        assert "\n" not in str(e.value)
+
+
+# --- the check on read --------------------------------------------------------------------
+
+def _row(role: str, xs: list[float], batch: int = 8) -> ConfirmedConfig:
+    return ConfirmedConfig(role, TrialConfig.of(batch, 16 // batch), None, xs)
+
+
+def test_the_recorded_interval_is_a_prediction_interval_from_the_records_own_noise():
+    import math
+
+    c = Confirmation(3, 10, [_row("best", [100.0, 103.0, 97.0]),
+                             _row("baseline", [50.0, 51.5, 48.5], 16)], None)
+    s, df = noise(c)
+    assert df == 4 and s == pytest.approx(0.03, abs=0.001)  # each row ±3%: sd of the logs
+    low, high = band(c.rows[0], s, df)
+    centre = math.exp(sum(math.log(x) for x in (100.0, 103.0, 97.0)) / 3)
+    half = 4.604 * s * math.sqrt(1 + 1 / 3)  # t(0.995, 4 df), one new run against 3
+    assert (low, high) == pytest.approx((centre * math.exp(-half), centre * math.exp(half)))
+    slower = Check("winner", "b8x2 fp32", c.rows[0].samples_per_second, low, high, 0.82 * centre,
+                   "ok")
+    assert not slower.ok and slower.why().startswith("the winner ran 18% slower than recorded")
+    # Quiet repeats are held to the 2% floor, not to their chance agreement.
+    quiet = Confirmation(3, 10, [_row("best", [100.0, 100.1, 99.9])], None)
+    assert noise(quiet) == (0.02, 2)
+    held = Check("baseline", "b16x1 fp32", [50.0], 45.0, 55.0, 50.5, "ok")
+    assert held.ok and verdict([held], {"torch": "2.14.0", "cuda": "12.8"}) is None
+    said = verdict([slower, held], {"torch": "2.14.0", "cuda": "12.8"})
+    assert said.endswith("with torch 2.14.0 (CUDA 12.8)") and "\n" not in said
+    # No repeats: no noise measured, a stated width and the normal quantile.
+    assert noise(Confirmation(1, 10, [_row("best", [100.0])], None)) == (0.10, 0)
+    assert t_quantile(0) == pytest.approx(2.576)
+    oom = Check("winner", "b8x2 fp32", [100.0], 80, 120, None, "oom", "out of memory")
+    assert oom.why() == "the winner's run ended oom: out of memory"
+
+
+# --- seeding --------------------------------------------------------------------------------
+
+def _ctx(batches=(1, 2, 4, 8, 16), families=None) -> SearchContext:
+    families = families or [Family.of({"precision": p, "optim": o})
+                            for p in ("fp32", "bf16") for o in ("adamw_torch",
+                                                                "adamw_torch_fused")]
+    candidates = [f.config(b, 16) for f in families for b in batches]
+    return SearchContext(candidates, CPU, 1, 16, 2**30)
+
+
+def test_a_recorded_winner_is_translated_to_this_space():
+    ctx = _ctx()
+    recorded = TrialConfig.of(8, 2, precision="bf16", optim="adamw_torch_fused").to_dict()
+    # The same seq_len: the same config.
+    assert translate(recorded, ctx) == TrialConfig.of(8, 2, precision="bf16",
+                                                      optim="adamw_torch_fused")
+    # Recorded at seq 128, searched at 32: as many tokens a micro-batch is 32 rows (16 here).
+    assert translate(recorded, ctx, 128 / 32).per_device_train_batch_size == 16
+    assert translate(recorded, ctx, 128 / 256).per_device_train_batch_size == 4
+    # A value this space lacks takes what Trainer's defaults have here.
+    lion = recorded | {"optim": "adamw_bnb_8bit"}
+    assert translate(lion, ctx).optim == "adamw_torch"
+    # A family the device rules took out here is no seed.
+    fp32_only = _ctx(families=[Family.of({"precision": "fp32"})])
+    assert translate(recorded | {"optim": "adamw_torch"}, fp32_only).precision == "fp32"
+    odd = recorded | {"per_device_train_batch_size": 3}  # nearest on a log scale: 4
+    assert translate(odd, ctx).per_device_train_batch_size == 4
+
+
+def test_a_near_records_calibration_starts_the_memory_model():
+    """Measured peaks of the CPU landscape (in the repository) calibrate a model; a model
+    started from its term scales predicts an unmeasured config as the calibrated one
+    does, before it has measured anything, where the uncalibrated physics is off."""
+    from autotune.bench.landscape import load_landscape
+    from autotune.plan.calibration import MemoryModel
+    from autotune.records import Record
+
+    land = load_landscape(ROOT / "benchmarks" / "landscapes" / "cpu-tiny-gpt2-2core")
+    ok = [(c, o) for c, o in sorted(land.table.items()) if o.ok]
+    seen, unseen = ok[::2], ok[1::2]
+    records = [Record(c, o, "model") for c, o in seen]
+    fitted = MemoryModel.from_history(land.shape, land.device, 1, records,
+                                      land.device.memory_bytes)
+    started = MemoryModel(land.shape, land.device, 1, prior=fitted.term_scales())
+    bare = MemoryModel(land.shape, land.device, 1)
+
+    def error(model: MemoryModel) -> float:
+        return sum(abs(model.predict_total(c) - o.peak_memory_bytes) / o.peak_memory_bytes
+                   for c, o in unseen) / len(unseen)
+
+    assert error(started) < 0.8 * error(bare)
+    assert started.term_scales() == pytest.approx(fitted.term_scales())
+    assert MemoryModel(land.shape, land.device, 1, prior={"gone": 3.0}).term_scales() == (
+        bare.term_scales())
+
+
+def test_bench_seeding_runs_the_recorded_winners_first(tmp_path, monkeypatch):
+    """`autotune bench --seeded-from`: on a pair our own simulator makes (GPT-2 on an
+    A100 at seq 1024, then 768), the seeded search's first trial is the recorded winner,
+    far above the unseeded one's first (Trainer's defaults)."""
+    import importlib.util
+
+    from rich.console import Console
+
+    from autotune.bench.seeding import seeding_main
+
+    spec = importlib.util.spec_from_file_location(
+        "simulate_landscape", ROOT / "benchmarks" / "simulate_landscape.py")
+    sim = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "simulate_landscape", sim)  # its dataclasses look it up
+    spec.loader.exec_module(sim)
+    gpt2 = next(s for s in sim.GPUKNOB_SCENARIOS if "gpt2-small" in s.name)
+    monkeypatch.setattr(sim, "GPUKNOB_SCENARIOS", [gpt2])
+    sim.main(str(tmp_path), gpuknobs=True, near_too=True)
+    out = Console(record=True, width=250)
+    records = seeding_main([str(tmp_path / sim.near(gpt2).name)], [str(tmp_path / gpt2.name)],
+                           0.005, 1, out)
+    r = records[0]
+    assert r["seeds"] >= 1
+    assert r["seeded"]["first_trial_quality"] > 0.9 > r["unseeded"]["first_trial_quality"]
+    assert "sim2-gpt2-small-a100-40gb-gpuknobs-seq768" in out.export_text()
