@@ -553,7 +553,10 @@ def prefetch(calls: list[tuple], workers: int) -> int:
     import threading
 
     keys = list(dict.fromkeys(_key(*args) for args in calls))
-    missing = [k for k in keys if k not in _TRACES]
+    # The longest first, so the workers end together: checkpointing traces the forward
+    # twice, 16 bits casts every weight.
+    missing = sorted((k for k in keys if k not in _TRACES),
+                     key=lambda k: (not k[4], k[3] == "fp32"))
     if len(missing) < 2 or workers < 2 or threading.active_count() > 1:
         for k in missing:
             _trace_cached(*k)
