@@ -428,7 +428,7 @@ def test_a_sigkill_near_the_budget_stays_the_configs_oom():
 
 @pytest.mark.parametrize("node_trials", [1, 10**6])
 def test_a_gpu_trial_the_host_kills_is_lost_under_its_share_and_a_host_oom_at_it(
-        tiny_spec, tmp_path, node_trials):
+        tiny_spec, tmp_path, node_trials, monkeypatch):
     """A GPU trial's own budget is its GPU's; the host's OOM killer (which takes Ray's
     workers' children first) says something of the config only when the trial held its
     share of the host's RAM. Under it: `lost`. At it: an OOM of host memory, which the GPU
@@ -444,6 +444,7 @@ def test_a_gpu_trial_the_host_kills_is_lost_under_its_share_and_a_host_oom_at_it
     from autotune.plan.shape import ModelShape
     from autotune.records import Record
     from autotune.trials.launch import run_trial
+    from autotune.trials.worker import HOST_STANDS_IN_FOR_GPU
     from tests.conftest import trial_request
 
     tiny_spec["model"] = {"factory": "tests.factories:stalls_the_first_time", "config": {
@@ -451,6 +452,7 @@ def test_a_gpu_trial_the_host_kills_is_lost_under_its_share_and_a_host_oom_at_it
         "stall_ballast": 96 << 20}}
     request = trial_request(tiny_spec, TrialConfig(4, 4))
     request.on_cpu, request.node_trials = False, node_trials  # as a GPU node sends it
+    monkeypatch.setenv(HOST_STANDS_IN_FOR_GPU, "1")  # the GPU that is not here
 
     def kill_when_stalled() -> None:
         deadline = time.time() + 120

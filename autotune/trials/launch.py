@@ -80,9 +80,11 @@ def extensions_dir() -> str:
 
 
 def _environment(world_size: int, cpu_threads: int,
-                 master: tuple[str, int] | None = None) -> dict[str, str]:
+                 master: tuple[str, int] | None = None,
+                 deepspeed: bool = False) -> dict[str, str]:
     """The trial's environment; `master`: rank 0's node's address and port, where the
-    ranks span nodes (`world_size` is then this node's share)."""
+    ranks span nodes (`world_size` is then this node's share); `deepspeed`: its config
+    runs DeepSpeed's engine, whose process group wants a local rank even alone."""
     env = dict(os.environ)
     # The CPU threads a real run of this config gets: the trial's share of the node's cores,
     # split over its ranks. Set explicitly, because Ray sets OMP_NUM_THREADS to the task's
@@ -94,7 +96,13 @@ def _environment(world_size: int, cpu_threads: int,
     host, port = master or ("127.0.0.1", _free_port())
     env |= {"MASTER_ADDR": host, "MASTER_PORT": str(port)}
     if world_size == 1:
-        env |= {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+        env |= {"RANK": "0", "WORLD_SIZE": "1"}
+        # LOCAL_RANK only for DeepSpeed: with it accelerate wraps a lone CPU process in DDP,
+        # which a run on one device does not have (at 0.5B, 1.6 s broadcasting every
+        # weight to itself at the start, and a bucket copy of the gradients every step).
+        env.pop("LOCAL_RANK", None)
+        if deepspeed:
+            env["LOCAL_RANK"] = "0"
     env.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -266,8 +274,9 @@ def _run_trial(request: TrialRequest) -> Outcome:
     _sweep_once()
     with tempfile.TemporaryDirectory(prefix=f"{TRIAL_DIR_PREFIX}{os.getpid()}-") as tmp:
         tmpdir = Path(tmp)
-        ran = _launch_ranks(request, tmpdir, _environment(request.world_size,
-                                                          request.cpu_threads))
+        ran = _launch_ranks(request, tmpdir, _environment(
+            request.world_size, request.cpu_threads,
+            deepspeed=bool(request.config.get("zero_stage"))))
         code, ranks = ran.code, ran.ranks
         if code < 0 and not ran.timed_out and len(ranks) < request.world_size:
             # A rank killed by a signal failed first: the others' errors (a collective
