@@ -62,9 +62,7 @@ def test_a_setup_searched_twice_is_remembered_fresh_searches_and_a_near_one_is_s
 
     sqlite = f"sqlite:///{tmp_path / 'results.db'}"
     # 1) The first search, from the Python API: a full search, recorded.
-    began = time.time()
     first = autotune.search(_spec(tmp_path, "first"), store=sqlite, progress=False)
-    first_wall = time.time() - began
     assert first.summary.remembered is None and first.best is not None
     assert sum(t.counted for t in first.trials) >= 2
     [record] = ResultStore.open(sqlite).records().records
@@ -80,7 +78,10 @@ def test_a_setup_searched_twice_is_remembered_fresh_searches_and_a_near_one_is_s
     assert remembered["output"] == str(tmp_path / "first")
     assert [c["role"] for c in remembered["checks"]][0] == "winner"
     assert all(c["within"] and c["status"] == "ok" for c in remembered["checks"])
-    assert again_wall <= 0.5 * first_wall, (again_wall, first_wall)
+    # A run or two, not a search: the winner and Trainer's defaults, once each (one run
+    # where the defaults won).
+    configs = [c["config"] for c in remembered["checks"]]
+    assert len(configs) == len(set(configs)) <= 2, remembered["checks"]
     # Its two runs plus a few seconds: the lookup, Ray's stop, the study and the files.
     assert again_wall - remembered["check_seconds"] < 15, (again_wall, remembered)
     assert again.best.config == first.best.config and again.speedup == first.speedup

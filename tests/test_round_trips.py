@@ -85,7 +85,9 @@ SUMMARY = Summary(
     search={"wall_seconds": 95.5, "study_name": "autotune-abc"},
     exports={"training_args": "training_args.json"}, projection={"steps": 1000},
     memory_components={"weights": 4096}, confirmation=CONFIRMATION,
-    autotune_version="9.9.9")
+    autotune_version="9.9.9",
+    remembered={"from": "2026-11-27T10:00:00+00:00", "output": "runs/a", "reconfirmed": True},
+    seeded_by=[{"key": "abc123", "configs": 2}])
 
 EXAMPLES = {
     "DeviceSpec": (DEVICE, DeviceSpec.from_dict),
