@@ -45,6 +45,28 @@ def test_random_weights_are_the_models_own_init_on_the_device():
     assert torch.isfinite(model(input_ids=ids, labels=ids).loss)
 
 
+def test_a_large_host_tensors_draw_is_the_inits_normal_decided_by_the_seed():
+    """Tensors past PARALLEL_NORMAL_MIN are drawn in chunks by several generators at once:
+    still the init's N(0, 0.02), still the trial's seed's, and no chunk repeats another."""
+    from autotune.trials.model_builder import PARALLEL_NORMAL_MIN
+
+    wide = LLAMA | {"vocab_size": PARALLEL_NORMAL_MIN // 64, "num_hidden_layers": 1}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        first = _build({"config": wide})[0].model.embed_tokens.weight
+        again = _build({"config": wide})[0].model.embed_tokens.weight
+        other = _build({"config": wide}, seed=1)[0].model.embed_tokens.weight
+    finally:
+        torch.set_num_threads(threads)
+    assert first.numel() >= PARALLEL_NORMAL_MIN
+    assert torch.equal(first, again) and not torch.equal(first, other)
+    assert first.std().item() == pytest.approx(0.02, rel=0.01)
+    assert abs(first.mean().item()) < 1e-4
+    halves = first.flatten().chunk(4)
+    assert not torch.equal(halves[0], halves[1])  # each chunk its own generator's
+
+
 def test_a_quantized_base_is_the_plain_build_quantized_with_nothing_written():
     plain, _ = _build({"config": LLAMA})
     quantized, how = _build({"config": LLAMA}, NF4)
