@@ -218,3 +218,28 @@ def test_preloaded_libraries_learn_the_capability_from_nvml(monkeypatch):
     assert not torch.cuda.is_initialized()
     assert forkserver._device_index(torch.device("cuda", 3)) == 3
     assert isinstance(DeviceSpec("x", "cuda", 1), DeviceSpec)
+
+
+def test_the_launcher_asks_py_cpuinfo_once_for_every_trial_it_forks():
+    """DeepSpeed asks py-cpuinfo three times each time a trial loads CPU-Adam (1.1 s each
+    here, a subprocess each); the server asks once, beside its imports, and py-cpuinfo
+    then answers from that, a fresh copy each time, without a subprocess."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import json, subprocess, cpuinfo\n"
+        "from autotune.trials import forkserver\n"
+        "fresh = cpuinfo.get_cpu_info()\n"
+        "forkserver._answer_cpu_info(forkserver._ask_cpu_info())\n"
+        "def asked(*a, **k): raise AssertionError('py-cpuinfo asked again')\n"
+        "subprocess.Popen = asked\n"
+        "first = cpuinfo.get_cpu_info(); first['changed'] = True\n"
+        "again = cpuinfo.get_cpu_info()\n"
+        "print(json.dumps([sorted(fresh) == sorted(again), again['flags'] == fresh['flags'],"
+        " 'changed' in again]))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [True, True, False]

@@ -156,8 +156,15 @@ def _from_config(auto, hf_config, quantization, device,
 
     if is_deepspeed_zero3_enabled() and quantization is None:
         # transformers builds inside zero.Init: each module partitioned as it is made,
-        # then initialised a module at a time, gathered.
-        return auto.from_config(hf_config, **kwargs), {"weights": RANDOM, "partitioned": True}
+        # then initialised a module at a time, gathered. Made in the dtype zero.Init casts
+        # its partitions to (DeepSpeed's bf16 or fp16 keeps 16-bit parameters and the fp32
+        # master copy in its optimizer), not made in fp32 and cast a tensor at a time.
+        from transformers import initialization
+
+        kwargs = kwargs | {"dtype": _zero3_dtype() or kwargs["dtype"]}
+        with _parallel_normal(initialization):
+            built = auto.from_config(hf_config, **kwargs)
+        return built, {"weights": RANDOM, "partitioned": True}
     skeleton = _skeleton(auto, hf_config, kwargs)
     if skeleton is None:  # a transformers without meta-device init: built whole, there
         return _whole_on_device(auto, hf_config, quantization, device, kwargs)
@@ -171,6 +178,18 @@ def _from_config(auto, hf_config, quantization, device,
         quantizer.postprocess_model(model)
     return model, {"weights": RANDOM, "partitioned": False,
                    "quantized": "on the device, a block at a time" if quantization else None}
+
+
+def _zero3_dtype():
+    """The dtype DeepSpeed's config (the one transformers holds) keeps parameters in."""
+    import torch
+    from transformers.integrations.deepspeed import deepspeed_config
+
+    config = deepspeed_config() or {}
+    for key, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        if (config.get(key) or {}).get("enabled") is True:
+            return dtype
+    return None
 
 
 def _skeleton(auto, hf_config, kwargs: dict[str, Any]):
