@@ -470,3 +470,16 @@ def test_the_committed_example_report_is_what_the_code_renders() -> None:
 
     folder = ROOT / "reports" / "tiny-gpt2"
     assert render_markdown(load_summary(folder)) == (folder / "report.md").read_text()
+
+
+def test_the_confirmation_header_is_in_the_unit_its_runs_measured() -> None:
+    """Confirmation runs measure the objective: real tokens/s where padding or packing
+    make tokens the measure, pairs/s for DPO, samples/s otherwise."""
+    from autotune.outputs.report import confirm_columns
+
+    summary = make_summary()
+    assert confirm_columns(summary)[4] == "median samples/s"
+    summary.model = summary.model | {"trainer": "dpo"}
+    assert confirm_columns(summary)[6] == "pairs/s of each repeat"
+    summary.best.outcome.extra["objective"] = "tokens_per_second"
+    assert confirm_columns(summary)[4] == "median real tokens/s"

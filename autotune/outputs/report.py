@@ -492,8 +492,14 @@ def render_markdown(summary: Summary) -> str:
     return "\n".join(lines) + "\n"
 
 
-CONFIRM_COLUMNS = ("role", "config", "search trial", "repeats", "median samples/s", "spread",
-                   "samples/s of each repeat")
+def confirm_columns(summary: Summary) -> tuple[str, ...]:
+    """The confirmation table's header, in the unit its runs measured: the objective, real
+    tokens/s where padding or packing make tokens the measure, else samples (pairs,
+    images) a second."""
+    unit = ("real tokens/s" if summary.objective_is_tokens(summary.best)
+            else f"{units(summary)[0]}/s")
+    return ("role", "config", "search trial", "repeats", f"median {unit}", "spread",
+            f"{unit} of each repeat")
 
 
 def confirmation_rows(summary: Summary) -> list[list[str]]:
@@ -529,7 +535,8 @@ def _md_confirmation(summary: Summary) -> list[str]:
     if not rows:
         return []
     return (["", "## Confirmation", "", _confirmation_note(summary), "",
-             "| " + " | ".join(CONFIRM_COLUMNS) + " |", "|" + " --- |" * len(CONFIRM_COLUMNS)]
+             "| " + " | ".join(columns := confirm_columns(summary)) + " |",
+             "|" + " --- |" * len(columns)]
             + ["| " + " | ".join(_md_cell(x) for x in row) + " |" for row in rows])
 
 
@@ -560,7 +567,7 @@ def render_summary(summary: Summary, console: Console) -> None:
     rows = confirmation_rows(summary)
     if rows:
         table = Table(box=box.SIMPLE_HEAD, title="confirmation", title_justify="left")
-        for name in CONFIRM_COLUMNS:
+        for name in confirm_columns(summary):
             table.add_column(name)
         for row in rows:
             table.add_row(*row)
@@ -756,7 +763,7 @@ def _html_confirmation(summary: Summary) -> str:
     rows = confirmation_rows(summary)
     if not rows:
         return ""
-    head = "".join(f"<th>{esc(c)}</th>" for c in CONFIRM_COLUMNS)
+    head = "".join(f"<th>{esc(c)}</th>" for c in confirm_columns(summary))
     body = "".join("<tr>" + "".join(f"<td>{esc(x)}</td>" for x in row) + "</tr>"
                    for row in rows)
     return (f"<h2>Confirmation</h2><p class=\"note\">{esc(_confirmation_note(summary))}</p>"
