@@ -7,6 +7,7 @@ peft under LoRA) is inside the figure, as a user's first run pays it. Wall time 
 process's CPU time are both printed: on a shared machine the CPU time moves less.
 
     .venv/bin/python benchmarks/estimate_time.py [--repeat 3] [SPEC ...]
+    .venv/bin/python benchmarks/estimate_time.py --gate [SPEC ...]   # the search's gate
 
 Without specs: the 70B example (80 layers, 16 ranks: 768 configs, 36 allocator replays),
 the 8B QLoRA example, and the same 8B model fully fine-tuned on one H100 (traced and
@@ -55,6 +56,42 @@ def child(case: dict) -> None:
                       "rows": len(result.rows)}))
 
 
+def gate(path: str) -> None:
+    """The search's memory gate on a spec, in this process: its first pass (every
+    candidate predicted, the traces made first as the search makes them), then a pass
+    after three measured trials refit the model (as after each trial of a search)."""
+    import dataclasses
+
+    from autotune.plan.calibration import MemoryModel
+    from autotune.plan.device import named_device, node_cpus
+    from autotune.plan.shape import model_shape
+    from autotune.plan.trace import prefetch
+    from autotune.records import Outcome, Record
+    from autotune.space import build_space
+    from autotune.spec import load_spec
+
+    spec = load_spec(path)
+    device = named_device(spec.hardware.device, spec.world_size)
+    if (spec.hardware.nodes_per_trial or 1) > 1:
+        device = dataclasses.replace(device, count=spec.world_size,
+                                     nodes=spec.hardware.nodes_per_trial)
+    candidates = build_space(spec, device).candidates
+    model = MemoryModel(model_shape(spec), device, spec.world_size)
+    began = time.perf_counter()
+    prefetch([a for c in candidates if (a := model.trace_args(c))], workers=node_cpus())
+    first = [model.predict_total(c) for c in candidates]
+    first_s = time.perf_counter() - began
+    for c in [c for c, p in zip(candidates, first, strict=True)
+              if p < device.memory_bytes][:3]:
+        model.learn(Record(c, Outcome("ok", peak_memory_bytes=int(
+            model.predict_total(c) * 1.05))), device.memory_bytes)
+    began = time.perf_counter()
+    for c in candidates:
+        model.predict_total(c)
+    print(f"{Path(path).name}: memory gate over {len(candidates)} candidates: first pass "
+          f"{first_s:.2f} s, after a refit {1000 * (time.perf_counter() - began):.0f} ms")
+
+
 def timed(case: dict) -> dict:
     out = subprocess.run([sys.executable, __file__, "--child", json.dumps(case)],
                          capture_output=True, text=True, cwd=ROOT)
@@ -67,10 +104,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("specs", nargs="*", help="spec files (default: the examples above)")
     ap.add_argument("--repeat", type=int, default=3, help="fresh processes per spec")
+    ap.add_argument("--gate", action="store_true", help="time the search's memory gate "
+                    "on each spec instead (a spec file needs a named device)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(json.loads(args.child))
+        return
+    if args.gate:
+        for path in args.specs or [str(EXAMPLES / "llama-70b-16gpu.yaml")]:
+            gate(path)
         return
     cases = ({Path(p).name: {"path": str(Path(p).resolve())} for p in args.specs}
              or default_cases())
