@@ -374,11 +374,12 @@ class SearchSpec(_Strict):
         when the study opens."""
         if v is None:
             return v
-        from sqlalchemy.engine import make_url
         from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
+        from autotune.dburl import sqlalchemy_url
+
         try:
-            url = make_url(v)
+            url = sqlalchemy_url(v)
         except ArgumentError:
             raise ValueError(f"{v!r} is not a database URL, like sqlite:///study.db or "
                              "postgresql://user:password@host/db") from None

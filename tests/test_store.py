@@ -330,3 +330,24 @@ def test_bench_seeding_runs_the_recorded_winners_first(tmp_path, monkeypatch):
     assert r["seeds"] >= 1
     assert r["seeded"]["first_trial_quality"] > 0.9 > r["unseeded"]["first_trial_quality"]
     assert "sim2-gpt2-small-a100-40gb-gpuknobs-seq768" in out.export_text()
+
+
+def test_a_studys_postgresql_url_opens_with_the_driver_autotune_installs(postgres_url):
+    """`search.storage: postgresql://...` (the URL a team writes) is psycopg 3's, as the
+    results store's is, whatever SQLAlchemy's default driver (psycopg2 before 2.1, which
+    autotune does not install)."""
+    from autotune.dburl import sqlalchemy_url
+    from autotune.spec import Spec
+    from autotune.tuning.study import StudyLog, summary_from_storage
+    from tests.conftest import TINY_SPEC
+
+    assert postgres_url.startswith("postgresql://")
+    assert sqlalchemy_url(postgres_url).drivername == "postgresql+psycopg"
+    assert sqlalchemy_url("postgresql+psycopg2://u@h/db").drivername == "postgresql+psycopg2"
+    spec = Spec.model_validate(TINY_SPEC | {"search": TINY_SPEC["search"] | {
+        "storage": postgres_url}})
+    log = StudyLog.open(spec.search.storage, "shared", "key", {}, 1 << 30)
+    log.save_summary({"autotune_version": "test"})
+    assert StudyLog.open(postgres_url, "shared", "key", {}, 1 << 30).study.study_name == (
+        "shared")
+    assert summary_from_storage(postgres_url, "shared")["autotune_version"] == "test"

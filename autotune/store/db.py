@@ -50,17 +50,15 @@ def store_url(configured: str | None = None) -> str | None:
 def _url(url: str):
     """SQLAlchemy's URL: `postgresql://` is psycopg 3's (the driver autotune installs),
     not psycopg2's, SQLAlchemy's default."""
-    from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
+    from autotune.dburl import sqlalchemy_url
+
     try:
-        parsed = make_url(url)
+        return sqlalchemy_url(url)
     except ArgumentError:
         raise StoreError(f"{url!r} is not a database URL; use e.g. sqlite:///results.db or "
                          "postgresql://user:password@host/db") from None
-    if parsed.drivername in ("postgresql", "postgres"):
-        parsed = parsed.set(drivername="postgresql+psycopg")
-    return parsed
 
 
 def shown(url: str) -> str:

@@ -25,6 +25,7 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from autotune.config import TrialConfig
+from autotune.dburl import driver_url
 from autotune.errors import AutotuneError, SpecError
 from autotune.records import LOST, OK, OOM, PRUNED, Outcome, Record
 from autotune.tuning.strategies.base import Proposal
@@ -63,7 +64,7 @@ def _create_or_load(storage: str, study_name: str,
     import sqlalchemy.exc
 
     def create() -> optuna.Study:
-        return optuna.create_study(storage=storage, study_name=study_name,
+        return optuna.create_study(storage=driver_url(storage), study_name=study_name,
                                    direction="maximize", load_if_exists=True, sampler=sampler)
 
     for attempt in range(4):
@@ -296,7 +297,7 @@ def summary_from_storage(storage: str, study_name: str | None = None) -> dict[st
         path = Path(storage.removeprefix("sqlite:///").split("?", 1)[0])
         if str(path) not in ("", ":memory:") and not path.is_file():
             raise AutotuneError(f"{storage}: no such SQLite file ({path})")
-    names = optuna.get_all_study_names(storage)
+    names = optuna.get_all_study_names(driver_url(storage))
     if study_name is None:
         if len(names) != 1:
             raise AutotuneError(f"{storage} holds {len(names)} studies "
@@ -305,7 +306,8 @@ def summary_from_storage(storage: str, study_name: str | None = None) -> dict[st
     elif study_name not in names:
         raise AutotuneError(f"--study-name: {study_name!r} is not in {storage}; "
                             f"there: {', '.join(names) or 'none'}")
-    summary = optuna.load_study(study_name=study_name, storage=storage).user_attrs.get(
+    summary = optuna.load_study(study_name=study_name,
+                                storage=driver_url(storage)).user_attrs.get(
         SUMMARY_KEY)
     if summary is None:
         raise AutotuneError(f"study {study_name!r} has no autotune summary yet (its search "
