@@ -178,6 +178,8 @@ def section_shape(section: str, device: DeviceSpec):
     if section in TASK_GROUPS:
         return model_shape(task_spec(section))
     name, _, group = section.partition(": ")
+    if name in FAMILY_SHAPES and group in FAMILY_GROUPS:
+        return model_shape(family_spec(name, **FAMILY_GROUPS[group]))
     return model_shape(shape_spec(name, device, TOOLBOX_MODELS[group] if group else None))
 
 
@@ -369,7 +371,8 @@ def recorded(path: str) -> tuple[DeviceSpec, dict[str, list[tuple[TrialConfig, i
     for line in text.splitlines():
         name, _, group = line.strip().partition(": ")
         if (name in shapes and (not group or group in TOOLBOX_MODELS)
-                or line.strip() in TASK_GROUPS):
+                or line.strip() in TASK_GROUPS
+                or name in FAMILY_SHAPES and group in FAMILY_GROUPS):
             section = line.strip()
             continue
         m = re.match(r"\s+(b\d+x\d+ .*?)\s+measured\s+([\d.]+) MiB", line)
@@ -512,6 +515,10 @@ def family_spec(family: str, **model: object):
                       "output": "/tmp/autotune-memacc"})
 
 
+# `--families`' groups: the model's spec additions for each.
+FAMILY_GROUPS: dict[str, dict] = {"full fine-tuning": {}, "QLoRA and LoRA r=8": {"lora": {"r": 8}}}
+
+
 def families() -> None:
     """Per Llama-family model on CPU: full fine-tuning configs, and QLoRA (LoRA r=8 on a
     4-bit base) against LoRA on the same model."""
@@ -521,8 +528,8 @@ def families() -> None:
     lora = [c(b, quantization=q) for q in ("none", "nf4") for b in (4, 8, 16)]
     overall = []
     for family in FAMILY_SHAPES:
-        for label, configs, model in (("full fine-tuning", full, {}),
-                                      ("QLoRA and LoRA r=8", lora, {"lora": {"r": 8}})):
+        for label, configs in (("full fine-tuning", full), ("QLoRA and LoRA r=8", lora)):
+            model = FAMILY_GROUPS[label]
             print(f"{family}: {label}", flush=True)
             errors = measure(family, False, device, 1, configs,
                              spec=family_spec(family, **model))

@@ -440,6 +440,24 @@ def test_the_replay_holds_to_the_allocators_own_peaks_of_every_recorded_history(
                for allocated, reserved in rows), rows
 
 
+def test_every_recorded_memory_file_is_read_back_whole():
+    """`memory_accuracy.py --from FILE` re-predicts a recorded file: each of its measured
+    rows must land in a section it knows (a `--families` file's sections were unknown,
+    and its replay stopped on an empty median)."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.spec_from_file_location(
+        "memory_accuracy", TRACES.parent / "memory_accuracy.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    for path in sorted(TRACES.parent.glob("memory_accuracy*.txt")):
+        rows = len(re.findall(r"^\s+b\d+x\d+ .*?\s+measured\s+[\d.]+ MiB",
+                              path.read_text(), re.MULTILINE))
+        _, sections = bench.recorded(str(path))
+        assert sum(map(len, sections.values())) == rows, path.name
+
+
 def test_the_collector_is_held_off_inside_and_left_as_it_was_found():
     import gc
 
