@@ -100,8 +100,14 @@ RAY_DROP = ("ray/jars/", "ray/dashboard/client/", "ray/rllib/", "ray/data/", "ra
 # torch is built for CUDA 13.0, whose library (and the CPU one) is all it loads.
 BNB_DROP = ("libbitsandbytes_cuda11", "libbitsandbytes_cuda12", "libbitsandbytes_cuda132",
             "libbitsandbytes_rocm", "libbitsandbytes_xpu")
-SLIMMED = {"ray": RAY_DROP, "plotly": ("/labextension/", ".data/data/share/"),
+# Plotly's FigureWidget bundle (Jupyter's; the report embeds plotly.min.js).
+SLIMMED = {"ray": RAY_DROP,
+           "plotly": ("/labextension/", ".data/data/share/", "package_data/widgetbundle.js"),
            "bitsandbytes": BNB_DROP}
+# Requirements of autotune's that a proof never loads: PostgreSQL's driver, for a team's
+# results store (the proof's searches use the default SQLite one), 3.9 MiB with its
+# OpenSSL and Kerberos libraries.
+NOT_CARRIED = ("psycopg", "psycopg-binary", "psycopg-c")
 CARRY_MIB = 64.0  # what one device call carries, the working tree included
 MARGIN_MIB = 0.5
 
@@ -124,7 +130,7 @@ def missing(image: set[str] = IMAGE, python: str = "3.12") -> dict[str, str]:
 
     def walk(name: str, extras: frozenset[str]) -> None:
         key = canonicalize_name(name)
-        if key in image or key in found:
+        if key in image or key in found or key in NOT_CARRIED:
             return
         dist = md.distribution(name)
         found[key] = dist.version
