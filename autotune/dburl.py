@@ -20,3 +20,24 @@ def sqlalchemy_url(url: str) -> Any:
 def driver_url(url: str) -> str:
     """`sqlalchemy_url` as a string to open (its password kept)."""
     return sqlalchemy_url(url).render_as_string(hide_password=False)
+
+
+def url_problem(url: str, example: str) -> str | None:
+    """Why `url` cannot be opened here, in one line (not a URL, a database SQLAlchemy does
+    not know, a driver not installed; `example`: a URL to suggest), or None."""
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        parsed = sqlalchemy_url(url)
+    except ArgumentError:
+        return (f"{url!r} is not a database URL; use e.g. {example} or "
+                "postgresql://user:password@host/db")
+    try:
+        parsed.get_dialect().import_dbapi()
+    except NoSuchModuleError:
+        return (f"{parsed.drivername!r} is no database SQLAlchemy knows (sqlite, "
+                "postgresql, mysql, ...)")
+    except ImportError as exc:
+        return (f"the {parsed.drivername} driver is not installed ({exc.name}): pip install "
+                f"it, or use postgresql:// (psycopg, installed with autotune) or {example}")
+    return None

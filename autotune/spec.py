@@ -359,12 +359,11 @@ class SearchSpec(_Strict):
         if v is False:
             return "off"
         if isinstance(v, str) and v.strip().lower() not in ("off", "none", "no", "false"):
-            from autotune.store.db import StoreError, check_url
+            from autotune.dburl import url_problem
 
-            try:
-                check_url(v.strip())
-            except StoreError as exc:
-                raise ValueError(str(exc)) from None
+            problem = url_problem(v.strip(), "sqlite:///results.db")
+            if problem:
+                raise ValueError(problem)
         return v
 
     @field_validator("storage")
@@ -374,23 +373,11 @@ class SearchSpec(_Strict):
         when the study opens."""
         if v is None:
             return v
-        from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+        from autotune.dburl import url_problem
 
-        from autotune.dburl import sqlalchemy_url
-
-        try:
-            url = sqlalchemy_url(v)
-        except ArgumentError:
-            raise ValueError(f"{v!r} is not a database URL, like sqlite:///study.db or "
-                             "postgresql://user:password@host/db") from None
-        try:
-            url.get_dialect().import_dbapi()
-        except NoSuchModuleError:
-            raise ValueError(f"{url.drivername!r} is no database SQLAlchemy knows (sqlite, "
-                             "postgresql, mysql, ...)") from None
-        except ImportError as exc:
-            raise ValueError(f"the {url.drivername} driver is not installed ({exc.name}): "
-                             "pip install it, or use sqlite:///study.db") from None
+        problem = url_problem(v, "sqlite:///study.db")
+        if problem:
+            raise ValueError(problem)
         return v
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune.dburl import url_problem
 from autotune.errors import AutotuneError
 from autotune.store.record import SCHEMA_VERSION, RecordError, StoredResult
 
@@ -69,22 +70,6 @@ def shown(url: str) -> str:
         return url
 
 
-def check_url(url: str) -> None:
-    """A URL whose dialect and driver are here (spec validation): one line, not a traceback."""
-    from sqlalchemy.exc import NoSuchModuleError
-
-    parsed = _url(url)
-    try:
-        parsed.get_dialect().import_dbapi()
-    except NoSuchModuleError:
-        raise StoreError(f"{parsed.drivername!r} is no database SQLAlchemy knows (sqlite, "
-                         "postgresql, ...)") from None
-    except ImportError as exc:
-        raise StoreError(f"the {parsed.drivername} driver is not installed ({exc.name}): "
-                         "pip install it, or use postgresql:// (psycopg, installed with "
-                         "autotune) or sqlite:///results.db") from None
-
-
 def _why(exc: BaseException) -> str:
     """The first line of what the database said."""
     orig = getattr(exc, "orig", None) or exc
@@ -108,11 +93,10 @@ class ResultStore:
         import sqlalchemy as sa
 
         self.url = url
-        parsed = _url(url)  # not a URL, or a driver that is not here: one line
-        try:
-            check_url(url)
-        except StoreError as exc:
-            raise StoreError(f"{shown(url)}: {exc}") from None
+        problem = url_problem(url, "sqlite:///results.db")  # one line, not a traceback
+        if problem:
+            raise StoreError(f"{shown(url)}: {problem}")
+        parsed = _url(url)
         is_sqlite = parsed.drivername.startswith("sqlite")
         if is_sqlite and url == default_url():
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
