@@ -480,21 +480,28 @@ def results(
         _fail(exc)
 
 
+def _on_store(url: str | None, work: Callable[[Any], Any]) -> Any:
+    """`work` on the results store at `url` (closed after); a store error is one line."""
+    from autotune.store.listing import open_store
+
+    try:
+        s = open_store(url)
+        try:
+            return work(s)
+        finally:
+            s.close()
+    except AutotuneError as exc:
+        _fail(exc)
+
+
 @results_app.command("export")
 def results_export(ctx: typer.Context,
                    file: Annotated[Path, typer.Argument(help="JSON-lines file to write")],
                    store: StoreOption = None) -> None:
     """Write every record of the store to FILE, one JSON object a line."""
-    from autotune.store.listing import export_records, open_store
+    from autotune.store.listing import export_records
 
-    try:
-        s = open_store(store or ctx.obj)
-        try:
-            n = export_records(s, file)
-        finally:
-            s.close()
-    except AutotuneError as exc:
-        _fail(exc)
+    n = _on_store(store or ctx.obj, lambda s: export_records(s, file))
     console.print(f"exported {n} record{'s' if n != 1 else ''} to {file}", highlight=False)
 
 
@@ -504,16 +511,9 @@ def results_import(ctx: typer.Context,
                                                     "results export`")],
                    store: StoreOption = None) -> None:
     """Add FILE's records to the store (a record already there is left as it is)."""
-    from autotune.store.listing import import_records, open_store
+    from autotune.store.listing import import_records
 
-    try:
-        s = open_store(store or ctx.obj)
-        try:
-            counts = import_records(s, file)
-        finally:
-            s.close()
-    except AutotuneError as exc:
-        _fail(exc)
+    counts = _on_store(store or ctx.obj, lambda s: import_records(s, file))
     said = f"imported {counts['added']} record{'s' if counts['added'] != 1 else ''}"
     if counts["present"]:
         said += f", {counts['present']} already there"
