@@ -60,10 +60,9 @@ def gate(path: str) -> None:
     """The search's memory gate on a spec, in this process: its first pass (every
     candidate predicted, the traces made first as the search makes them), then a pass
     after three measured trials refit the model (as after each trial of a search)."""
-    import dataclasses
-
     from autotune.plan.calibration import MemoryModel
-    from autotune.plan.device import named_device, node_cpus
+    from autotune.plan.device import node_cpus
+    from autotune.plan.estimate import planned_device
     from autotune.plan.shape import model_shape
     from autotune.plan.trace import prefetch
     from autotune.records import Outcome, Record
@@ -71,10 +70,7 @@ def gate(path: str) -> None:
     from autotune.spec import load_spec
 
     spec = load_spec(path)
-    device = named_device(spec.hardware.device, spec.world_size)
-    if (spec.hardware.nodes_per_trial or 1) > 1:
-        device = dataclasses.replace(device, count=spec.world_size,
-                                     nodes=spec.hardware.nodes_per_trial)
+    device = planned_device(spec, spec.hardware.device)
     candidates = build_space(spec, device).candidates
     model = MemoryModel(model_shape(spec), device, spec.world_size)
     began = time.perf_counter()

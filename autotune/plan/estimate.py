@@ -30,6 +30,8 @@ from autotune.spec import load_spec, parse_bytes
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from autotune.spec import Spec
+
 
 @dataclass
 class EstimateRow:
@@ -72,15 +74,22 @@ class EstimateResult:
                          | r.estimate.to_dict() for r in self.rows]}
 
 
+def planned_device(spec: Spec, device: str | None) -> DeviceSpec:
+    """The device a plan is for: `device` by name (the spec's ranks, spread over its nodes
+    where a trial spans several), or this machine's."""
+    dev = named_device(device, spec.world_size) if device else local_device()
+    nodes = spec.hardware.nodes_per_trial or 1
+    if nodes > 1:
+        dev = dataclasses.replace(dev, count=spec.world_size, nodes=nodes)
+    return dev
+
+
 def estimate(spec_or_path: Any, *, device: str | None = None,
              memory: str | None = None) -> EstimateResult:
     """Every config of the spec's space with its predicted memory and whether it fits."""
     spec = load_spec(spec_or_path)
     device = device or spec.hardware.device
-    dev = named_device(device, spec.world_size) if device else local_device()
-    nodes = spec.hardware.nodes_per_trial or 1
-    if nodes > 1:
-        dev = dataclasses.replace(dev, count=spec.world_size, nodes=nodes)
+    dev = planned_device(spec, device)
     shape = model_shape(spec)
     if shape is None:
         raise SpecError("model: estimate needs an architecture (model.config or "
