@@ -32,12 +32,14 @@ PRIOR_MEAN = np.array([1.0] * len(COMPONENTS) + [0.0] * len(DEVIATIONS))
 # physics assumed), so its width is one whole term. Compile's share of the activations
 # is known to a few tens of percent; the share of the whole logits Liger keeps (0 in the
 # physics, its chunk aside) to about a tenth.
-# A quantized base's packed bytes follow from its format, to a tenth.
+# A quantized base's packed bytes follow from its format, to a tenth. What compiled Liger
+# keeps rests on one measurement: its whole term is in doubt.
 PRIOR_SD = np.array([{
     "weights": 0.2, "quantized": 0.1, "gradients": 0.2, "optimizer": 0.3, "activations": 1.0,
     "logits": 0.2, "runtime": 1.0, "activations|checkpointing": 0.3,
     "activations|4-byte": 0.3, "logits|4-byte": 0.2, "activations|attention": 1.0,
-    "states|replicated": 1.0, "activations|compile": 0.2, "logits|liger": 0.1}[name]
+    "states|replicated": 1.0, "activations|compile": 0.2, "logits|liger": 0.1,
+    "logits|liger compiled": 1.0}[name]
     for name in FEATURES])
 # An OOM says the peak passed the limit, not by how much: it enters the fit as a peak this
 # far over the limit while the prediction is below it (a censored observation).

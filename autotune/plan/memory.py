@@ -79,6 +79,12 @@ REPLAYED_TASKS = ("causal-lm", "masked-lm", "sequence-classification")
 # absmax per block of 64 and, double-quantized, an fp32 constant per 256 blocks (QLoRA's
 # 0.127 bits); LLM.int8 one byte and an fp32 scale per output row (counted as nothing).
 QUANTIZED_BYTES = {"nf4": 0.5 + 1 / 64 + 4 / (64 * 256), "int8": 1.0}
+# Liger's fused cross-entropy compiled by torch.compile on CUDA no longer holds a chunk of
+# the logits: per sample, this many times the eager loss's three fp32 copies. One
+# measurement (benchmarks/qlora_compile_memory.py, H100, 2026-11-27): a Llama-3-8B-wide
+# QLoRA step, 4 layers, seq 4096, batch 1, peaked at 34.3 GiB compiled with Liger, 13.1
+# GiB compiled without it (5.9 GiB of it the logits' copies) and 7.7 GiB with Liger alone.
+LIGER_COMPILED_LOGITS = (5.87 + (34.28 - 13.09)) / 5.87
 # Per-sample terms a knob switches to another formula: calibration may let each stray
 # from the shared scale where measurements say so. "activations|attention" is the s^2
 # attention term (scores, softmax, dropout) where the physics assumed fused kernels that
@@ -90,7 +96,7 @@ QUANTIZED_BYTES = {"nf4": 0.5 + 1 / 64 + 4 / (64 * 256), "int8": 1.0}
 # estimate shows it, and calibration moves toward it.
 DEVIATIONS = ("activations|checkpointing", "activations|4-byte", "logits|4-byte",
               "activations|attention", "states|replicated", "activations|compile",
-              "logits|liger")
+              "logits|liger", "logits|liger compiled")
 FEATURES = COMPONENTS + DEVIATIONS
 # Replayed (allocated, reserved) peaks by model and what the replay depends on, for the
 # process: a few bytes each, and one search or benchmark meets a few hundred at most.
@@ -364,6 +370,8 @@ class Physics:
         the compute precision. (Trainer drops the model's output, and with it the logits,
         before the backward; the forward's logits, upcast and log-softmax sum to no more.)
         Classification heads are negligible."""
+        if self._liger_compiled(c):
+            return LIGER_COMPILED_LOGITS * self._logits_formula()
         if c.use_liger_kernel:
             # Liger's fused linear cross-entropy holds a chunk of the logits sized to about
             # the tokens' hidden states (its chunk_size), and the input's gradient, which
@@ -372,11 +380,17 @@ class Physics:
                 self.shape.has_lm_logits) else 0.0
         return self._logits_formula()
 
+    def _liger_compiled(self, c: TrialConfig) -> bool:
+        return bool(c.use_liger_kernel and c.torch_compile and self.device.is_cuda)
+
     def logits_fixed_bytes(self, c: TrialConfig) -> float:
         """Liger computes the LM head's gradient in the forward, in the weight's dtype
         (fp32 under Trainer's AMP), and holds it until the backward hands it to the
-        parameter: one more head-sized gradient at the peak, whatever the batch."""
-        if not (c.use_liger_kernel and self.shape.has_lm_logits):
+        parameter: one more head-sized gradient at the peak, whatever the batch. Not for
+        a frozen head (under LoRA): Liger makes no gradient for a weight that needs none
+        (liger-kernel 0.8.5; the H100's 8B QLoRA trials peaked 2-8 GiB under the
+        prediction that counted it, 2026-11-27)."""
+        if not (c.use_liger_kernel and self.shape.has_lm_logits) or self.shape.lora:
             return 0.0
         return 4.0 * self.shape.vocab_size * self.shape.hidden_size
 
@@ -650,5 +664,8 @@ class Physics:
             terms["activations|compile"] = terms["activations"] * c.torch_compile
             terms["logits|liger"] = (c.per_device_train_batch_size * slack
                                      * self._logits_formula() * c.use_liger_kernel)
+            # Liger compiled: one measurement behind its physics (LIGER_COMPILED_LOGITS),
+            # so calibration may take the term away where a system keeps less.
+            terms["logits|liger compiled"] = terms["logits"] * self._liger_compiled(c)
             cached = self._cache[c] = np.array([terms[k] for k in FEATURES], float)
         return cached
