@@ -340,7 +340,13 @@ TORCH_COMPILE = Knob(
                 "TF32 matmuls on for a compiled run without mixed precision on a GPU with "
                 "TF32 ({cc}): fp32 with torch.compile runs as tf32 with torch.compile",
                 lambda c, d: c.torch_compile and c.precision == "fp32"
-                and d.supports_tf32())),
+                and d.supports_tf32()),
+           # On an H100 (2026-11-27) the recipe's ZeRO-3 rung, compiled, hit dynamo's
+           # recompile limit in DeepSpeed's post-forward hooks and ran past its 180 s trial.
+           Rule("torch_compile=True with zero_stage=3", "torch.compile recompiles at each of "
+                "ZeRO-3's parameter gathers (DeepSpeed's module hooks change what its guards "
+                "check); Trainer's compile under ZeRO-3 ran past a 180 s trial on an H100",
+                lambda c, d: c.torch_compile and c.zero_stage == 3)),
     # Published: about +16% tokens/s on H100 (torchtitan); on CPU no prior either way.
     speed=Speed(lambda on, d, w: math.log(1.12) if on and d.is_cuda else 0.0, sd=0.2,
                 batch_sd=0.1),

@@ -195,6 +195,17 @@ def _applicable(space: Space, spec: Spec, pruned: dict[str, str]) -> Space:
     return Space(space.batch_sizes, values, space.source)
 
 
+def _one_rank_rule(cfg: TrialConfig, world_size: int) -> tuple[str, str] | None:
+    """ZeRO-3 without its parameter offload on one rank: a config that ZeRO-2 dominates
+    (the rules see no world size, so it is here)."""
+    if world_size == 1 and cfg.zero_stage == 3 and cfg.offload != "optimizer+param":
+        return ("zero_stage=3 without offload=optimizer+param on one rank",
+                "on one rank ZeRO-3 partitions nothing: it holds what ZeRO-1 and 2 hold "
+                "(with their optimizer offload) and pays a gather of each module's "
+                "parameters at every step; only its parameter offload saves memory there")
+    return None
+
+
 def build_space(spec: Spec, device: DeviceSpec, space: Space | None = None) -> SpaceResult:
     """Every config the space allows on `device`, with accumulation derived from the target."""
     space = space or load_space(spec.search.space, spec.target_batch_size, spec.world_size)
@@ -204,7 +215,7 @@ def build_space(spec: Spec, device: DeviceSpec, space: Space | None = None) -> S
     for family in space.families():
         for b in space.batch_sizes:
             cfg = family.config(b, spec.target_batch_size, spec.world_size)
-            rule = knobs.device_rule(cfg, device)
+            rule = knobs.device_rule(cfg, device) or _one_rank_rule(cfg, spec.world_size)
             if rule is None:
                 result.candidates.append(cfg)
             else:

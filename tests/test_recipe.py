@@ -34,15 +34,20 @@ def recipe(spec: dict, device: DeviceSpec, *, installs: bool = True, **data) -> 
 def test_recipe_on_cuda_with_bf16():
     """Ampere or newer: bf16, fused AdamW, compile, SDPA without flash-attn installed (a
     landscape's replay counts its columns as installed: flash-attention 2 then), Liger
-    for the model types it covers only."""
+    for the model types it covers only, and not beside compile (compiled, its fused loss
+    costs more memory than either alone: the user takes one)."""
     h100 = named_device("H100-80GB")
     fam = recipe(LLAMA, h100, installs=False)
     assert (fam.precision, fam.optim, fam.torch_compile) == ("bf16", "adamw_torch_fused", True)
-    assert fam.attn_implementation == "flash_attention_2" and fam.use_liger_kernel
+    assert fam.attn_implementation == "flash_attention_2" and not fam.use_liger_kernel
     assert not fam.gradient_checkpointing and fam.zero_stage == 0
+    uncompiled = recipe_family(h100, available_values(load_spec(LLAMA)), installs=False,
+                               fixed={"torch_compile": False})
+    assert uncompiled.use_liger_kernel
     here = recipe(LLAMA, h100)  # this machine has neither flash-attn nor liger-kernel
     assert here.attn_implementation == "sdpa" and not here.use_liger_kernel
-    gpt2 = recipe(GPT2, h100, installs=False)
+    gpt2 = recipe_family(h100, available_values(load_spec(GPT2)), installs=False,
+                         fixed={"torch_compile": False})
     assert not gpt2.use_liger_kernel  # Liger does not cover GPT-2
 
 
@@ -72,14 +77,16 @@ def test_recipe_loads_real_data_with_workers(tmp_path):
 
 
 def test_memory_fallbacks_follow_the_guide_in_order():
-    """Checkpointing, then 8-bit states, then ZeRO (stage 2 over several ranks), its CPU
-    offload last (with DeepSpeed's CPU Adam)."""
+    """Checkpointing, then 8-bit states, then ZeRO (stage 2 and stage 3 alone over several
+    ranks: on one they partition nothing), its CPU offload last (with DeepSpeed's CPU
+    Adam). Under ZeRO-3 the recipe does not compile (dynamo recompiles at its gathers)."""
     avail = available_values(load_spec(LLAMA))
     one = recipe_rungs(named_device("A100-80GB"), avail, installs=False)
     assert [(f.gradient_checkpointing, f.optim, f.zero_stage, f.offload) for f in one] == [
         (False, "adamw_torch_fused", 0, "none"), (True, "adamw_torch_fused", 0, "none"),
-        (True, "adamw_bnb_8bit", 0, "none"), (True, "adamw_torch_fused", 3, "none"),
+        (True, "adamw_bnb_8bit", 0, "none"),
         (True, "adamw_torch", 3, "optimizer"), (True, "adamw_torch", 3, "optimizer+param")]
+    assert [f.torch_compile for f in one] == [True, True, True, False, False]
     eight = recipe_rungs(named_device("A100-80GB", 8), avail, world_size=8, installs=False)
     assert [f.zero_stage for f in eight] == [0, 0, 0, 2, 3, 3, 3]
 

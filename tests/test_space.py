@@ -44,6 +44,22 @@ def test_offload_rules():
     assert any(c.offload == "optimizer+param" for c in result.candidates)
 
 
+def test_zero3_on_one_rank_only_with_its_parameter_offload():
+    """On one rank ZeRO-3 partitions nothing: alone or with its optimizer offload it holds
+    what ZeRO-2 holds and pays its gathers, so only its parameter offload is searched;
+    over two ranks all of it is."""
+    one = SPEC.model_copy(update={"hardware": SPEC.hardware.model_copy(
+        update={"gpus_per_trial": 1})})
+    single = build_space(one, named_device("H100-80GB"))
+    assert {c.offload for c in single.candidates if c.zero_stage == 3} == {"optimizer+param"}
+    assert "ZeRO-3 partitions nothing" in single.pruned[
+        "zero_stage=3 without offload=optimizer+param on one rank"]
+    assert any(c.zero_stage == 2 and c.offload == "optimizer" for c in single.candidates)
+    two = build_space(SPEC, named_device("H100-80GB"))
+    assert {c.offload for c in two.candidates if c.zero_stage == 3} == {
+        "none", "optimizer", "optimizer+param"}
+
+
 def test_fsdp_rules_keep_one_sharding_backend_and_no_8bit_states(tmp_path):
     space = tmp_path / "fsdp.yaml"
     space.write_text("precision: [bf16]\noptim: [adamw_torch, adamw_bnb_8bit]\n"

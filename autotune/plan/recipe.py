@@ -44,6 +44,12 @@ FALLBACKS: tuple[dict[str, Any], ...] = (
 
 
 def _admits(values: Mapping[str, Any], device: DeviceSpec, installs: bool) -> bool:
+    """What the rules admit, less Liger beside torch.compile: compiled, Liger's fused loss
+    holds several times the logits it exists to avoid (LIGER_COMPILED_LOGITS, measured),
+    so the careful user takes one of the two (the first in the table: compile). The
+    search may still try both; the memory model prices them."""
+    if values.get("torch_compile") and values.get("use_liger_kernel"):
+        return False
     return knobs.device_rule(TrialConfig(1, 1, Family.of(values)), device,
                              installs=installs) is None
 
@@ -67,11 +73,13 @@ def recipe_family(device: DeviceSpec, available: Mapping[str, set], *, real_data
 def recipe_rungs(device: DeviceSpec, available: Mapping[str, set], *, world_size: int = 1,
                  real_data: bool = False, installs: bool = True) -> list[Family]:
     """The recipe, then each memory fallback the device and `available` admit, in the
-    guide's order; ZeRO-2 only over several ranks (on one it partitions nothing)."""
+    guide's order; ZeRO-2, and ZeRO-3 without offload, only over several ranks (on one
+    they partition nothing: ZeRO-3 alone holds what the rung before it held, and pays its
+    gathers)."""
     base = recipe_family(device, available, real_data=real_data, installs=installs)
     out = [base]
     for change in FALLBACKS:
-        if change.get("zero_stage") == 2 and world_size < 2:
+        if change.get("zero_stage") in (2, 3) and "offload" not in change and world_size < 2:
             continue
         if not (all(v in available.get(k, {knobs.knob(k).baseline}) for k, v in change.items())
                 and _admits(change, device, installs)):
