@@ -58,6 +58,12 @@ def test_zero3_on_one_rank_only_with_its_parameter_offload():
     two = build_space(SPEC, named_device("H100-80GB"))
     assert {c.offload for c in two.candidates if c.zero_stage == 3} == {
         "none", "optimizer", "optimizer+param"}
+    # On a CPU the parameters have nowhere to go: one CPU rank searches no ZeRO-3 at all,
+    # but keeps the optimizer's offload (DeepSpeed's CPU Adam).
+    cpu = build_space(one, CPU)
+    assert not any(c.zero_stage == 3 for c in cpu.candidates)
+    assert "host memory already" in cpu.pruned["offload=optimizer+param on CPU"]
+    assert any(c.offload == "optimizer" for c in cpu.candidates)
 
 
 def test_fsdp_rules_keep_one_sharding_backend_and_no_8bit_states(tmp_path):
