@@ -64,6 +64,15 @@ class ConfirmedConfig:
 
 # Where a trial's seconds go, in order (trials.worker.Phases): each outcome's "phases".
 PHASES = ("launch", "model", "engine", "warmup", "steps")
+BEFORE_FIRST_STEP = PHASES[:3]
+
+
+def before_first_step(phases: dict[str, float]) -> float | None:
+    """A trial's seconds from its launch to its first step, where it got as far as its
+    engine (an OOM in the first step included); None before that."""
+    if "engine" not in phases:
+        return None
+    return sum(phases.get(k, 0.0) for k in BEFORE_FIRST_STEP)
 BASELINE = "baseline"  # the reason of the baseline probe's trials
 RECIPE = "recipe"  # the reason of the recipe probe's trials
 

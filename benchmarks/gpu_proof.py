@@ -479,7 +479,7 @@ def search_lines(folder: Path, title: str) -> list[str]:
     peak), the speedups with their intervals, and every trial that ran with its
     predicted and measured peak memory."""
     from autotune.errors import AutotuneError
-    from autotune.summary import load_summary
+    from autotune.summary import before_first_step, load_summary
 
     try:
         summary = load_summary(folder)
@@ -527,17 +527,11 @@ def search_lines(folder: Path, title: str) -> list[str]:
                      f"{_num(pred / 2**30 if pred else None, '{:.2f}')} | "
                      f"{_num(peak / 2**30 if peak else None, '{:.2f}')} | "
                      f"{_num(err, '{:+.1%}')} | {_num(phases.get('model'))} | "
-                     f"{_num(_before_first_step(phases))} |")
+                     f"{_num(before_first_step(phases))} |")
     if errors:
         lines += ["", f"memory: predicted against measured peak over {len(errors)} ok trials: "
                   f"median {statistics.median(errors):.1%}, max {max(errors):.1%}"]
     return lines
-
-
-def _before_first_step(phases: dict) -> float | None:
-    """A trial's seconds from its launch to its first step (launch, model, engine)."""
-    parts = [phases.get(k) for k in ("launch", "model", "engine")]
-    return None if any(v is None for v in parts) else sum(parts)
 
 
 def bert_lines(out: Path, rehearse: bool) -> list[str]:

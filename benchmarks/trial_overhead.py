@@ -17,7 +17,9 @@ import statistics
 import sys
 from pathlib import Path
 
-PHASES = ("launch", "model", "engine", "warmup", "steps")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from autotune.summary import PHASES, before_first_step  # noqa: E402
 
 
 def phase_table(trials: list[dict]) -> list[str]:
@@ -29,10 +31,9 @@ def phase_table(trials: list[dict]) -> list[str]:
             lines.append(f"  {name:8s} median {statistics.median(seen):6.2f} s   max "
                          f"{max(seen):6.2f} s   ({len(seen)} trials)")
     for label, quantized in (("4-bit base", True), ("the rest", False)):
-        first = [sum(p.get(k, 0.0) for k in ("launch", "model", "engine"))
-                 for t in trials if (p := t["outcome"]["extra"].get("phases"))
-                 and "warmup" in p and (t["config"].get("quantization", "none") != "none")
-                 == quantized]
+        first = [before_first_step(p) for t in trials
+                 if (p := t["outcome"]["extra"].get("phases")) and "warmup" in p
+                 and (t["config"].get("quantization", "none") != "none") == quantized]
         if first:
             lines.append(f"  before the first step, {label}: median "
                          f"{statistics.median(first):.2f} s, max {max(first):.2f} s")

@@ -483,3 +483,15 @@ def test_the_confirmation_header_is_in_the_unit_its_runs_measured() -> None:
     assert confirm_columns(summary)[6] == "pairs/s of each repeat"
     summary.best.outcome.extra["objective"] = "tokens_per_second"
     assert confirm_columns(summary)[4] == "median real tokens/s"
+
+
+def test_seconds_before_the_first_step_count_launch_model_and_engine():
+    """One place for it (the proof's table and benchmarks/trial_overhead.py read it): a
+    trial that never got to its engine has no such figure; a missing launch (a cold start
+    records none) counts as nothing."""
+    from autotune.summary import before_first_step
+
+    assert before_first_step({"launch": 0.5, "model": 2.0}) is None
+    assert before_first_step({"launch": 0.5, "model": 2.0, "engine": 1.0,
+                              "warmup": 3.0, "steps": 9.0}) == 3.5
+    assert before_first_step({"model": 2.0, "engine": 1.0}) == 3.0
