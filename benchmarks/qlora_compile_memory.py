@@ -24,10 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-WIDTH = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
-         "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
-         "max_position_embeddings": 8192, "rope_theta": 500000.0,
-         "tie_word_embeddings": False}
+# The 8B example's architecture (its width; the depth is each run's).
+EXAMPLE = ROOT / "examples" / "llama-8b-qlora-24gb.yaml"
 TINY = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 352,
         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 2048,
         "max_position_embeddings": 512}
@@ -41,6 +39,8 @@ def main() -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--budget", type=float, default=600.0, help="seconds for all trials")
     args = ap.parse_args()
+    import yaml
+
     from autotune.config import TrialConfig
     from autotune.plan.calibration import MemoryModel
     from autotune.plan.device import local_device, node_cpus
@@ -49,6 +49,7 @@ def main() -> int:
     from autotune.trials.launch import run_trial
     from autotune.trials.protocol import make_request
 
+    width = yaml.safe_load(EXAMPLE.read_text())["model"]["config"]
     started = time.time()
     device = local_device()
     gpu = device.is_cuda
@@ -61,7 +62,7 @@ def main() -> int:
         if left < 30:
             print(f"stopping: {left:.0f} s left of the budget", flush=True)
             break
-        config = (WIDTH if gpu else TINY) | {"num_hidden_layers": layers if gpu else 2}
+        config = (width if gpu else TINY) | {"num_hidden_layers": layers if gpu else 2}
         spec = load_spec({"model": {"config": config, "lora": {"r": 16, "alpha": 32,
                                                                "target_modules": "all-linear"}},
                           "data": {"seq_len": 4096 if gpu else 128}, "target_batch_size": 1,
