@@ -5,6 +5,7 @@ and what seeding is worth in the bench. (The searches: test_remember.py.)"""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import subprocess
 import sys
@@ -35,7 +36,7 @@ def _fingerprint(spec_dict: dict, device: DeviceSpec = CPU):
     from autotune.plan.shape import model_shape
 
     spec = load_spec(spec_dict)
-    space = build_space(spec, device, load_space("default", spec.target_batch_size)).space
+    space = build_space(spec, device, load_space("default", spec.target_batch_size))
     return fingerprint_of(spec, device, space, model_shape(spec))
 
 
@@ -54,6 +55,21 @@ def test_the_same_model_inline_or_in_a_folder_is_one_fingerprint(tmp_path):
     wider = copy.deepcopy(TINY_SPEC)
     wider["model"]["config"]["n_embd"] = 64
     assert _fingerprint(wider).key != a.key and _fingerprint(wider).near_key != a.near_key
+
+
+def test_a_rule_added_since_makes_a_record_a_near_match():
+    """A newer autotune that rules out more of the same space (2026-11-27: ZeRO-3 alone
+    on one rank) may not be answered by a winner chosen among what it now rules out."""
+    from autotune.plan.shape import model_shape
+
+    spec = load_spec(TINY_SPEC)
+    space = build_space(spec, CPU, load_space("default", spec.target_batch_size))
+    now = fingerprint_of(spec, CPU, space, model_shape(spec))
+    assert "zero_stage=3 without offload=optimizer+param on one rank" in now.exact["ruled_out"]
+    before = dataclasses.replace(space, pruned={
+        k: v for k, v in space.pruned.items() if "on one rank" not in k})
+    then = fingerprint_of(spec, CPU, before, model_shape(spec))
+    assert then.key != now.key and then.near_key == now.near_key
 
 
 def test_real_rows_are_keyed_by_their_lengths_not_their_path(tmp_path):

@@ -10,7 +10,8 @@ The exact fingerprint (`Fingerprint.exact`):
 - the trainer (trainer or sft) and how a trial is timed (warm-up and timed steps);
 - the device: name, kind, memory, compute capability, ranks, nodes, the links between
   them; the per-trial memory budget and the trials run at once (they share a node);
-- the space (its batch sizes and knob values), so the winner was chosen among the same;
+- the space (its batch sizes and knob values) and what the rules ruled out of it, so
+  the winner was chosen among the same;
 - the versions of the libraries that change what a trial measures.
 
 The near fingerprint (`Fingerprint.near`) keeps what a record's winners carry over: the
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from autotune.plan.device import DeviceSpec
     from autotune.plan.shape import ModelShape
-    from autotune.space import Space
+    from autotune.space import SpaceResult
     from autotune.spec import Spec
 
 logger = logging.getLogger(__name__)
@@ -154,10 +155,12 @@ def device_family(fields: dict[str, Any]) -> str:
     return f"{fields['kind']}-{cc[0]}" if cc else str(fields["kind"])
 
 
-def fingerprint_of(spec: Spec, device: DeviceSpec, space: Space,
+def fingerprint_of(spec: Spec, device: DeviceSpec, space: SpaceResult,
                    shape: ModelShape | None) -> Fingerprint:
-    """The spec's fingerprints on `device` over `space`. Real data is read and tokenized
-    here (ROWS_READ rows): a SetupError says it cannot be."""
+    """The spec's fingerprints on `device` over `space` (its values and the rules that
+    ruled configs of it out: a rule added since, by a newer autotune of the same version
+    string, makes a record a near match). Real data is read and tokenized here (ROWS_READ
+    rows): a SetupError says it cannot be."""
     lengths = None if spec.data.source == "synthetic" else row_lengths(spec)
     data, near_data = data_identity(spec, lengths)
     dev = device_fields(device)
@@ -172,7 +175,8 @@ def fingerprint_of(spec: Spec, device: DeviceSpec, space: Space,
         "hardware": {"gpus_per_trial": hw.gpus_per_trial, "nodes_per_trial": hw.nodes_per_trial,
                      "parallel_trials": hw.parallel_trials,
                      "memory_budget": hw.budget_bytes()},
-        "space": space.choices(), "versions": library_versions(),
+        "space": space.space.choices(), "ruled_out": sorted(space.pruned),
+        "versions": library_versions(),
     }
     near = {"model": near_model(spec, shape), "data": near_data, "trainer": spec.trainer,
             "world_size": spec.world_size, "device": device_family(dev)}

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from autotune.plan.device import DeviceSpec
     from autotune.plan.shape import ModelShape
     from autotune.records import Record
-    from autotune.space import Space
+    from autotune.space import SpaceResult
     from autotune.spec import Spec
     from autotune.trials.executor import Executor
     from autotune.tuning.strategies.base import Proposal, SearchContext, Strategy
@@ -64,7 +64,7 @@ class StoreSession:
 
     # 1) --------------------------------------------------------------------------------
     @classmethod
-    def open(cls, spec: Spec, device: DeviceSpec, space: Space, shape: ModelShape | None,
+    def open(cls, spec: Spec, device: DeviceSpec, space: SpaceResult, shape: ModelShape | None,
              output: Path, *, fresh: bool = False) -> StoreSession:
         session = cls(spec, device, output, fresh=fresh)
         url = store_url(spec.search.store)

@@ -146,7 +146,7 @@ def _search(spec: Spec, shape: ModelShape | None, space_file: Space, device: Dev
         device, available_values(spec), world_size=spec.world_size,
         real_data=spec.data.source != "synthetic"), divisors(spec.per_rank_batch))
     # The results store: an exact match answers (checked on read), a near one seeds.
-    memory = StoreSession.open(spec, device, space.space, shape, output, fresh=fresh)
+    memory = StoreSession.open(spec, device, space, shape, output, fresh=fresh)
     remembered = memory.answer(ctx, executor, log, storage, started, on_start, on_record)
     if remembered is not None:
         return SearchResult(spec, device, remembered, output)
