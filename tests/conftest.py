@@ -53,6 +53,21 @@ def ours(process: psutil.Process) -> bool:
     return False
 
 
+def trial_processes() -> list[psutil.Process]:
+    """The suite's trial processes and launchers, less this test process's own warm
+    launcher (started by a test that ran a trial in-process; it lives as long as pytest,
+    its trials are still counted)."""
+    out = []
+    for p in psutil.process_iter(["cmdline", "ppid"]):
+        with contextlib.suppress(psutil.Error):
+            cmd = " ".join(p.info["cmdline"] or [])
+            mine = p.info["ppid"] == os.getpid() and "autotune.trials.forkserver" in cmd
+            if ("autotune.trials.forkserver" in cmd or "autotune.trials.worker" in cmd) and ours(
+                    p) and not mine:
+                out.append(p)
+    return out
+
+
 @pytest.fixture
 def tiny_spec(tmp_path) -> dict:
     spec = copy.deepcopy(TINY_SPEC)

@@ -26,7 +26,7 @@ from autotune.space import build_space
 from autotune.spec import load_spec
 from autotune.summary import load_summary
 from autotune.trials.executor import CLIENT_INIT_ATTEMPTS, RayExecutor
-from tests.conftest import ours, study_names
+from tests.conftest import ours, study_names, trial_processes
 
 pytestmark = pytest.mark.slow
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -305,27 +305,12 @@ def test_token_authentication_is_one_line_and_the_token_joins(tmp_path, tiny_spe
         cluster.stop()
 
 
-def _trial_processes() -> list[psutil.Process]:
-    """The suite's trial processes and launchers, less this test process's own warm
-    launcher (started by a test that ran a trial in-process; it lives as long as pytest,
-    its trials are still counted)."""
-    out = []
-    for p in psutil.process_iter(["cmdline", "ppid"]):
-        with contextlib.suppress(psutil.Error):
-            cmd = " ".join(p.info["cmdline"] or [])
-            mine = p.info["ppid"] == os.getpid() and "autotune.trials.forkserver" in cmd
-            if ("autotune.trials.forkserver" in cmd or "autotune.trials.worker" in cmd) and ours(
-                    p) and not mine:
-                out.append(p)
-    return out
-
-
 def _left_after(seconds: float) -> list[psutil.Process]:
     """Trial processes (and warm launchers) still here after up to `seconds`: on a cluster
     the launchers go with their Ray workers, which Ray ends a few seconds after the driver
     leaves (longer on a busy machine), the trials with them."""
     deadline = time.time() + seconds
-    while (left := _trial_processes()) and time.time() < deadline:
+    while (left := trial_processes()) and time.time() < deadline:
         time.sleep(0.5)
     return left
 
@@ -385,7 +370,7 @@ def test_killing_a_trials_ray_worker_is_retried_once_and_leaves_no_orphan(tiny_s
     assert not left, [p.cmdline() for p in left]  # the stalled trial died with its worker
     assert out.ok, out.error  # run again after the worker was lost, and measured
     time.sleep(3)
-    assert not _trial_processes()
+    assert not trial_processes()
 
 
 def test_a_trial_the_host_kills_well_under_its_budget_is_run_again_not_an_oom(tiny_spec,
@@ -398,7 +383,7 @@ def test_a_trial_the_host_kills_well_under_its_budget_is_run_again_not_an_oom(ti
 
     def kill_the_trial() -> None:
         time.sleep(1.0)  # its budget watch has written what it holds
-        for p in _trial_processes():  # the trial: forked by the warm launcher
+        for p in trial_processes():  # the trial: forked by the warm launcher
             with contextlib.suppress(psutil.Error):
                 if "autotune.trials.forkserver" in " ".join(p.parent().cmdline()):
                     p.send_signal(signal.SIGKILL)
@@ -459,7 +444,7 @@ def test_a_gpu_trial_the_host_kills_is_lost_under_its_share_and_a_host_oom_at_it
         while time.time() < deadline and not (tmp_path / "stalled").exists():
             time.sleep(0.2)
         time.sleep(1.0)  # its host watch has written what it holds
-        for p in _trial_processes():
+        for p in trial_processes():
             with contextlib.suppress(psutil.Error):
                 if "autotune.trials.forkserver" in " ".join(p.parent().cmdline()):
                     p.send_signal(signal.SIGKILL)
@@ -591,7 +576,7 @@ def test_killing_a_node_mid_trial_leaves_nothing_and_the_trial_is_lost_then_retr
         while time.time() < deadline and not (tmp_path / "stalled").exists():
             time.sleep(0.2)
         time.sleep(1.0)
-        trial = _trial_processes()
+        trial = trial_processes()
         raylet = cluster.raylet_of_worker()
         raylet.kill()
         _, alive = psutil.wait_procs(trial, timeout=20)
@@ -640,9 +625,9 @@ def test_sigkill_of_a_two_node_searchs_driver_leaves_no_rank_on_either_node(
             time.sleep(0.2)
         assert marker.exists(), "no rank reached its first step"
         time.sleep(1.0)
-        ranks = [p for p in _trial_processes() if p.ppid() in
-                 {q.pid for q in _trial_processes()}]  # forked by a launcher: the ranks
-        assert len(ranks) >= 2, [p.cmdline() for p in _trial_processes()]
+        ranks = [p for p in trial_processes() if p.ppid() in
+                 {q.pid for q in trial_processes()}]  # forked by a launcher: the ranks
+        assert len(ranks) >= 2, [p.cmdline() for p in trial_processes()]
     finally:
         driver.send_signal(signal.SIGKILL)
         driver.wait()

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import psutil
+
 from autotune.errors import ClusterError
 from autotune.plan.device import DeviceSpec, local_device, network_link, node_cpus
 from autotune.records import LOST, Outcome
@@ -493,9 +495,10 @@ class RayExecutor(Executor):
         try:
             ready, _ = ray.wait(list(self._refs), num_returns=1, timeout=timeout)
         except KeyboardInterrupt:
-            # The task's own handler kills the trial's process group on interrupt.
-            for ref in self._refs:
-                ray.cancel(ref, force=False)
+            # The trials in flight are not cancelled one by one: Ray 2.60's driver aborts
+            # (a failed check, "Tried to complete task that was not pending") when a task
+            # is cancelled as its worker takes it, which a Ctrl-C just after a trial was
+            # submitted hit once in six. close() ends them with this search's Ray.
             for flight in {id(f): f for f in self._refs.values()}.values():
                 if flight.group is not None:
                     with contextlib.suppress(Exception):
@@ -545,12 +548,20 @@ class RayExecutor(Executor):
                                                 -3000:])))
 
     def close(self) -> None:
+        """End this search's Ray, and with it any trial still in flight (an interrupted
+        search's): what of an embedded Ray's process trees outlives its shutdown is
+        killed here, before close returns; a cluster's workers end with the driver's job."""
         import ray
 
+        trees: dict[int, float] = {}
+        if self._refs and self._reaper is not None:
+            reaper.note_ray_trees(psutil.Process(), trees)
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
+        reaper.kill_survivors(trees)
+        self._refs.clear()
         if self._reaper is not None:
-            self._reaper.terminate()  # Ray closed normally: nothing to reap
+            self._reaper.terminate()  # Ray closed: nothing to reap
 
 
 def _client_server_failed(exc: Exception) -> bool:

@@ -25,26 +25,42 @@ POLL_S = 1.0
 GRACE_S = 3.0  # Ray's own shutdown first
 
 
+def note_ray_trees(driver: psutil.Process, seen: dict[int, float]) -> None:
+    """Add the Ray process trees under `driver` (its children that are Ray's, and their
+    descendants; never its other children) to `seen`: pid -> create time, so a reused
+    pid is never taken for one of them."""
+    with contextlib.suppress(psutil.Error):
+        for root in driver.children():
+            with contextlib.suppress(psutil.Error):
+                if "ray" not in " ".join(root.cmdline()):
+                    continue
+                for proc in [root, *root.children(recursive=True)]:
+                    seen.setdefault(proc.pid, proc.create_time())
+
+
+def kill_survivors(seen: dict[int, float]) -> int:
+    """SIGKILL what of `seen` still lives; how many there were."""
+    killed = 0
+    for pid, created in seen.items():
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(pid)
+            if proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE:
+                proc.send_signal(signal.SIGKILL)
+                killed += 1
+    return killed
+
+
 def watch(driver_pid: int) -> None:
-    seen: dict[int, float] = {}  # pid -> create time (a reused pid is not ours)
+    seen: dict[int, float] = {}
     try:
         driver = psutil.Process(driver_pid)
         while driver.is_running() and driver.status() != psutil.STATUS_ZOMBIE:
-            for root in driver.children():
-                with contextlib.suppress(psutil.Error):
-                    if "ray" not in " ".join(root.cmdline()):
-                        continue
-                    for proc in [root, *root.children(recursive=True)]:
-                        seen.setdefault(proc.pid, proc.create_time())
+            note_ray_trees(driver, seen)
             time.sleep(POLL_S)
     except psutil.Error:
         pass
     time.sleep(GRACE_S)
-    for pid, created in seen.items():
-        with contextlib.suppress(psutil.Error):
-            proc = psutil.Process(pid)
-            if proc.create_time() == created:
-                proc.send_signal(signal.SIGKILL)
+    kill_survivors(seen)
 
 
 def start(driver_pid: int) -> subprocess.Popen:
