@@ -63,6 +63,10 @@ class Family:
     def __post_init__(self) -> None:
         self._values.update(self.items)
         object.__setattr__(self, "_hash", hash(self.items))
+        # Knob values as instance attributes: read without __getattr__ (the memory model
+        # reads them millions of times in a replayed search). No knob is named as a field
+        # or method of Family or TrialConfig (test_config).
+        self.__dict__.update(self.items)
 
     def __hash__(self) -> int:
         return self.__dict__["_hash"]
@@ -139,6 +143,7 @@ class TrialConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_hash", hash((self.per_device_train_batch_size,
                                                 self.gradient_accumulation_steps, self.family)))
+        self.__dict__.update(self.family.items)  # read without __getattr__, as Family's
 
     def __hash__(self) -> int:
         return self.__dict__["_hash"]

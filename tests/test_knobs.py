@@ -38,6 +38,24 @@ def test_family_is_a_named_value_with_baseline_defaults():
         Family.of(precison="bf16")
 
 
+def test_knob_values_are_attributes_that_no_method_or_field_shadows():
+    """Family and TrialConfig keep each knob's value as an instance attribute (read
+    millions of times in a replayed search): a knob named like one of their fields or
+    methods would read as the knob's value and break them."""
+    import pickle
+
+    for name in knobs.names():
+        assert not hasattr(Family, name) and not hasattr(TrialConfig, name), name
+        assert name not in {f for cls in (Family, TrialConfig)
+                            for f in cls.__dataclass_fields__}, name
+    c = TrialConfig.of(4, 2, precision="bf16", zero_stage=2)
+    again = pickle.loads(pickle.dumps(c))
+    assert again == c and hash(again) == hash(c)
+    assert (again.precision, again.zero_stage, again.family.optim) == ("bf16", 2, "adamw_torch")
+    with pytest.raises(AttributeError):
+        c.no_such_knob  # noqa: B018
+
+
 def test_a_new_row_enters_the_space_and_its_rules():
     with knobs.added(PERSIST):
         assert Family.baseline().dataloader_persistent_workers is False
