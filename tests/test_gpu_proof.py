@@ -29,10 +29,10 @@ def test_a_step_past_its_box_is_interrupted_first_so_it_writes_what_it_has(tmp_p
     log: list[dict] = []
     started = time.time()
     code = gpu_proof._step("search", [sys.executable, "-c", WRITES_ON_CTRL_C,
-                                      str(tmp_path / "summary")], 10, tmp_path, log, grace=5)
+                                      str(tmp_path / "summary")], 4, tmp_path, log, grace=2)
     assert code is None and log[0]["exit"] is None
     assert (tmp_path / "summary").read_text() == "written"
-    assert time.time() - started < 10
+    assert time.time() - started < 4
 
 
 def test_a_step_takes_the_interrupt_where_the_proof_was_started_with_it_ignored(tmp_path):
@@ -45,7 +45,7 @@ def test_a_step_takes_the_interrupt_where_the_proof_was_started_with_it_ignored(
     try:
         log: list[dict] = []
         gpu_proof._step("search", [sys.executable, "-c", WRITES_ON_CTRL_C,
-                                   str(tmp_path / "summary")], 10, tmp_path, log, grace=5)
+                                   str(tmp_path / "summary")], 4, tmp_path, log, grace=2)
     finally:
         signal.signal(signal.SIGINT, previous)
     assert (tmp_path / "summary").read_text() == "written"
@@ -54,9 +54,9 @@ def test_a_step_takes_the_interrupt_where_the_proof_was_started_with_it_ignored(
 def test_a_step_that_ignores_the_interrupt_is_killed_at_its_box(tmp_path):
     log: list[dict] = []
     started = time.time()
-    assert gpu_proof._step("stuck", [sys.executable, "-c", IGNORES_CTRL_C], 10, tmp_path,
-                           log, grace=5) is None
-    assert 10 <= time.time() - started < 10 + 5
+    assert gpu_proof._step("stuck", [sys.executable, "-c", IGNORES_CTRL_C], 4, tmp_path,
+                           log, grace=2) is None
+    assert 4 <= time.time() - started < 4 + 5
 
 
 def test_a_box_is_cut_to_the_calls_end_and_a_step_without_time_is_skipped(tmp_path):
