@@ -136,6 +136,24 @@ def open_cluster(tmp_path):
     cluster.stop()
 
 
+@pytest.fixture(scope="class")
+def two_nodes(tmp_path_factory):
+    """A head and a worker node of a core each, shared by the tests that only run trials
+    whose ranks span them (none kills a node or its driver): a cluster's start and stop
+    take about 7 s."""
+    env = os.environ | {"RAY_AUTH_MODE": "disabled"}
+    os.environ["RAY_AUTH_MODE"] = "disabled"  # as open_cluster leaves it
+    cluster = Cluster(tmp_path_factory.mktemp("two_nodes"), env)
+    try:
+        yield cluster.start(head_cpus=1, workers=[{"cpus": 1}])
+    finally:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster.stop()
+
+
 def _spec(tiny_spec, **hardware):
     tiny_spec["hardware"] = hardware
     return load_spec(tiny_spec)
@@ -510,49 +528,77 @@ def _two_node_spec(tiny_spec, **model):
     return _spec(tiny_spec, gpus_per_trial=2)
 
 
-def test_a_two_rank_trial_spans_two_nodes_one_rank_on_each(open_cluster, tiny_spec):
-    cluster = open_cluster.start(head_cpus=1, workers=[{"cpus": 1}])
-    executor = RayExecutor(_two_node_spec(tiny_spec), address=cluster.address, timeout_s=240)
-    try:
-        device = executor.discover()
-        assert executor.nodes == 2 and device.count == 2 and executor.capacity == 1
-        import ray
+class TestOnTwoNodes:
+    """Trials whose ranks span the class's two nodes (two_nodes), none killing either."""
 
-        node_ids = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
-        out = executor.run(TrialConfig(2, 4))
-        groups = ray.util.placement_group_table()
-    finally:
-        executor.close()
-    assert out.ok, out.error
-    placed = out.extra["rank_nodes"]  # node rank -> the Ray node its ranks ran on
-    assert sorted(placed) == [0, 1] and set(placed.values()) == node_ids
-    by_rank = out.extra["micro_batches_by_rank"]
-    assert sorted(by_rank) == [0, 1]
-    steps = 3  # 1 warm-up + 2 timed: every micro-batch full, gas of them per step
-    assert all(sizes == [2] * (4 * steps) for sizes in by_rank.values()), by_rank
-    # Throughput counts both nodes' samples: b x gas x world per timed step.
-    assert out.samples_per_second * out.timed_seconds == pytest.approx(2 * 4 * 2 * 2)
-    assert out.extra["nodes"] == 2
-    assert all(g["state"] == "REMOVED" for g in groups.values()), groups
-    left = _left_after(15)
-    assert not left, [p.cmdline() for p in left]
+    def test_a_two_rank_trial_spans_two_nodes_one_rank_on_each(self, two_nodes, tiny_spec):
+        cluster = two_nodes
+        executor = RayExecutor(_two_node_spec(tiny_spec), address=cluster.address, timeout_s=240)
+        try:
+            device = executor.discover()
+            assert executor.nodes == 2 and device.count == 2 and executor.capacity == 1
+            import ray
+
+            node_ids = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+            out = executor.run(TrialConfig(2, 4))
+            groups = ray.util.placement_group_table()
+        finally:
+            executor.close()
+        assert out.ok, out.error
+        placed = out.extra["rank_nodes"]  # node rank -> the Ray node its ranks ran on
+        assert sorted(placed) == [0, 1] and set(placed.values()) == node_ids
+        by_rank = out.extra["micro_batches_by_rank"]
+        assert sorted(by_rank) == [0, 1]
+        steps = 3  # 1 warm-up + 2 timed: every micro-batch full, gas of them per step
+        assert all(sizes == [2] * (4 * steps) for sizes in by_rank.values()), by_rank
+        # Throughput counts both nodes' samples: b x gas x world per timed step.
+        assert out.samples_per_second * out.timed_seconds == pytest.approx(2 * 4 * 2 * 2)
+        assert out.extra["nodes"] == 2
+        assert all(g["state"] == "REMOVED" for g in groups.values()), groups
+        left = _left_after(15)
+        assert not left, [p.cmdline() for p in left]
 
 
-def test_rank_1s_oom_on_the_other_node_is_the_trials_oom(open_cluster, tiny_spec):
-    cluster = open_cluster.start(head_cpus=1, workers=[{"cpus": 1}])
-    spec = _two_node_spec(tiny_spec, factory="tests.factories:oom_on_rank_1")
-    executor = RayExecutor(spec, address=cluster.address, timeout_s=240)
-    try:
-        executor.discover()
-        started = time.time()
-        out = executor.run(TrialConfig(2, 4))
-        took = time.time() - started
-    finally:
-        executor.close()
-    assert out.status == "oom" and out.error.startswith("rank 1:"), (out.status, out.error)
-    assert took < 200  # rank 0, blocked on its peer, ended with the trial, not timed out
-    left = _left_after(15)
-    assert not left, [p.cmdline() for p in left]
+    def test_rank_1s_oom_on_the_other_node_is_the_trials_oom(self, two_nodes, tiny_spec):
+        cluster = two_nodes
+        spec = _two_node_spec(tiny_spec, factory="tests.factories:oom_on_rank_1")
+        executor = RayExecutor(spec, address=cluster.address, timeout_s=240)
+        try:
+            executor.discover()
+            started = time.time()
+            out = executor.run(TrialConfig(2, 4))
+            took = time.time() - started
+        finally:
+            executor.close()
+        assert out.status == "oom" and out.error.startswith("rank 1:"), (out.status, out.error)
+        assert took < 200  # rank 0, blocked on its peer, ended with the trial, not timed out
+        left = _left_after(15)
+        assert not left, [p.cmdline() for p in left]
+
+
+    def test_autotune_search_on_two_nodes_exports_a_two_machine_accelerate_config(
+            self, two_nodes, tiny_spec, tmp_path):
+        cluster = two_nodes
+        tiny_spec["hardware"] = {"gpus_per_trial": 2}
+        tiny_spec["search"] |= {"n_trials": 2, "confirm_repeats": 0}
+        spec = tmp_path / "model.yaml"
+        spec.write_text(yaml.safe_dump(tiny_spec))
+        proc = subprocess.run([sys.executable, "-m", "autotune", "search", str(spec),
+                               "--address", cluster.address], capture_output=True, text=True,
+                              timeout=900, env=cluster.env)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        out = Path(tiny_spec["output"])
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["device"]["nodes"] == 2 and summary["device"]["count"] == 2
+        ran = [t["outcome"] for t in summary["trials"] if t["outcome"]["status"] == "ok"]
+        assert ran, [t["outcome"]["error"] for t in summary["trials"]]
+        for outcome in ran:  # one rank on each node
+            assert len(set(outcome["extra"]["rank_nodes"].values())) == 2, outcome["extra"]
+        accelerate = yaml.safe_load((out / "accelerate_config.yaml").read_text())
+        assert accelerate["num_machines"] == 2 and accelerate["num_processes"] == 2
+        assert accelerate["machine_rank"] == 0 and accelerate["main_process_ip"]
+        report = (out / "report.md").read_text()
+        assert "--machine_rank 1" in report and "--nnodes 2" in report
 
 
 def test_killing_a_node_mid_trial_leaves_nothing_and_the_trial_is_lost_then_retried(
@@ -633,31 +679,6 @@ def test_sigkill_of_a_two_node_searchs_driver_leaves_no_rank_on_either_node(
         driver.wait()
     left = _left_after(30)
     assert not left, [p.cmdline() for p in left]
-
-
-def test_autotune_search_on_two_nodes_exports_a_two_machine_accelerate_config(
-        open_cluster, tiny_spec, tmp_path):
-    cluster = open_cluster.start(head_cpus=1, workers=[{"cpus": 1}])
-    tiny_spec["hardware"] = {"gpus_per_trial": 2}
-    tiny_spec["search"] |= {"n_trials": 2, "confirm_repeats": 0}
-    spec = tmp_path / "model.yaml"
-    spec.write_text(yaml.safe_dump(tiny_spec))
-    proc = subprocess.run([sys.executable, "-m", "autotune", "search", str(spec),
-                           "--address", cluster.address], capture_output=True, text=True,
-                          timeout=900, env=cluster.env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = Path(tiny_spec["output"])
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["device"]["nodes"] == 2 and summary["device"]["count"] == 2
-    ran = [t["outcome"] for t in summary["trials"] if t["outcome"]["status"] == "ok"]
-    assert ran, [t["outcome"]["error"] for t in summary["trials"]]
-    for outcome in ran:  # one rank on each node
-        assert len(set(outcome["extra"]["rank_nodes"].values())) == 2, outcome["extra"]
-    accelerate = yaml.safe_load((out / "accelerate_config.yaml").read_text())
-    assert accelerate["num_machines"] == 2 and accelerate["num_processes"] == 2
-    assert accelerate["machine_rank"] == 0 and accelerate["main_process_ip"]
-    report = (out / "report.md").read_text()
-    assert "--machine_rank 1" in report and "--nnodes 2" in report
 
 
 def test_a_search_through_a_cluster_has_the_embedded_searchs_device_space_and_recipe(
