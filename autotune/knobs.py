@@ -219,13 +219,21 @@ _TRANSFORMERS_IMPORT = threading.Lock()
 @cache
 def _checkpointing_arg() -> str:
     """transformers 5 renamed gradient_checkpointing; use the installed version's name so
-    the exported kwargs load without deprecation warnings where they will be used."""
+    the exported kwargs load without deprecation warnings where they will be used. Read
+    from transformers' source where it is not imported yet: importing TrainingArguments
+    cost a search's driver 1.3-3.7 s here, for this one name."""
+    import sys
     from dataclasses import fields
 
-    with _TRANSFORMERS_IMPORT:
-        from transformers import TrainingArguments
+    from autotune import transformers_source
 
-    names = {f.name for f in fields(TrainingArguments)}
+    names = (None if transformers_source.TRAINING_ARGS in sys.modules
+             else transformers_source.training_arguments_fields())
+    if names is None:
+        with _TRANSFORMERS_IMPORT:
+            from transformers import TrainingArguments
+
+        names = {f.name for f in fields(TrainingArguments)}
     return "activation_checkpointing" if "activation_checkpointing" in names else (
         "gradient_checkpointing")
 

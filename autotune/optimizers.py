@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -99,37 +98,16 @@ def offload_capable() -> list[str]:
 @cache
 def trainer_optimizers() -> list[str]:
     """Every `optim` value the installed transformers accepts: its `OptimizerNames`, read
-    from the source of transformers/training_args.py where the module is not imported yet.
-    Importing it imports peft, bitsandbytes and torch's inductor (1.5-2.5 s on two cores),
-    which a plan (`autotune estimate`) needs for nothing else."""
+    from the source of transformers/training_args.py where the module is not imported yet
+    (transformers_source: importing it costs seconds a plan needs for nothing else)."""
     import sys
 
-    loaded = sys.modules.get("transformers.training_args")
-    names = None if loaded is not None else _optimizer_names_in_source()
+    from autotune import transformers_source
+
+    loaded = sys.modules.get(transformers_source.TRAINING_ARGS)
+    names = None if loaded is not None else transformers_source.optimizer_names()
     if names is None:
         from transformers.training_args import OptimizerNames
 
         names = [o.value for o in OptimizerNames]
     return names
-
-
-def _optimizer_names_in_source() -> list[str] | None:
-    """The string values of `class OptimizerNames` in transformers/training_args.py, in
-    order and each once (as the enum lists them), or None where that file or class cannot
-    be read so."""
-    import ast
-    import importlib.util
-
-    spec = importlib.util.find_spec("transformers.training_args")
-    if spec is None or not spec.origin:
-        return None
-    try:
-        tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, ValueError):
-        return None
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == "OptimizerNames":
-            values = [s.value.value for s in node.body if isinstance(s, ast.Assign)
-                      and isinstance(s.value, ast.Constant) and isinstance(s.value.value, str)]
-            return list(dict.fromkeys(values)) or None
-    return None

@@ -15,6 +15,7 @@ from autotune.knobs import Knob, Rule
 from autotune.plan.device import DeviceSpec
 from autotune.space import build_space
 from autotune.spec import load_spec
+from tests.conftest import ROOT
 
 CPU = DeviceSpec("cpu", "cpu", 16 * 2**30)
 # A knob that only sets TrainingArguments: its row is everything it needs.
@@ -137,10 +138,28 @@ def test_a_label_names_its_config_back():
 
 def test_the_optimizer_knob_reads_transformers_list_without_importing_it():
     """A plan checks `optim` against transformers' OptimizerNames read from its source
-    (importing training_args costs seconds); the list is the imported enum's."""
+    (importing training_args costs seconds); the list is the imported enum's. Likewise
+    the fields of TrainingArguments that name gradient checkpointing's argument."""
+    import subprocess
+    import sys
+    from dataclasses import fields
+
+    from transformers import TrainingArguments
     from transformers.training_args import OptimizerNames
 
-    from autotune.optimizers import _optimizer_names_in_source
+    from autotune import transformers_source
 
-    assert _optimizer_names_in_source() == [o.value for o in OptimizerNames]
+    assert transformers_source.optimizer_names() == [o.value for o in OptimizerNames]
     assert knobs.OPTIM.allowed() == [o.value for o in OptimizerNames]
+    assert transformers_source.training_arguments_fields() == {
+        f.name for f in fields(TrainingArguments)}
+    # A fresh process builds a trial's kwargs without importing training_args.
+    code = ("import sys; from autotune.config import TrialConfig; "
+            "from autotune.trials.trainargs import training_arguments_kwargs; "
+            "k = training_arguments_kwargs(TrialConfig.of(4, 2, gradient_checkpointing=True),"
+            " seed=0); print(sorted(k)); "
+            "assert 'transformers.training_args' not in sys.modules")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert knobs._checkpointing_arg() in done.stdout

@@ -1,0 +1,49 @@
+"""Facts about the installed transformers read from the source of training_args.py.
+
+Importing transformers.training_args imports peft, bitsandbytes and torch's inductor: 1.5-
+3.5 s on two cores, which a search's driver and a plan need for nothing else. Where the
+module is imported already, or its source cannot be read so, the callers import it.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from functools import cache
+from pathlib import Path
+
+TRAINING_ARGS = "transformers.training_args"
+
+
+@cache
+def _classes() -> dict[str, ast.ClassDef] | None:
+    """The top-level classes of training_args.py by name, or None where it is unreadable."""
+    spec = importlib.util.find_spec(TRAINING_ARGS)
+    if spec is None or not spec.origin:
+        return None
+    try:
+        tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    return {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+
+
+def optimizer_names() -> list[str] | None:
+    """The string values of `OptimizerNames`, in order and each once (as the enum lists
+    them), or None."""
+    cls = (_classes() or {}).get("OptimizerNames")
+    if cls is None:
+        return None
+    values = [s.value.value for s in cls.body if isinstance(s, ast.Assign)
+              and isinstance(s.value, ast.Constant) and isinstance(s.value.value, str)]
+    return list(dict.fromkeys(values)) or None
+
+
+def training_arguments_fields() -> set[str] | None:
+    """The fields `TrainingArguments` declares (its annotated class attributes), or None."""
+    cls = (_classes() or {}).get("TrainingArguments")
+    if cls is None:
+        return None
+    names = {s.target.id for s in cls.body
+             if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
+    return names or None
