@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -190,6 +191,34 @@ def test_a_search_starts_its_ray_only_between_the_trials_of_another(tmp_path, le
     assert proc.returncode == 0, err[-3000:]
     assert float(out.split()[-1]) > released
     assert "held by a trial of another search" in err
+
+
+def test_a_search_reads_its_model_only_between_the_trials_of_another(tmp_path, lease_dir,
+                                                                       tiny_spec):
+    """Reading the model imports transformers and torch (seconds of CPU; beside another
+    search's timed trial it made that trial 40% slower): while another search's trial
+    holds the cores, a search on a CPU machine waits to read it, then searches."""
+    import yaml
+
+    tiny_spec["search"] |= {"n_trials": 1, "confirm_repeats": 0}
+    spec = tmp_path / "model.yaml"
+    spec.write_text(yaml.safe_dump(tiny_spec))
+    with lease(ALL_CORES, timeout_s=5, label="a trial of another search"):
+        proc = subprocess.Popen([sys.executable, "-m", "autotune", "search", str(spec)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 120
+        while not any("reading the model" in p.read_text() for p in
+                      (lease_dir / "queue").glob("*.json")):
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
+            time.sleep(0.2)
+        time.sleep(1)
+        assert proc.poll() is None  # still waiting: nothing read, no trial
+        assert not (Path(tiny_spec["output"]) / "study.db").exists()
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    said = " ".join(err.split())
+    assert "reading the model: waiting for" in said and "held by a trial of another search" in said
+    assert json.loads((Path(tiny_spec["output"]) / "summary.json").read_text())["trials"]
 
 
 NOBODY = 65534

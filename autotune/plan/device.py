@@ -243,6 +243,12 @@ def network_link(root: str = "/sys/class") -> str | None:
     return best[1] if best else None
 
 
+def nvidia_driver_present() -> bool:
+    """Whether an NVIDIA driver's device nodes are here, without importing torch (1 s): a
+    machine without them runs its trials on the CPU."""
+    return os.path.exists("/dev/nvidiactl")
+
+
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU computes in bf16 natively (AVX512-BF16 or AMX tiles); without,
     torch emulates bf16 through fp32 and autocast runs slower than fp32."""

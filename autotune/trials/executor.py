@@ -24,7 +24,13 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from autotune.errors import ClusterError
-from autotune.plan.device import DeviceSpec, local_device, network_link, node_cpus
+from autotune.plan.device import (
+    DeviceSpec,
+    local_device,
+    network_link,
+    node_cpus,
+    nvidia_driver_present,
+)
 from autotune.records import LOST, Outcome
 from autotune.trials import reaper
 from autotune.trials.launch import NodeReport, run_trial
@@ -186,6 +192,16 @@ class RayExecutor(Executor):
         self._remote: Any = None
         self._refs: dict[Any, _InFlight] = {}
         self._next = 0
+
+    def driver_work(self, what: str) -> contextlib.AbstractContextManager:
+        """Every core for the driver's own heavy work (`what`) in an embedded search on a
+        machine without a GPU, so it waits for another search's CPU trial being timed:
+        reading the model imports transformers and torch (2-4 CPU-seconds), which beside a
+        trial of another search made its first run 40% slower."""
+        if self.address is not None or nvidia_driver_present():
+            return contextlib.nullcontext()
+        return driver_work(f"autotune search (pid {os.getpid()}) {what}",
+                           timeout_s=self.timeout_s)
 
     # --- connecting ---------------------------------------------------------------------
     def _init(self) -> None:
@@ -551,6 +567,8 @@ class RayExecutor(Executor):
         """End this search's Ray, and with it any trial still in flight (an interrupted
         search's): what of an embedded Ray's process trees outlives its shutdown is
         killed here, before close returns; a cluster's workers end with the driver's job."""
+        if not self._owns_ray and self._reaper is None:
+            return  # never started (a spec error before the first trial): nothing to end
         import ray
 
         trees: dict[int, float] = {}

@@ -5,6 +5,7 @@ This module wires the pieces; each piece lives in its own module.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -81,21 +82,26 @@ def run_search(
     `fresh`: search even where the results store remembers this setup, and seed nothing."""
     started = time.time()
     spec = load_spec(spec_or_path, **overrides)
-    # What the spec alone decides fails before Ray starts: the model it names, the output.
-    shape = model_shape(spec)
-    space = load_space(spec.search.space, spec.target_batch_size, spec.world_size)
-    output = Path(spec.output)
-    if output.exists() and not output.is_dir():
-        raise SpecError(f"output: {spec.output!r} is a file, not a folder")
     owns_executor = executor is None
     if executor is None:
         from autotune.trials.executor import RayExecutor
 
         executor = RayExecutor(spec, address=address,
                                timeout_s=parse_duration(spec.search.trial_timeout))
-        device = device or executor.discover()  # where trials run, not the driver
-    device = device or local_device()
     try:
+        # What the spec alone decides fails before Ray starts: the model it names, the
+        # output. Reading the model imports transformers: on a CPU machine, between
+        # another search's trials.
+        with (executor.driver_work("reading the model") if isinstance(executor, RayExecutor)
+              else contextlib.nullcontext()):
+            shape = model_shape(spec)
+        space = load_space(spec.search.space, spec.target_batch_size, spec.world_size)
+        output = Path(spec.output)
+        if output.exists() and not output.is_dir():
+            raise SpecError(f"output: {spec.output!r} is a file, not a folder")
+        if owns_executor:
+            device = device or executor.discover()  # where trials run, not the driver
+        device = device or local_device()
         return _search(spec, shape, space, device, executor, started, on_start, on_record,
                        fresh)
     finally:
