@@ -83,6 +83,10 @@ class Executor(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release workers; the default has none."""
 
+    def driver_work(self, what: str) -> contextlib.AbstractContextManager:
+        """Held around the driver's own heavy work (`what`); the default holds nothing."""
+        return contextlib.nullcontext()
+
 
 def _trial_task(request: dict) -> dict:
     import ray
@@ -198,7 +202,8 @@ class RayExecutor(Executor):
         machine without a GPU, so it waits for another search's CPU trial being timed:
         reading the model imports transformers and torch (2-4 CPU-seconds), which beside a
         trial of another search made its first run 40% slower."""
-        if self.address is not None or nvidia_driver_present():
+        on_gpus = self.device.is_cuda if self.device is not None else nvidia_driver_present()
+        if self.address is not None or on_gpus:
             return contextlib.nullcontext()
         return driver_work(f"autotune search (pid {os.getpid()}) {what}",
                            timeout_s=self.timeout_s)
@@ -219,13 +224,9 @@ class RayExecutor(Executor):
             return
         init: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                                 "logging_level": logging.WARNING}
-        # Starting an embedded Ray on a CPU machine would slow another search's trial
-        # being timed on the same cores; GPU trials are timed on their GPUs.
-        leased = False
         if self.address is None:  # embedded: this search's own Ray, never another's
-            device = local_device()
+            device = self.device or local_device()
             gpus = device.count if device.is_cuda else 0
-            leased = not device.is_cuda
             init |= {"address": "local", "num_cpus": node_cpus(), "num_gpus": gpus,
                      # Each trial's own budget watch ends a trial that grows too large;
                      # Ray's monitor would kill trials for what others on the host use.
@@ -242,9 +243,9 @@ class RayExecutor(Executor):
                                    "and is the address host:port or ray://host:port?")
         for attempt in range(1, CLIENT_INIT_ATTEMPTS + 1):
             try:
-                with (driver_work(f"autotune search (pid {os.getpid()}) starting Ray",
-                                  timeout_s=self.timeout_s) if leased
-                      else contextlib.nullcontext()):
+                # Starting an embedded Ray on a CPU machine would slow another search's
+                # trial being timed on the same cores; GPU trials are timed on their GPUs.
+                with self.driver_work("starting Ray"):
                     ray.init(**init)
                 break
             except Exception as exc:  # noqa: BLE001 - every way of not connecting, one line

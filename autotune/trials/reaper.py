@@ -38,16 +38,13 @@ def note_ray_trees(driver: psutil.Process, seen: dict[int, float]) -> None:
                     seen.setdefault(proc.pid, proc.create_time())
 
 
-def kill_survivors(seen: dict[int, float]) -> int:
-    """SIGKILL what of `seen` still lives; how many there were."""
-    killed = 0
+def kill_survivors(seen: dict[int, float]) -> None:
+    """SIGKILL what of `seen` still lives."""
     for pid, created in seen.items():
         with contextlib.suppress(psutil.Error):
             proc = psutil.Process(pid)
-            if proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE:
+            if proc.create_time() == created:
                 proc.send_signal(signal.SIGKILL)
-                killed += 1
-    return killed
 
 
 def watch(driver_pid: int) -> None:

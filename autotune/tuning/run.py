@@ -5,7 +5,6 @@ This module wires the pieces; each piece lives in its own module.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -84,16 +83,13 @@ def run_search(
     spec = load_spec(spec_or_path, **overrides)
     owns_executor = executor is None
     if executor is None:
-        from autotune.trials.executor import RayExecutor
-
         executor = RayExecutor(spec, address=address,
                                timeout_s=parse_duration(spec.search.trial_timeout))
     try:
         # What the spec alone decides fails before Ray starts: the model it names, the
         # output. Reading the model imports transformers: on a CPU machine, between
         # another search's trials.
-        with (executor.driver_work("reading the model") if isinstance(executor, RayExecutor)
-              else contextlib.nullcontext()):
+        with executor.driver_work("reading the model"):
             shape = model_shape(spec)
         space = load_space(spec.search.space, spec.target_batch_size, spec.world_size)
         output = Path(spec.output)
