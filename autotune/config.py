@@ -55,17 +55,15 @@ class Family:
     """Every knob's value, in table order; knobs not given take their baseline value."""
 
     items: tuple[tuple[str, Any], ...] = ()
-    # Derived from `items` once: attribute lookups and group levels are on the search's
-    # hot path (every candidate is scored after every trial).
-    _values: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # Derived from `items` once: group levels are on the search's hot path (every
+    # candidate is scored after every trial).
     _levels: dict[bool, list] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._values.update(self.items)
         object.__setattr__(self, "_hash", hash(self.items))
-        # Knob values as instance attributes: read without __getattr__ (the memory model
-        # reads them millions of times in a replayed search). No knob is named as a field
-        # or method of Family or TrialConfig (test_config).
+        # Knob values as instance attributes (the memory model reads them millions of
+        # times in a replayed search). No knob is named as a field or method of Family or
+        # TrialConfig (test_knobs).
         self.__dict__.update(self.items)
 
     def __hash__(self) -> int:
@@ -93,12 +91,6 @@ class Family:
         """Trainer's defaults: what a user gets without tuning."""
         return cls.of()
 
-    def __getattr__(self, name: str) -> Any:
-        values = self.__dict__.get("_values")
-        if values is not None and name in values:
-            return values[name]
-        raise AttributeError(name)
-
     def replace(self, **changes: Any) -> Family:
         return Family.of(self.to_dict() | changes)
 
@@ -121,7 +113,7 @@ class Family:
         cached = self._levels.get(blamed_only)
         if cached is None:
             cached = self._levels[blamed_only] = [
-                (group, tuple(self._values[k.name] for k in members))
+                (group, tuple(self.__dict__[k.name] for k in members))
                 for group, members in knobs.groups().items()
                 if not blamed_only or all(k.blamed for k in members)]
         return cached
