@@ -521,6 +521,20 @@ def test_sigkill_of_the_driver_leaves_nothing_and_the_rerun_keeps_what_finished(
 # --- trials whose ranks span nodes ------------------------------------------------------
 
 
+def _cli_search(cluster: Cluster, tiny_spec: dict, tmp_path: Path,
+                timeout: int = 600) -> Path:
+    """`autotune search` of `tiny_spec` (two trials, no confirmation) through `cluster`,
+    which must succeed; its output folder."""
+    tiny_spec["search"] |= {"n_trials": 2, "confirm_repeats": 0}
+    spec = tmp_path / "model.yaml"
+    spec.write_text(yaml.safe_dump(tiny_spec))
+    proc = subprocess.run([sys.executable, "-m", "autotune", "search", str(spec),
+                           "--address", cluster.address], capture_output=True, text=True,
+                          timeout=timeout, env=cluster.env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return Path(tiny_spec["output"])
+
+
 def _two_node_spec(tiny_spec, **model):
     """Two ranks on a cluster of two one-core nodes: a rank on each (a core per rank)."""
     if model:
@@ -578,16 +592,8 @@ class TestOnTwoNodes:
 
     def test_autotune_search_on_two_nodes_exports_a_two_machine_accelerate_config(
             self, two_nodes, tiny_spec, tmp_path):
-        cluster = two_nodes
         tiny_spec["hardware"] = {"gpus_per_trial": 2}
-        tiny_spec["search"] |= {"n_trials": 2, "confirm_repeats": 0}
-        spec = tmp_path / "model.yaml"
-        spec.write_text(yaml.safe_dump(tiny_spec))
-        proc = subprocess.run([sys.executable, "-m", "autotune", "search", str(spec),
-                               "--address", cluster.address], capture_output=True, text=True,
-                              timeout=900, env=cluster.env)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        out = Path(tiny_spec["output"])
+        out = _cli_search(two_nodes, tiny_spec, tmp_path, timeout=900)
         summary = json.loads((out / "summary.json").read_text())
         assert summary["device"]["nodes"] == 2 and summary["device"]["count"] == 2
         ran = [t["outcome"] for t in summary["trials"] if t["outcome"]["status"] == "ok"]
@@ -686,16 +692,9 @@ def test_a_search_through_a_cluster_has_the_embedded_searchs_device_space_and_re
     """Found trying the cluster path: the probe copied the device field by field and
     dropped its native bf16 (and a GPU's peak FLOP/s), so through `--address` the recipe
     ran in fp32 on a CPU where an embedded search runs it in bf16."""
-    cluster = open_cluster.start(head_cpus=2)
-    tiny_spec["search"] |= {"n_trials": 2, "confirm_repeats": 0}
-    path = tmp_path / "model.yaml"
-    path.write_text(yaml.safe_dump(tiny_spec))
-    proc = subprocess.run([sys.executable, "-m", "autotune", "search", str(path),
-                           "--address", cluster.address], capture_output=True, text=True,
-                          timeout=600, env=cluster.env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _cli_search(open_cluster.start(head_cpus=2), tiny_spec, tmp_path)
     summary = load_summary(tiny_spec["output"])
-    spec = load_spec(path)
+    spec = load_spec(tmp_path / "model.yaml")
     embedded = RayExecutor(spec).discover()  # an embedded search's device (Ray not started)
     assert summary.device.to_dict() == embedded.to_dict()  # every field, not only compared ones
     assert summary.pruned_by_rules == build_space(spec, embedded).pruned

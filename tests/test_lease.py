@@ -167,6 +167,20 @@ executor.close()
 """
 
 
+def _started_while_held(lease_dir: Path, args: list[str], waits_for: str,
+                        ) -> subprocess.Popen:
+    """`args` started while a trial of another search holds every core (the caller's
+    lease), once it queues for the cores naming `waits_for`, a second later."""
+    proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not any(waits_for in p.read_text() for p in (lease_dir / "queue").glob("*.json")):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.2)
+    time.sleep(1)
+    return proc
+
+
 def test_a_search_starts_its_ray_only_between_the_trials_of_another(tmp_path, lease_dir,
                                                                      tiny_spec):
     """Starting Ray takes seconds of CPU: while another search's trial holds the cores, a
@@ -177,14 +191,7 @@ def test_a_search_starts_its_ray_only_between_the_trials_of_another(tmp_path, le
     spec = tmp_path / "model.yaml"
     spec.write_text(yaml.safe_dump(tiny_spec))
     with lease(ALL_CORES, timeout_s=5, label="a trial of another search"):
-        proc = subprocess.Popen([sys.executable, "-c", STARTS_RAY, str(spec)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.time() + 120
-        while not any("starting Ray" in p.read_text() for p in
-                      (lease_dir / "queue").glob("*.json")):
-            assert proc.poll() is None and time.time() < deadline, proc.communicate()
-            time.sleep(0.2)
-        time.sleep(1)
+        proc = _started_while_held(lease_dir, ["-c", STARTS_RAY, str(spec)], "starting Ray")
         assert not psutil.Process(proc.pid).children(recursive=True)  # no Ray yet
         released = time.time()
     out, err = proc.communicate(timeout=120)
@@ -204,14 +211,8 @@ def test_a_search_reads_its_model_only_between_the_trials_of_another(tmp_path, l
     spec = tmp_path / "model.yaml"
     spec.write_text(yaml.safe_dump(tiny_spec))
     with lease(ALL_CORES, timeout_s=5, label="a trial of another search"):
-        proc = subprocess.Popen([sys.executable, "-m", "autotune", "search", str(spec)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.time() + 120
-        while not any("reading the model" in p.read_text() for p in
-                      (lease_dir / "queue").glob("*.json")):
-            assert proc.poll() is None and time.time() < deadline, proc.communicate()
-            time.sleep(0.2)
-        time.sleep(1)
+        proc = _started_while_held(lease_dir, ["-m", "autotune", "search", str(spec)],
+                                   "reading the model")
         assert proc.poll() is None  # still waiting: nothing read, no trial
         assert not (Path(tiny_spec["output"]) / "study.db").exists()
     out, err = proc.communicate(timeout=300)
