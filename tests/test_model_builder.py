@@ -5,6 +5,7 @@ asked; an MoE model's routers kept; a ZeRO-3 rank holding its partitions only.""
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 import pytest
 import torch
@@ -81,6 +82,47 @@ def test_a_quantized_base_is_the_plain_build_quantized_with_nothing_written():
     assert torch.corrcoef(torch.stack([restored.flatten(), original.flatten()]))[0, 1] > 0.99
     assert torch.equal(quantized.model.embed_tokens.weight, plain.model.embed_tokens.weight)
 
+
+
+def test_what_a_build_writes_is_its_own_not_a_thread_beside_it(tmp_path):
+    """A trial's RSS watcher rewrites its figure file while the model builds: those
+    pages are not the build's (they showed as 4-48 KiB "written" by every trial of a
+    search), and what the building thread writes still counts."""
+    import os
+    import threading
+
+    from autotune.trials.model_builder import _disk_io
+
+    def write_to_disk(path: Path, n: int) -> None:
+        for i in range(n):
+            path.write_text(str(i) * 100)
+            with path.open() as f:
+                os.fsync(f.fileno())
+
+    before = _disk_io()
+    write_to_disk(tmp_path / "mine", 3)
+    assert _disk_io()["write"] - before["write"] >= 4096
+
+    stop = threading.Event()
+
+    def beside() -> None:
+        while not stop.is_set():
+            write_to_disk(tmp_path / "watcher", 1)
+
+    def process_writes() -> int:
+        return int(dict(line.split(": ") for line in
+                        Path("/proc/self/io").read_text().splitlines())["write_bytes"])
+
+    process_before = process_writes()
+    watcher = threading.Thread(target=beside)
+    watcher.start()
+    try:
+        _, how = _build({"config": LLAMA}, NF4)
+    finally:
+        stop.set()
+        watcher.join()
+    assert process_writes() - process_before >= 4096  # the watcher's pages
+    assert how["disk_write_bytes"] == 0
 
 def test_nf4_on_cpu_is_bitsandbytes_quantization():
     from bitsandbytes.functional import dequantize_4bit

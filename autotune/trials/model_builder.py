@@ -79,12 +79,15 @@ def _is_quantizer_error(exc: Exception) -> bool:
 
 
 def _disk_io() -> dict[str, int]:
-    """This process's bytes read from and written to storage so far (Linux's
-    /proc/self/io; the page cache's hits are no reads); {} where not known."""
+    """Bytes read from storage by this process so far (torch's threads may fault a
+    checkpoint's pages in) and written by this thread, the one that builds (a save and
+    reload would write here; the trial's RSS watcher rewrites its figure file meanwhile);
+    Linux's /proc, the page cache's hits no reads; {} where not known."""
     try:
-        fields = dict(line.split(": ") for line in
-                      Path("/proc/self/io").read_text().splitlines())
-        return {"read": int(fields["read_bytes"]), "write": int(fields["write_bytes"])}
+        read, write = (dict(line.split(": ") for line in
+                            Path(f"/proc/{who}/io").read_text().splitlines())
+                       for who in ("self", "thread-self"))
+        return {"read": int(read["read_bytes"]), "write": int(write["write_bytes"])}
     except (OSError, KeyError, ValueError):
         return {}
 
