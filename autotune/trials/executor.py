@@ -436,17 +436,22 @@ class RayExecutor(Executor):
             self._refs[ref] = flight
 
     def _end(self, flight: _InFlight) -> None:
-        """Cancel what of a trial still runs (its ranks die with their tasks) and remove
-        its placement group where it spans nodes, however the trial ended."""
+        """End what of a trial still runs (its ranks die with their tasks), however the
+        trial ended. Where it spans nodes, removing its placement group kills its tasks on
+        every node: no `ray.cancel`, which aborts Ray 2.60's driver when the task it
+        cancels is completing (a node's report arriving just then, say)."""
         import ray
 
-        for ref in [r for r, f in self._refs.items() if f is flight]:
-            ray.cancel(ref, force=True)
+        refs = [r for r, f in self._refs.items() if f is flight]
+        for ref in refs:
             del self._refs[ref]
         if flight.group is not None:
             with contextlib.suppress(Exception):
                 ray.util.remove_placement_group(flight.group)
             flight.group = None
+            return
+        for ref in refs:  # one node's trial, past its deadline: hung, not completing
+            ray.cancel(ref, force=True)
 
     def _collect(self, ref: Any, flight: _InFlight,
                  done: list[tuple[int, Outcome]]) -> None:
