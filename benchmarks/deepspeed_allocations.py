@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -53,25 +54,50 @@ def _one_rank(port: int) -> None:
         os.environ.setdefault(key, value)
 
 
-def _settled() -> None:
-    """Wait (at most 1 s) until this process's other threads are idle. gloo runs even a
-    one-rank all-reduce on a worker thread whose work item holds the reduced tensor (here a
-    view of ZeRO's bucket) a moment after the caller's wait returns: the bucket's storage is
-    then freed on that thread, after the caller dropped it (in 9-39% of all-reduces on this
-    2-core machine idle). A mark taken before then counts a bucket ZeRO has dropped (CI,
-    once: ZeRO-2's trial held 4 MB more than its engine after its first micro-batch)."""
-    me, end = threading.get_native_id(), time.monotonic() + 1.0
+def _running_threads() -> int | None:
+    """How many of this process's other threads are running (Linux's state R); None
+    where /proc lists no threads."""
+    me = threading.get_native_id()
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    running = 0
+    for tid in tids:
+        try:
+            stat = Path(f"/proc/self/task/{tid}/stat").read_text()
+        except OSError:  # the thread has ended
+            continue
+        if int(tid) != me and stat[stat.rindex(")") + 2] == "R":
+            running += 1
+    return running
+
+
+def _settled(limit_s: float = 1.0) -> bool:
+    """Whether this process's other threads went idle within `limit_s` (seen idle twice, a
+    sleep apart, so that one waiting for the GIL has run). gloo runs even a one-rank
+    all-reduce on a worker thread that holds the reduced tensor (ZeRO's bucket) a moment
+    after the caller's wait returns, and frees it there: a mark taken first counts a bucket
+    ZeRO has dropped (docs/results.md, 2026-11-27). A thread that runs Python is not seen:
+    it waits for the GIL, asleep, whenever this one looks."""
+    end, idle = time.monotonic() + limit_s, 0
     while time.monotonic() < end:
-        running = 0
-        for tid in os.listdir("/proc/self/task"):
-            try:
-                stat = Path(f"/proc/self/task/{tid}/stat").read_text()
-            except OSError:  # the thread has ended
-                continue
-            running += int(tid) != me and stat[stat.rindex(")") + 2] == "R"
-        if not running:
-            return
+        running = _running_threads()
+        if running is None:
+            return False
+        idle = idle + 1 if running == 0 else 0
+        if idle == 2:
+            return True
         time.sleep(0.0002)
+    return False
+
+
+def _mark(marks: Marks, name: str, events: list) -> None:
+    """The phase `name` ends here, once what other threads still free has been freed."""
+    if not _settled():
+        warnings.warn(f"{name}: this process's threads still ran after 1 s; the phase's "
+                      "figures may count what they hold", stacklevel=2)
+    marks.append((name, len(events)))
 
 
 def _model(hf_config: dict[str, Any]) -> Any:
@@ -119,19 +145,16 @@ def record(stage: int, offload: str, hf_config: dict[str, Any], seq: int, batch:
         engine, *_ = deepspeed.initialize(
             model=model, optimizer=optim, config=ds,
             model_parameters=model.parameters() if optim is None else None)
-        _settled()
-        marks.append(("init", len(events)))
+        _mark(marks, "init", events)
         ids = torch.randint(0, int(hf_config["vocab_size"]), (batch, seq))
         for s in range(steps):
             for m in range(accumulation):
                 loss = engine(input_ids=ids, labels=ids).loss
                 engine.backward(loss)
-                _settled()
-                marks.append((f"s{s}m{m} fwd+bwd", len(events)))
+                _mark(marks, f"s{s}m{m} fwd+bwd", events)
                 engine.step()
                 del loss
-                _settled()
-                marks.append((f"s{s}m{m} step", len(events)))
+                _mark(marks, f"s{s}m{m} step", events)
     return [(kind, key, n) for kind, key, n, _ in events], marks
 
 
@@ -183,17 +206,14 @@ def record_trial(stage: int, offload: str, hf_config: dict[str, Any], seq: int, 
 
         class Phases(TrainerCallback):
             def on_train_begin(self, *args: Any, **kwargs: Any) -> None:
-                _settled()
-                marks.append(("init", len(events)))
+                _mark(marks, "init", events)
 
             def on_substep_end(self, args: Any, state: Any, *more: Any, **kw: Any) -> None:
-                _settled()
                 micro = sum(name.startswith(f"s{state.global_step}m") for name, _ in marks)
-                marks.append((f"s{state.global_step}m{micro}", len(events)))
+                _mark(marks, f"s{state.global_step}m{micro}", events)
 
             def on_step_end(self, args: Any, state: Any, *more: Any, **kw: Any) -> None:
-                _settled()
-                marks.append((f"s{state.global_step - 1} step", len(events)))
+                _mark(marks, f"s{state.global_step - 1} step", events)
 
         tracker = _LiveBytes(events, existing=[*model.parameters(), *model.buffers(), ids])
         with tracker.mode:

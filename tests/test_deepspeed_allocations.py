@@ -33,6 +33,7 @@ def _recorded() -> list[tuple[Phases, Phases]]:
 def _late_frees(settle: bool, n: int = 3000) -> int:
     """How many of `n` one-rank gloo all-reduces left their tensor's storage alive after
     its last Python reference went (and `da._settled()` where `settle`)."""
+    import os
     import socket
     import weakref
 
@@ -42,6 +43,7 @@ def _late_frees(settle: bool, n: int = 3000) -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    os.environ["MASTER_PORT"] = str(port)  # _one_rank keeps one already set
     da._one_rank(port)
     dist.init_process_group("gloo")
     late = 0

@@ -418,7 +418,9 @@ class RayExecutor(Executor):
         flight.group = placement_group([bundle] * self.nodes, strategy="STRICT_SPREAD")
         flight.nodes, flight.reports, flight.failing_since = {}, {}, None
         at0 = PlacementGroupSchedulingStrategy(flight.group, placement_group_bundle_index=0)
-        ref = ray.remote(_address_task).options(num_cpus=0, scheduling_strategy=at0).remote()
+        # Never retried: a retry into a removed group would wait for it for good.
+        ref = ray.remote(max_retries=0)(_address_task).options(
+            num_cpus=0, scheduling_strategy=at0).remote()
         flight.nodes[ref] = -1  # the address, not a node's ranks
         self._refs[ref] = flight
 
@@ -446,12 +448,17 @@ class RayExecutor(Executor):
         for ref in refs:
             del self._refs[ref]
         if flight.group is not None:
-            with contextlib.suppress(Exception):
+            for ref in refs:  # read when killed: else Ray logs each as an "Unhandled error"
+                ref.future().add_done_callback(lambda done: done.exception())
+            try:
                 ray.util.remove_placement_group(flight.group)
+            except Exception as exc:  # noqa: BLE001 - its tasks then run to their own limit
+                log.warning("trial %s: its placement group was not removed (%s); its ranks "
+                            "end at their own time limit", flight.ticket, exc)
             flight.group = None
             return
-        for ref in refs:  # one node's trial, past its deadline: hung, not completing
-            ray.cancel(ref, force=True)
+        for ref in refs:  # one node's trial past its deadline: hung, or still queued (the
+            ray.cancel(ref, force=True)  # race above is possible then, rarely)
 
     def _collect(self, ref: Any, flight: _InFlight,
                  done: list[tuple[int, Outcome]]) -> None:

@@ -22,6 +22,8 @@ import contextlib
 import importlib
 import json
 import re
+import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,17 +46,19 @@ def _model_field(model: dict[str, Any]) -> str:
 
 
 def build_model(model: dict[str, Any], loading: dict[str, Any] | None = None,
-                device: Any = "cpu") -> tuple[Any, dict[str, Any]]:
+                device: Any = "cpu", io_aside: Sequence[threading.Thread] = (),
+                ) -> tuple[Any, dict[str, Any]]:
     """The spec's model on `device`, loaded with the config's model kwargs
     (trainargs.model_kwargs: the attention kernel its knob names, else the spec's own or
     the model's default; a quantized base's BitsAndBytesConfig), and how it was built
     (for the outcome: which weights, where, partitioned or not, the disk it read and
-    wrote). A failure that is not a lack of memory is a SetupError naming the spec's
-    field: no config of the search could avoid it."""
+    wrote, less what the threads `io_aside` did meanwhile: a trial's RSS watcher). A
+    failure that is not a lack of memory is a SetupError naming the spec's field: no
+    config of the search could avoid it."""
     loading = dict(loading or {})
     if "attn_implementation" in loading:
         model = model | {"attn_implementation": loading.pop("attn_implementation")}
-    before = _disk_io()
+    before = _disk_io(io_aside)
     try:
         built, how = _build_model(model, loading.get("quantization_config"), device)
     except SetupError:
@@ -65,7 +69,7 @@ def build_model(model: dict[str, Any], loading: dict[str, Any] | None = None,
         if loading.get("quantization_config") and _is_quantizer_error(exc):
             raise  # the quantized base's (bitsandbytes'), not the spec's: the config fails
         raise SetupError(_model_field(model), f"{type(exc).__name__}: {exc}") from exc
-    after = _disk_io()
+    after = _disk_io(io_aside)
     how |= {"device": str(device)} | {f"disk_{k}_bytes": after[k] - before[k]
                                        for k in ("read", "write") if k in before}
     return built, how
@@ -78,18 +82,33 @@ def _is_quantizer_error(exc: Exception) -> bool:
                for f in traceback.extract_tb(exc.__traceback__))
 
 
-def _disk_io() -> dict[str, int]:
-    """Bytes read from storage by this process so far (torch's threads may fault a
-    checkpoint's pages in) and written by this thread, the one that builds (a save and
-    reload would write here; the trial's RSS watcher rewrites its figure file meanwhile);
-    Linux's /proc, the page cache's hits no reads; {} where not known."""
+def _disk_io(aside: Sequence[threading.Thread] = ()) -> dict[str, int]:
+    """This process's bytes read from and written to storage so far (Linux's /proc; the
+    page cache's hits are no reads), less those of the threads `aside` (a trial's RSS
+    watcher rewrites its figure file while the model builds: 4-48 KiB counted as the
+    build's before; a thread that has ended counts again); {} where not known."""
+
+    def io(path: str) -> dict[str, int]:
+        fields = dict(line.split(": ") for line in Path(path).read_text().splitlines())
+        return {"read": int(fields["read_bytes"]), "write": int(fields["write_bytes"])}
+
+    def theirs() -> list[dict[str, int]]:
+        out = []
+        for thread in aside:
+            with contextlib.suppress(OSError, KeyError, ValueError, TypeError):
+                out.append(io(f"/proc/self/task/{thread.native_id}/io"))
+        return out
+
     try:
-        read, write = (dict(line.split(": ") for line in
-                            Path(f"/proc/{who}/io").read_text().splitlines())
-                       for who in ("self", "thread-self"))
-        return {"read": int(read["read_bytes"]), "write": int(write["write_bytes"])}
+        for _ in range(10):  # theirs read unchanged on both sides of the total: consistent
+            first = theirs()
+            total = io("/proc/self/io")
+            last = theirs()
+            if first == last:
+                break
     except (OSError, KeyError, ValueError):
         return {}
+    return {k: v - sum(t[k] for t in last) for k, v in total.items()}
 
 
 def _build_model(model: dict[str, Any], quantization: dict[str, Any] | None,

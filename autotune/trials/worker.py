@@ -333,7 +333,7 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
                 _join_deepspeed(args)
         with clock.phase("model"):
             model, extra["model_build"] = build_model(spec.model.model_dump(),
-                                                      model_kwargs(cfg), device)
+                                                      model_kwargs(cfg), device, (watch,))
             if cfg.quantization != "none":
                 model = prepare_quantized(model)
             if spec.model.lora is not None and spec.trainer != "dpo":  # DPO: TRL adds them
