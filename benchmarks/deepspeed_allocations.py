@@ -55,8 +55,9 @@ def _one_rank(port: int) -> None:
 
 
 def _running_threads() -> int | None:
-    """How many of this process's other threads are running (Linux's state R); None
-    where /proc lists no threads."""
+    """How many of this process's other threads are running or in the kernel
+    uninterruptibly (Linux's states R and D: a thread faulting its pages in, or freeing
+    them, waits in D for the process's memory map); None where /proc lists no threads."""
     me = threading.get_native_id()
     try:
         tids = os.listdir("/proc/self/task")
@@ -68,7 +69,7 @@ def _running_threads() -> int | None:
             stat = Path(f"/proc/self/task/{tid}/stat").read_text()
         except OSError:  # the thread has ended
             continue
-        if int(tid) != me and stat[stat.rindex(")") + 2] == "R":
+        if int(tid) != me and stat[stat.rindex(")") + 2] in "RD":
             running += 1
     return running
 

@@ -30,6 +30,36 @@ def _recorded() -> list[tuple[Phases, Phases]]:
             for stage, offload in da.CONFIGS]
 
 
+def test_settled_returns_once_another_thread_has_let_go_of_its_tensor():
+    """`_settled`'s contract, without gloo: a thread still working outside the GIL with a
+    tensor (one matmul, about 0.04 s here) is waited for, and the tensor is freed by then;
+    also when the matmul's threads fault their first pages in (state D, not R: a fresh
+    process's first matmul returned early so, once in 8 runs, before D counted)."""
+    import threading
+    import weakref
+
+    import torch
+
+    started, freed = threading.Event(), []
+
+    def work() -> None:
+        held = torch.empty(1 << 18)
+        weakref.finalize(held.untyped_storage(), freed.append, True)
+        a = torch.randn(1536, 1536)
+        started.set()
+        torch.mm(a, a)  # as gloo's worker: C++, the GIL released
+        del held
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    started.wait()
+    try:
+        assert da._settled()
+        assert freed
+    finally:
+        worker.join()
+
+
 def _late_frees(settle: bool, n: int = 3000) -> int:
     """How many of `n` one-rank gloo all-reduces left their tensor's storage alive after
     its last Python reference went (and `da._settled()` where `settle`)."""
