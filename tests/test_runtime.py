@@ -243,3 +243,19 @@ def test_the_launcher_asks_py_cpuinfo_once_for_every_trial_it_forks():
                          timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [True, True, False]
+
+
+@pytest.mark.slow
+def test_a_zero1_trial_compiled_in_place_runs_compiled(tiny_spec):
+    """accelerate compiles a DeepSpeed engine in place (`engine.compile()` calls the
+    module's own `compile()`): no OptimizedModule wrapper appears, and such a trial was
+    thrown away as "not compiled" after paying its compile."""
+    from autotune.trials.launch import run_trial
+    from tests.conftest import trial_request
+
+    out = run_trial(trial_request(tiny_spec, TrialConfig.of(4, 4, zero_stage=1,
+                                                            torch_compile=True), timeout_s=300))
+    assert out.status == "ok", out.error
+    facts = out.extra["ran_with"]
+    assert facts["wrapped_as"] == "DeepSpeedEngine" and facts["compiled"], facts
+    assert facts["compiled_graphs"] > 0 and out.extra["recompiled_steps"] == 0

@@ -59,15 +59,28 @@ def unwrapped(module) -> Any:
     return module
 
 
-def ran_with(trainer, tf32: bool | None) -> dict[str, Any]:
-    """The facts of a trial's run, for its outcome (`extra["ran_with"]`)."""
+def compiled_in_place(module) -> bool:
+    """Whether `module` or one of its submodules was compiled in place: accelerate
+    compiles a DeepSpeed engine with `engine.compile()`, which calls its module's own
+    `nn.Module.compile()` (and regional compilation each block's), so no `OptimizedModule`
+    wrapper appears; the compiled call is kept in the module's `_compiled_call_impl`
+    instead, and the engine says `is_compiled`."""
+    if getattr(module, "_is_compiled", False) is True:  # DeepSpeedEngine.compile() ran
+        return True
+    return any(getattr(m, "_compiled_call_impl", None) is not None for m in module.modules())
+
+
+def ran_with(trainer, tf32: bool | None, graphs: int | None = None) -> dict[str, Any]:
+    """The facts of a trial's run, for its outcome (`extra["ran_with"]`); `graphs`: the
+    graphs torch.compile compiled in the run, the evidence that compiled code ran."""
     wrapped = trainer.model_wrapped
-    compiled = type(wrapped).__name__ == "OptimizedModule" or type(
-        trainer.model).__name__ == "OptimizedModule"
+    compiled = any(type(m).__name__ == "OptimizedModule" or compiled_in_place(m)
+                   for m in (wrapped, trainer.model))
     model = unwrapped(trainer.model)
     return {"tf32": tf32, "compiled": compiled,
             "compile_mode": (getattr(trainer.args, "torch_compile_mode", None) or "default")
             if compiled else None,
+            "compiled_graphs": graphs,
             "liger": liger_applied(model),
             "attn_implementation": getattr(getattr(model, "config", None),
                                            "_attn_implementation", None),
@@ -77,7 +90,8 @@ def ran_with(trainer, tf32: bool | None) -> dict[str, Any]:
 def contradiction(precision: str, use_liger: bool, torch_compile: bool, facts: dict[str, Any],
                   cuda: bool) -> str | None:
     """Why the run's facts contradict its config's label, or None: fp32 that ran TF32
-    matmuls, tf32 that did not, Liger or compile asked for and not applied."""
+    matmuls, tf32 that did not, Liger or compile asked for and not applied (compile
+    applied as a wrapper or in place, and at least one graph compiled)."""
     if cuda and facts.get("tf32") is not None:
         if precision == "fp32" and facts["tf32"]:
             return ("precision fp32 ran its matmuls in TF32 (transformers and accelerate turn "
@@ -89,4 +103,7 @@ def contradiction(precision: str, use_liger: bool, torch_compile: bool, facts: d
         return "use_liger_kernel did not take effect: no module of the model is Liger's"
     if torch_compile and not facts.get("compiled"):
         return "torch_compile did not take effect: the trained module was not compiled"
+    if torch_compile and facts.get("compiled_graphs") == 0:
+        return ("torch_compile did not take effect: the module was compiled but torch.compile "
+                "compiled no graph of it, so every step ran eagerly")
     return None

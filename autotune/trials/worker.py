@@ -173,7 +173,7 @@ def _step_timer(sync, warmup: int, memory=None):
         def __init__(self) -> None:
             self.marks: list[float] = []
             self.peaks: list[tuple[int, int]] = []
-            self.compiled: list[int] = []  # frames torch.compile had compiled, per step
+            self.compiled: list[int] = []  # graphs torch.compile had compiled, per step
             self.tf32: bool | None = None  # float32 matmuls as TF32 when training began
 
         def on_train_begin(self, args, state, control, **kw):
@@ -188,7 +188,7 @@ def _step_timer(sync, warmup: int, memory=None):
             if state.global_step in (warmup, state.max_steps):
                 sync()
             self.marks.append(time.perf_counter())
-            self.compiled.append(compiled_frames())
+            self.compiled.append(compiled_graphs())
             if memory is not None:
                 self.peaks.append(memory())
 
@@ -202,11 +202,14 @@ def _step_timer(sync, warmup: int, memory=None):
     return StepTimer()
 
 
-def compiled_frames() -> int:
-    """Frames torch.compile has compiled in this process: one per graph, and one more
-    each time a guard fails and it recompiles."""
+def compiled_graphs() -> int:
+    """Graphs torch.compile has handed its backend in this process: one per graph, and
+    one more each time a guard fails and it recompiles. Not dynamo's frame count: that
+    counts every frame it looked at, also those it found nothing in (a DeepSpeed
+    engine's helpers, first called at the second step, made a compiled ZeRO trial look
+    like one that recompiles every step)."""
     dynamo = sys.modules.get("torch._dynamo.utils")
-    return int(dynamo.counters["frames"]["total"]) if dynamo is not None else 0
+    return int(dynamo.counters["stats"]["unique_graphs"]) if dynamo is not None else 0
 
 
 def recompiles(durations: list[float], compiled: list[int],
@@ -372,7 +375,7 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
             outcome.extra["peaks_by_step"] = timer.peaks
         # What the run really was: the Trainer's wrapper (DDP, FSDP, a DeepSpeed engine:
         # the proof that a sharding knob took effect), TF32, Liger, compile.
-        facts = ran_with(trainer, timer.tf32)
+        facts = ran_with(trainer, timer.tf32, compiled_graphs())
         outcome.extra["ran_with"] = facts
         outcome.extra["wrapped_as"] = facts["wrapped_as"]
         fallback = _sharding_fallback(cfg, facts["wrapped_as"]) or contradiction(
