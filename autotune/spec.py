@@ -314,7 +314,8 @@ class SearchSpec(_Strict):
     timeout: str | int = "30m"
     """Wall time for this invocation of the search."""
     trial_timeout: str | int = "10m"
-    """Wall time for one trial, model load included; it is killed after that."""
+    """Wall time for one trial, model load included; it is killed after that. A compiled
+    trial's torch.compile seconds are not counted, up to as long again."""
     storage: str | None = None
     """The Optuna storage URL (default: sqlite:///OUTPUT/study.db); several drivers on one
     database share a search."""

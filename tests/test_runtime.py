@@ -246,16 +246,64 @@ def test_the_launcher_asks_py_cpuinfo_once_for_every_trial_it_forks():
 
 
 @pytest.mark.slow
-def test_a_zero1_trial_compiled_in_place_runs_compiled(tiny_spec):
+def test_compiled_zero1_trials_run_compiled_cold_then_warm_under_one_limit(
+        tiny_spec, tmp_path, monkeypatch):
     """accelerate compiles a DeepSpeed engine in place (`engine.compile()` calls the
     module's own `compile()`): no OptimizedModule wrapper appears, and such a trial was
-    thrown away as "not compiled" after paying its compile."""
+    thrown away as "not compiled" after paying its compile. Two in a row on a fresh
+    Inductor cache: the first compiles cold, the second reuses it, and both were held to
+    the same limit, their compilation not counted."""
     from autotune.trials.launch import run_trial
     from tests.conftest import trial_request
 
-    out = run_trial(trial_request(tiny_spec, TrialConfig.of(4, 4, zero_stage=1,
-                                                            torch_compile=True), timeout_s=300))
-    assert out.status == "ok", out.error
-    facts = out.extra["ran_with"]
-    assert facts["wrapped_as"] == "DeepSpeedEngine" and facts["compiled"], facts
-    assert facts["compiled_graphs"] > 0 and out.extra["recompiled_steps"] == 0
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    config = TrialConfig.of(4, 4, zero_stage=1, torch_compile=True)
+    cold, warm = (run_trial(trial_request(tiny_spec, config, timeout_s=300)) for _ in "ab")
+    for out in (cold, warm):
+        assert out.status == "ok", out.error
+        facts = out.extra["ran_with"]
+        assert facts["wrapped_as"] == "DeepSpeedEngine" and facts["compiled"], facts
+        assert facts["compiled_graphs"] > 0 and out.extra["recompiled_steps"] == 0
+        assert out.extra["time_limit"]["compile_not_counted_s"] == pytest.approx(
+            out.extra["compile"]["seconds"], abs=0.01)
+    assert cold.extra["compile"]["cache"] == "cold", cold.extra["compile"]
+    assert warm.extra["compile"]["cache"] == "warm", warm.extra["compile"]
+    assert cold.extra["compile"]["seconds"] > warm.extra["compile"]["seconds"]
+    limits = [{k: v for k, v in o.extra["time_limit"].items() if k != "compile_not_counted_s"}
+              for o in (cold, warm)]
+    assert limits[0] == limits[1] == {"seconds": 300, "compile_allowance_s": 300}
+    # The warm-up paid the compile, not the timed steps (charged once to the long run).
+    assert cold.extra["compile_seconds"] > 10 * cold.median_step
+
+
+def test_a_compiled_trials_limit_does_not_count_its_compilation(tmp_path):
+    """The launcher's wait: an eager trial is past its limit at the limit; a compiled
+    one, whose rank's clock says it has been compiling, only that much later (up to its
+    allowance), whether the compile finished or is still running."""
+    import json
+    import time
+
+    from autotune.trials import compile_clock
+    from autotune.trials.launch import _wait_within_limit
+    from autotune.trials.protocol import TrialRequest
+
+    assert compile_clock.deadline(100.0, 60.0, 60.0, 45.0) == 205.0
+    assert compile_clock.deadline(100.0, 60.0, 60.0, 500.0) == 220.0  # the allowance
+    (tmp_path / "result.json.compile").write_text(json.dumps({"seconds": 0.2, "since": None}))
+    (tmp_path / "result.json.rank1.compile").write_text(
+        json.dumps({"seconds": 0.1, "since": time.time() - 0.2}))
+    assert compile_clock.spent(list(tmp_path.glob("*.compile"))) == pytest.approx(0.3, abs=0.05)
+
+    def never_ends(seconds: float) -> None:
+        time.sleep(min(seconds, 0.02))
+
+    def waited(torch_compile: bool) -> float:
+        request = TrialRequest({}, {"torch_compile": torch_compile}, {}, timeout_s=0.3)
+        begun = time.monotonic()
+        assert _wait_within_limit(never_ends, request, tmp_path) is None
+        return time.monotonic() - begun
+
+    assert 0.29 < waited(False) < 0.45
+    (tmp_path / "result.json.rank1.compile").write_text(json.dumps({"seconds": 0.1,
+                                                                    "since": None}))
+    assert 0.49 < waited(True) < 0.7  # 0.3 s of its own, 0.2 s of compiling

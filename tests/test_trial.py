@@ -36,7 +36,8 @@ def test_ok_trial_measures_throughput_and_memory(tiny_spec):
     assert phases["steps"] == pytest.approx(out.timed_seconds, abs=1e-3)
     assert sum(phases.values()) < out.wall_seconds
     assert out.extra["ran_with"] == {
-        "tf32": False, "compiled": False, "compile_mode": None, "liger": False,
+        "tf32": False, "compiled": False, "compile_mode": None, "compiled_graphs": 0,
+        "liger": False,
         "attn_implementation": "sdpa", "wrapped_as": out.extra["wrapped_as"]}
     assert out.extra["model_build"]["weights"] == "random"
 

@@ -396,8 +396,10 @@ class RayExecutor(Executor):
 
     # --- running ------------------------------------------------------------------------
     def _launch(self, flight: _InFlight) -> None:
-        # A trial may first wait up to its own limit for devices another search holds.
-        flight.deadline = time.time() + 2 * self.timeout_s + GRACE_S
+        # A trial may first wait up to its own limit for devices another search holds, and
+        # a compiled one compile for its allowance beyond the limit.
+        flight.deadline = (time.time() + 2 * self.timeout_s
+                           + flight.request.compile_allowance_s() + GRACE_S)
         if self.nodes > 1:
             self._launch_spread(flight)
             return

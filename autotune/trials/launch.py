@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ import psutil
 
 from autotune.config import TrialConfig
 from autotune.records import CRASHED, ERROR, LOST, NAN, OOM, TIMEOUT, Outcome
-from autotune.trials import forkserver
+from autotune.trials import compile_clock, forkserver
 from autotune.trials.lease import LeaseTimeout, lease, trial_want
 from autotune.trials.oom import is_oom_message, is_oom_signal
 from autotune.trials.protocol import (
@@ -115,6 +116,25 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def _wait_within_limit(wait: Callable[[float], int | None], request: TrialRequest,
+                       tmpdir: Path) -> int | None:
+    """The trial's return code from `wait(seconds)` (None: not ended in them), or None
+    once it is past its time limit. A compiled trial's compilation, which its ranks' clocks
+    report as it goes, is not counted, up to its allowance (compile_clock.py): the limit
+    is the same whether Inductor's cache was cold or warm."""
+    begun, allowance = time.time(), request.compile_allowance_s()
+    while True:
+        compiled = compile_clock.spent(list(tmpdir.glob("result.json*.compile"))) if (
+            allowance) else 0.0
+        left = compile_clock.deadline(begun, request.timeout_s, allowance, compiled) - (
+            time.time())
+        if left <= 0:
+            return None
+        code = wait(left)
+        if code is not None:
+            return code
+
+
 def _run_cold(request: TrialRequest, tmpdir: Path, env: dict[str, str],
               node_rank: int = 0) -> tuple[int, bool]:
     """(return code, timed out) of the trial as a new interpreter (torchrun for ranks)."""
@@ -125,11 +145,14 @@ def _run_cold(request: TrialRequest, tmpdir: Path, env: dict[str, str],
                      env["MASTER_PORT"], node),
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=tmpdir,
             preexec_fn=forkserver.die_with_parent)
-        timed_out = False
+        def waited(seconds: float) -> int | None:
+            try:
+                return proc.wait(timeout=seconds)
+            except subprocess.TimeoutExpired:
+                return None
+
         try:
-            proc.wait(timeout=request.timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+            timed_out = _wait_within_limit(waited, request, tmpdir) is None
         except BaseException:  # Ctrl-C in the driver: take the trial down with us
             _kill_group(proc)
             raise
@@ -152,7 +175,8 @@ def _run_warm(request: TrialRequest, tmpdir: Path, env: dict[str, str],
                             "local_world": request.world_size // request.nodes,
                             "node_rank": node_rank})
         try:
-            code = server.wait(pid, request.timeout_s)
+            code = _wait_within_limit(lambda seconds: server.wait(pid, seconds), request,
+                                      tmpdir)
             if code is not None:
                 return code, False
             with contextlib.suppress(ProcessLookupError):
@@ -238,6 +262,7 @@ class _Ran:
     ranks: dict[int, Outcome]
     warm: bool
     cold_because: str | None
+    compiled_s: float = 0.0  # the most seconds a rank spent compiling (compile_clock.py)
 
 
 def _spawning(env: dict[str, str]) -> dict[str, str]:
@@ -265,7 +290,8 @@ def _launch_ranks(request: TrialRequest, tmpdir: Path, env: dict[str, str],
     if not warm and request.world_size > 1 and code > 0:
         code = _torchrun_root_cause(log_tail) or code
     ranks = _rank_results(tmpdir / "result.json", request.world_size)
-    return _Ran(code, timed_out, log_tail, ranks, warm, cold_because)
+    compiled = compile_clock.spent(list(tmpdir.glob("result.json*.compile")))
+    return _Ran(code, timed_out, log_tail, ranks, warm, cold_because, compiled)
 
 
 def _run_trial(request: TrialRequest) -> Outcome:
@@ -283,13 +309,17 @@ def _run_trial(request: TrialRequest) -> Outcome:
             # torn down under them) follow from it and say nothing of the config.
             ranks = {}
         outcome = _classify(code, ran.timed_out, ranks, ran.log_tail, request.timeout_s,
-                            request.world_size)
+                            request.world_size, _not_counted(request, ran.compiled_s))
         if outcome.status == OOM and is_oom_signal(code) and not ranks:
             outcome = _host_pressure(outcome, _rss_growth(tmpdir / "result.json",
                                                           request.world_size),
                                      host_share, on_gpu=not request.on_cpu)
     outcome.wall_seconds = time.time() - started
     outcome.extra["launch"] = "warm" if ran.warm else "cold"
+    outcome.extra["time_limit"] = {"seconds": request.timeout_s,
+                                   "compile_allowance_s": request.compile_allowance_s(),
+                                   "compile_not_counted_s": round(
+                                       _not_counted(request, ran.compiled_s), 3)}
     if ran.cold_because:
         outcome.extra["cold_because"] = ran.cold_because
     return outcome
@@ -461,14 +491,21 @@ def merge_ranks(ranks: dict[int, Outcome], world_size: int) -> Outcome | None:
     return outcome
 
 
+def _not_counted(request: TrialRequest, compiled_s: float) -> float:
+    """The compile seconds the trial's time limit did not count."""
+    return min(compiled_s, request.compile_allowance_s())
+
+
 def _classify(returncode: int, timed_out: bool, ranks: dict[int, Outcome], log_tail: str,
-              timeout_s: float, world_size: int = 1) -> Outcome:
+              timeout_s: float, world_size: int = 1, compiled_s: float = 0.0) -> Outcome:
     merged = merge_ranks(ranks, world_size)
     if merged is not None:
         return merged
     if timed_out:
+        besides = (f" (besides {compiled_s:.0f} s of torch.compile, not counted)"
+                   if compiled_s >= 0.5 else "")
         return Outcome(TIMEOUT, error=f"killed after the trial time limit of {timeout_s:.0f} s"
-                       f"\n{log_tail}")
+                       f"{besides}\n{log_tail}")
     if returncode < 0:
         sig = signal.Signals(-returncode).name
         if is_oom_message(log_tail):  # e.g. SIGABRT after a C++ std::bad_alloc

@@ -25,10 +25,12 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from autotune.records import ERROR, LOST, NAN, OK, OOM, Outcome
+from autotune.trials.compile_clock import CompileClock, cache_state
 from autotune.trials.gpu_memory import allocator_peaks, gpu_memory, record_history
 from autotune.trials.protocol import (
     SPAWNED_AT,
     TrialRequest,
+    compile_clock_path,
     rank_result_path,
     rss_path,
     write_result,
@@ -320,6 +322,10 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     history = cuda and record_history(cfg.zero_stage)
     timer = _step_timer(sync, spec.measure.warmup_steps, allocator_peaks if cuda else None)
+    # A compiled trial's compile seconds, where the launcher reads them: not counted
+    # against its time limit (trials/compile_clock.py).
+    compiling = CompileClock(compile_clock_path(result_path)).start() if (
+        cfg.torch_compile) else None
     extra: dict[str, Any] = {}
     try:
         n_steps = spec.measure.warmup_steps + spec.measure.steps
@@ -389,6 +395,9 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
         tail = "".join(traceback.format_exception(exc)).splitlines()[-ERROR_TAIL_LINES:]
         outcome = Outcome(OOM if is_oom_exception(exc) else ERROR, error="\n".join(tail),
                           extra=extra)
+    if compiling is not None:  # torch's own compile seconds, and Inductor's caches' state
+        compiling.stop()
+        outcome.extra["compile"] = {"seconds": round(compiling.seconds, 3)} | cache_state()
     outcome.shape = shape
     outcome.wall_seconds = time.time() - started
     outcome.extra |= {"started_at": started, "ended_at": time.time(),
