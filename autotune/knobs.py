@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import math
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -40,13 +42,17 @@ class Rule:
     reason: str
     excludes: Callable[[TrialConfig, DeviceSpec], bool]
     install: bool = False
+    # The reason as it stands on this machine, where it says more than `reason` (which
+    # the knob references print): a package's own import error.
+    explain: Callable[[], str] | None = None
 
     def check(self, config: TrialConfig, device: DeviceSpec) -> tuple[str, str] | None:
         if not self.excludes(config, device):
             return None
         fields = config.to_dict() | {"device": device.name,
                                      "cc": device.compute_capability or "CPU"}
-        return self.label.format(**fields), self.reason.format(**fields)
+        reason = self.explain() if self.explain else self.reason.format(**fields)
+        return self.label.format(**fields), reason
 
 
 def _no_prior(value: Any, device: DeviceSpec, world_size: int) -> float:
@@ -74,6 +80,31 @@ def _installed(module: str) -> bool:
     the device rules ask for every config of a space (about 35,000 times for a 70B plan,
     1.5 s of path searching)."""
     return importlib.util.find_spec(module) is not None
+
+
+IMPORT_CHECK_TIMEOUT_S = 120.0
+
+
+@cache
+def _import_failure(module: str) -> str | None:
+    """Why `module` cannot be used here ("is not installed", or installed and failing to
+    import: a compiled wheel built against another torch fails with "undefined symbol"),
+    or None where it imports. Imported in a fresh interpreter, once per process, and only
+    where it is installed: the driver neither pays the import (torch's, a CUDA library's)
+    nor dies of a broken extension."""
+    if not _installed(module):
+        return "is not installed"
+    try:
+        done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True,
+                              text=True, timeout=IMPORT_CHECK_TIMEOUT_S,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return f"is installed but did not finish importing in {IMPORT_CHECK_TIMEOUT_S:.0f} s"
+    if done.returncode == 0:
+        return None
+    lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+    said = lines[-1] if lines else f"exit status {done.returncode}"
+    return f"is installed but fails to import ({said[:300]})"
 
 
 @dataclass(frozen=True)
@@ -222,7 +253,6 @@ def _checkpointing_arg() -> str:
     the exported kwargs load without deprecation warnings where they will be used. Read
     from transformers' source where it is not imported yet: importing TrainingArguments
     cost a search's driver 1.3-3.7 s here, for this one name."""
-    import sys
     from dataclasses import fields
 
     from autotune import transformers_source
@@ -425,9 +455,13 @@ ATTENTION = Knob(
     affects_model=True,
     loading=lambda a, c: {} if a == "auto" else {"attn_implementation": a},
     rules=(
+        # Imported, not only found: a wheel built against another torch is common, and the
+        # recipe tries flash_attention_2 first (its build's ImportError ended the search).
         Rule("attn_implementation=flash_attention_2", "flash_attention_2 needs flash-attn, "
-             "which is not installed", lambda c, d: c.attn_implementation ==
-             "flash_attention_2" and not _installed("flash_attn"), install=True),
+             "which is not installed or fails to import", lambda c, d: c.attn_implementation
+             == "flash_attention_2" and _import_failure("flash_attn") is not None,
+             install=True, explain=lambda: "flash_attention_2 needs flash-attn, which "
+             f"{_import_failure('flash_attn')}"),
         Rule("attn_implementation=flash_attention_2", "flash_attention_2 is a CUDA kernel",
              lambda c, d: c.attn_implementation == "flash_attention_2" and not d.is_cuda),
         Rule("attn_implementation=flash_attention_2", "flash_attention_2 needs an Ampere or "

@@ -6,6 +6,8 @@ bitsandbytes from making a CUDA context and tries a fork before it serves."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -307,3 +309,49 @@ def test_a_compiled_trials_limit_does_not_count_its_compilation(tmp_path):
     (tmp_path / "result.json.rank1.compile").write_text(json.dumps({"seconds": 0.1,
                                                                     "since": None}))
     assert 0.49 < waited(True) < 0.7  # 0.3 s of its own, 0.2 s of compiling
+
+
+@pytest.fixture
+def broken_flash_attn(tmp_path, monkeypatch):
+    """A flash-attn wheel built against another torch (its extension's undefined symbol),
+    on this process's path and its children's: a fake of the hardware-specific wheel. The
+    knob table's memo of what imports is emptied before and after."""
+    package = tmp_path / "site" / "flash_attn"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(
+        "raise ImportError('flash_attn_2_cuda.cpython-311-x86_64-linux-gnu.so: undefined "
+        "symbol: _ZN3c104cuda9SetDeviceEi')\n")
+    monkeypatch.syspath_prepend(str(package.parent))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(package.parent), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    knobs._installed.cache_clear()
+    knobs._import_failure.cache_clear()
+    yield
+    knobs._installed.cache_clear()
+    knobs._import_failure.cache_clear()
+
+
+def test_a_flash_attn_that_fails_to_import_is_left_out_with_its_error(broken_flash_attn):
+    """find_spec finds the broken wheel; only importing it tells. On a GPU the space
+    prunes flash_attention_2 with the import's own error and the recipe, which tries it
+    first, takes SDPA: no trial builds a model that cannot be built, and the search goes
+    on. The import is tried in another interpreter: the driver has not paid it."""
+    import sys
+
+    from autotune.plan.recipe import available_values, recipe_family
+    from autotune.space import build_space
+    from autotune.spec import load_spec
+
+    h100 = named_device("H100-80GB")
+    llama = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+             "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 64}
+    spec = load_spec({"model": {"config": llama}, "data": {"seq_len": 32},
+                      "target_batch_size": 8})
+    assert knobs._installed("flash_attn")
+    planned = build_space(spec, h100)
+    why = planned.pruned["attn_implementation=flash_attention_2"]
+    assert "fails to import" in why and "undefined symbol: _ZN3c104cuda9SetDeviceEi" in why
+    assert "flash_attention_2" not in {c.attn_implementation for c in planned.candidates}
+    assert "sdpa" in {c.attn_implementation for c in planned.candidates}
+    assert recipe_family(h100, available_values(spec)).attn_implementation == "sdpa"
+    assert "flash_attn" not in sys.modules
