@@ -355,3 +355,27 @@ def test_a_flash_attn_that_fails_to_import_is_left_out_with_its_error(broken_fla
     assert "sdpa" in {c.attn_implementation for c in planned.candidates}
     assert recipe_family(h100, available_values(spec)).attn_implementation == "sdpa"
     assert "flash_attn" not in sys.modules
+
+
+def test_bitsandbytes_without_its_cuda_library_is_never_timed_on_a_gpu():
+    """bitsandbytes falls back to its CPU library (or a stand-in) where it finds no CUDA
+    one: on a GPU its 8-bit and 4-bit ops would run its fallback kernels and be timed as
+    the GPU's. Read here for real (its CPU library, right on a CPU); what a GPU's process
+    would read is given as data, the hardware not being here."""
+    from autotune.trials.runtime import bitsandbytes_state, bitsandbytes_unfit
+
+    here = bitsandbytes_state()
+    assert here["backend"] == "CPU" and not here["compiled_with_cuda"]
+    assert here["path"].endswith("libbitsandbytes_cpu.so")
+    assert bitsandbytes_unfit(here, cuda=False) is None
+    why = bitsandbytes_unfit(here, cuda=True)
+    assert "libbitsandbytes_cpu.so" in why and "fallback kernels" in why
+    cuda_lib = here | {"backend": "CUDA", "library": "CudaBNBNativeLibrary",
+                       "compiled_with_cuda": True, "path": "/x/libbitsandbytes_cuda130.so"}
+    assert bitsandbytes_unfit(cuda_lib, cuda=True) is None
+    no_binary = {"backend": "CUDA", "library": "ErrorHandlerMockBNBNativeLibrary",
+                 "compiled_with_cuda": False, "path": None,
+                 "error": "No compatible CUDA binary found at /x/libbitsandbytes_cuda131.so"}
+    why = bitsandbytes_unfit(no_binary, cuda=True)
+    assert "no native library" in why and "libbitsandbytes_cuda131.so" in why
+    assert bitsandbytes_unfit(None, cuda=True) is None  # not installed: the rules say so

@@ -6,6 +6,7 @@ a trial records it and refuses a figure whose label it contradicts."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 
@@ -107,3 +108,38 @@ def contradiction(precision: str, use_liger: bool, torch_compile: bool, facts: d
         return ("torch_compile did not take effect: the module was compiled but torch.compile "
                 "compiled no graph of it, so every step ran eagerly")
     return None
+
+
+def bitsandbytes_state() -> dict[str, Any] | None:
+    """Which native library the installed bitsandbytes loaded, read from its own module
+    (`bitsandbytes.cextension`: `BNB_BACKEND`, the `lib` it made, whether that was built
+    with CUDA, the file it loaded or the error it fell back on); None where it is not
+    installed. On a CUDA device it loads its CUDA library; where it cannot (no binary for
+    this CUDA, a missing runtime) it loads the CPU one or a stand-in and runs its
+    fallback kernels instead."""
+    try:
+        import bitsandbytes.cextension as cext
+    except Exception:  # noqa: BLE001 - not installed, or broken: the install rules say so
+        return None
+    lib = cext.lib
+    own = vars(lib)  # not getattr: its __getattr__ answers every name with a stub
+    dll = own.get("_lib")
+    return {"backend": str(getattr(cext, "BNB_BACKEND", "")), "library": type(lib).__name__,
+            "compiled_with_cuda": bool(getattr(type(lib), "compiled_with_cuda", False)),
+            "path": getattr(dll, "_name", None) if dll is not None else None,
+            "error": str(own["error_msg"])[:300] if own.get("error_msg") else None}
+
+
+def bitsandbytes_unfit(state: dict[str, Any] | None, cuda: bool) -> str | None:
+    """Why a trial using bitsandbytes (a 4-bit or 8-bit base, its optimizers) must not be
+    timed on this device, from `bitsandbytes_state()`; None where it may. On a CPU its CPU
+    library is the right one. On a CUDA device a library without CUDA means its fallback
+    kernels, whose seconds would be taken for the GPU's."""
+    if not cuda or state is None or state.get("compiled_with_cuda"):
+        return None
+    loaded = Path(state["path"]).name if state.get("path") else "no native library"
+    said = f"; its load error: {state['error']}" if state.get("error") else ""
+    return (f"bitsandbytes loaded {loaded} ({state.get('library')}, backend "
+            f"{state.get('backend') or 'unknown'}) on a CUDA device: its 8-bit and 4-bit ops "
+            "would run its fallback kernels and be timed as the GPU's (install a "
+            f"bitsandbytes built for this CUDA){said}")

@@ -281,6 +281,7 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
 
     from autotune.config import TrialConfig
     from autotune.errors import SetupError
+    from autotune.optimizers import optimizer
     from autotune.plan.device import local_device
     from autotune.spec import Spec
     from autotune.trials import tasks
@@ -288,7 +289,12 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
     from autotune.trials.data import build_dataset
     from autotune.trials.model_builder import build_model, prepare_quantized
     from autotune.trials.oom import is_oom_exception
-    from autotune.trials.runtime import contradiction, ran_with
+    from autotune.trials.runtime import (
+        bitsandbytes_state,
+        bitsandbytes_unfit,
+        contradiction,
+        ran_with,
+    )
     from autotune.trials.trainargs import model_kwargs
 
     clock = Phases()
@@ -306,6 +312,14 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
             "the trial was to run on a GPU and its process sees none (CUDA_VISIBLE_DEVICES="
             f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')!r}, torch "
             f"{torch.__version__}): the node's failure, not the config's"))
+    # bitsandbytes without its CUDA library on a GPU runs its fallback kernels: refused
+    # before anything is built, never timed as the GPU's figure.
+    bnb = bitsandbytes_state() if (cfg.quantization != "none"
+                                   or optimizer(cfg.optim).bitsandbytes) else None
+    unfit = bitsandbytes_unfit(bnb, cuda)
+    if unfit:
+        return Outcome(ERROR, wall_seconds=time.time() - started, error=unfit,
+                       extra={"bitsandbytes": bnb})
     budget = request.memory_budget_bytes
     base_rss = _rss()
     shape = request.shape
@@ -382,6 +396,8 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
         # What the run really was: the Trainer's wrapper (DDP, FSDP, a DeepSpeed engine:
         # the proof that a sharding knob took effect), TF32, Liger, compile.
         facts = ran_with(trainer, timer.tf32, compiled_graphs())
+        if bnb is not None:  # the native library its 4-bit or 8-bit ops ran in
+            facts["bitsandbytes"] = Path(bnb["path"]).name if bnb["path"] else bnb["library"]
         outcome.extra["ran_with"] = facts
         outcome.extra["wrapped_as"] = facts["wrapped_as"]
         fallback = _sharding_fallback(cfg, facts["wrapped_as"]) or contradiction(
