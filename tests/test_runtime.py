@@ -379,3 +379,20 @@ def test_bitsandbytes_without_its_cuda_library_is_never_timed_on_a_gpu():
     why = bitsandbytes_unfit(no_binary, cuda=True)
     assert "no native library" in why and "libbitsandbytes_cuda131.so" in why
     assert bitsandbytes_unfit(None, cuda=True) is None  # not installed: the rules say so
+
+
+def test_the_allocators_cap_leaves_the_runtimes_share_of_the_budget():
+    """A GPU trial's budget holds its CUDA context and NCCL's communicator, which the
+    caching allocator never sees: capped at the whole budget, a trial over it ran to its
+    end before it was an OOM. The cap is the budget less the memory model's runtime term."""
+    from autotune.plan.memory import CUDA_RUNTIME_BYTES, NCCL_COMM_BYTES, GiB
+    from autotune.trials.worker import allocator_cap
+
+    total, budget = 80 * GiB, 24 * GiB
+    plain = allocator_cap(budget, total, TrialConfig.of(4, 4), 1)
+    assert plain * total == pytest.approx(budget - CUDA_RUNTIME_BYTES)
+    for config, world in ((TrialConfig.of(4, 4, zero_stage=2), 1), (TrialConfig.of(4, 4), 2)):
+        capped = allocator_cap(budget, total, config, world)  # a process group: NCCL's too
+        assert capped * total == pytest.approx(budget - CUDA_RUNTIME_BYTES - NCCL_COMM_BYTES)
+    assert allocator_cap(200 * GiB, total, TrialConfig.of(4, 4), 1) == 1.0
+    assert allocator_cap(GiB, total, TrialConfig.of(4, 4), 1) == 0.0  # not even the runtime

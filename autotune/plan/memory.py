@@ -51,6 +51,17 @@ CUDA_RUNTIME_BYTES = 1322 * MiB
 # with peers (544-688 MB per rank for 2-4 A100s, NVIDIA/nccl issue 964). DeepSpeed makes
 # one even at one rank.
 NCCL_COMM_BYTES = 390 * MiB
+
+
+def gpu_runtime_bytes(c: TrialConfig, world_size: int) -> int:
+    """What a GPU trial's process holds outside the caching allocator: the CUDA context
+    and workspaces, and NCCL's communicator where the trial has a process group (DeepSpeed
+    at any world size, FSDP, or several ranks). The trial caps its allocator at its
+    budget less this."""
+    distributed = c.zero_stage > 0 or c.fsdp != "none" or world_size > 1
+    return CUDA_RUNTIME_BYTES + (NCCL_COMM_BYTES if distributed else 0)
+
+
 CPU_RUNTIME_BYTES = 64 * MiB  # allocator slack of a CPU trial beyond its tensors
 # torch.compile's partitioner saves for the backward fewer tensors than eager autograd
 # (pointwise chains fused, cheap ones recomputed): 0.62-0.66 of a GPT-2 body's saved
@@ -508,8 +519,7 @@ class Physics:
         at any world size, FSDP, or several ranks)."""
         if not self.device.is_cuda:
             return CPU_RUNTIME_BYTES
-        distributed = c.zero_stage > 0 or c.fsdp != "none" or self.world_size > 1
-        return CUDA_RUNTIME_BYTES + (NCCL_COMM_BYTES if distributed else 0)
+        return gpu_runtime_bytes(c, self.world_size)
 
     def _slack_factor(self, c: TrialConfig, tensors: float) -> float:
         """What the allocator holds beyond the tensors, as a fraction of them: on a GPU

@@ -329,7 +329,7 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
         torch.cuda.set_device(device)
         if budget:
             total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-            torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total))
+            torch.cuda.set_per_process_memory_fraction(allocator_cap(budget, total, cfg, world))
     # On a GPU the budget is the GPU's (set above); the host is only watched.
     watch = HostWatch(base_rss, None if cuda else budget, result_path, started, shape)
     watch.start()
@@ -433,6 +433,18 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
         if mfu is not None:
             outcome.extra["mfu"] = mfu
     return outcome
+
+
+def allocator_cap(budget: int, total: int, cfg: TrialConfig, world: int) -> float:
+    """The share of the device the caching allocator may hold: the trial's budget less
+    what its process holds outside the allocator (the memory model's runtime term: the
+    CUDA context, NCCL's communicator where there is a process group). Capped at the whole
+    budget, a trial over it ran to its end before its peak, NVML's figure included, made
+    it an OOM; capped so, it fails at the allocation that passes the budget. 0 where the
+    budget cannot hold even the runtime: its first allocation fails."""
+    from autotune.plan.memory import gpu_runtime_bytes
+
+    return max(0.0, min(1.0, (budget - gpu_runtime_bytes(cfg, world)) / total))
 
 
 class Phases:
