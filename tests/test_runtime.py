@@ -126,7 +126,7 @@ def test_mfu_counts_a_4bit_base_whole_and_frozen_weights_without_their_gradients
     from transformers import set_seed
 
     from autotune.trials.model_builder import build_model
-    from autotune.trials.worker import _flops_per_token, _parameters
+    from autotune.trials.worker import _flops_per_token, _parameters, flop_parameters
 
     llama = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 176,
              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -137,6 +137,8 @@ def test_mfu_counts_a_4bit_base_whole_and_frozen_weights_without_their_gradients
                             {"quantization_config": knobs.quantization_config("nf4", "bf16")},
                             "cpu")
     assert _parameters(packed) == _parameters(plain)  # not half of each packed weight
+    assert (flop_parameters(packed)["flop_parameters"]
+            == flop_parameters(plain)["flop_parameters"])  # counted whole, frozen
     shape = {"num_layers": 2, "hidden_size": 64, "seq_len": 32}
     attention = 12 * 2 * 64 * 32
     assert _flops_per_token(1000, 1000, shape) == 6 * 1000 + attention
@@ -396,3 +398,68 @@ def test_the_allocators_cap_leaves_the_runtimes_share_of_the_budget():
         assert capped * total == pytest.approx(budget - CUDA_RUNTIME_BYTES - NCCL_COMM_BYTES)
     assert allocator_cap(200 * GiB, total, TrialConfig.of(4, 4), 1) == 1.0
     assert allocator_cap(GiB, total, TrialConfig.of(4, 4), 1) == 0.0  # not even the runtime
+
+
+def test_mfu_is_palms_appendix_b_on_gpt2_124m_a_llama_and_an_moe():
+    """MFU by PaLM's appendix B as nanoGPT's estimate_mfu and torchtitan count it:
+    6N + 12·L·H·Q·T per token, N without the input embeddings (a token embedding tied to
+    the LM head counts: nanoGPT's GPT-2 124M has 123.65M), attention counted whole, an
+    MoE's routed experts at num_experts_per_tok of num_local_experts. The expected
+    figures are the formula's, by hand from each config; the models are built on the meta
+    device (the shapes, no memory)."""
+    from transformers import (
+        GPT2Config,
+        GPT2LMHeadModel,
+        LlamaConfig,
+        LlamaForCausalLM,
+        MixtralConfig,
+        MixtralForCausalLM,
+    )
+
+    from autotune.plan.device import KNOWN_DEVICES
+    from autotune.records import Outcome
+    from autotune.trials.worker import _flops_per_token, flop_parameters, model_flops_utilisation
+
+    def flops(model, layers, heads, hidden, seq, head_dim=None):
+        counted = flop_parameters(model)
+        shape = {"num_layers": layers, "num_attention_heads": heads, "hidden_size": hidden,
+                 "seq_len": seq, "hf_config": {"head_dim": head_dim} if head_dim else {}}
+        return counted, _flops_per_token(counted["flop_parameters"],
+                                         counted["flop_trainable_parameters"], shape)
+
+    with torch.device("meta"):
+        gpt2 = GPT2LMHeadModel(GPT2Config())  # 124M: 12 x 768, 12 heads, vocab 50257, tied
+    L, h, V, T = 12, 768, 50257, 1024
+    n = L * (12 * h * h + 13 * h) + 2 * h + V * h  # blocks, ln_f, the tied head; no wpe
+    assert n == 123_653_376  # nanoGPT: "number of parameters: 123.65M"
+    counted, per_token = flops(gpt2, L, 12, h, T)
+    assert counted["flop_parameters"] == n
+    assert per_token == 6 * n + 12 * L * 12 * 64 * T
+
+    with torch.device("meta"):  # Llama-3-8B: untied head, GQA
+        llama = LlamaForCausalLM(LlamaConfig(
+            hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+            num_attention_heads=32, num_key_value_heads=8, vocab_size=128256))
+    L, h, f, kv, V, T = 32, 4096, 14336, 8 * 128, 128256, 4096
+    n = L * (2 * h * h + 2 * h * kv + 3 * h * f + 2 * h) + h + V * h  # no embed_tokens
+    assert n == 7_504_924_672
+    counted, per_token = flops(llama, L, 32, h, T, head_dim=128)
+    assert counted["flop_parameters"] == n
+    assert per_token == 6 * n + 12 * L * 32 * 128 * T
+    for p in llama.parameters():  # LoRA's frozen base: no weight gradients
+        p.requires_grad_(False)
+    assert flops(llama, L, 32, h, T)[1] == 4 * n + 12 * L * 32 * 128 * T
+    h100 = DeviceSpec("H100", "cuda", 80 * 2**30, (9, 0), 1, KNOWN_DEVICES["H100-80GB"][2])
+    run = Outcome("ok", tokens_per_second=2e4, extra=counted)
+    shape = {"num_layers": L, "num_attention_heads": 32, "hidden_size": h, "seq_len": T}
+    assert model_flops_utilisation(run, shape, h100, "bf16", 1) == pytest.approx(
+        (6 * n + 12 * L * 32 * 128 * T) * 2e4 / 989e12)
+
+    E, k, L, h, f, kv, V = 8, 2, 2, 64, 128, 32, 256
+    moe = MixtralForCausalLM(MixtralConfig(
+        hidden_size=h, intermediate_size=f, num_hidden_layers=L, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=V, num_local_experts=E, num_experts_per_tok=k))
+    active = L * (2 * h * h + 2 * h * kv + h * E + k * 3 * h * f + 2 * h) + h + V * h
+    assert flop_parameters(moe)["flop_parameters"] == active  # 2 of 8 experts a token
+    held = sum(p.numel() for p in moe.parameters())  # all 8 experts, the input embedding
+    assert held == active + L * (E - k) * 3 * h * f + V * h

@@ -124,7 +124,8 @@ def test_mfu_needs_a_known_peak_and_shape_and_never_fails_a_trial():
     from autotune.trials.worker import model_flops_utilisation
 
     h100 = DeviceSpec("H100", "cuda", 80 * 2**30, (9, 0), 1, KNOWN_DEVICES["H100-80GB"][2])
-    result = Outcome("ok", tokens_per_second=1e5, extra={"num_parameters": 124_000_000})
+    result = Outcome("ok", tokens_per_second=1e5, extra={"flop_parameters": 124_000_000,
+                                                          "flop_trainable_parameters": 124e6})
     shape = {"num_layers": 12, "hidden_size": 768, "seq_len": 1024}
     mfu = model_flops_utilisation(result, shape, h100, "bf16", 1)
     assert mfu == pytest.approx((6 * 124e6 + 12 * 12 * 768 * 1024) * 1e5 / 989e12)

@@ -265,12 +265,55 @@ def numerics(log_history: list[dict], precision: str) -> tuple[str | None, int]:
 
 
 def _flops_per_token(n_params: int, trainable: int, shape: dict) -> float:
-    """Model FLOPs per token: 2N forward and 2N for the backward's input gradients through
-    every weight, 2N more for weight gradients of the trainable ones only (6N in a full
-    fine-tune; LoRA's frozen base has none), plus the attention scores' 12 x layers x
-    hidden x seq."""
+    """Model FLOPs per token by PaLM's appendix B (6N + 12·L·H·Q·T), as nanoGPT's
+    estimate_mfu and torchtitan compute it: N the parameters a token's matmuls go through
+    (flop_parameters); 2N forward and 2N for the backward's input gradients, and 2N more
+    for weight gradients of the trainable ones only (6N in a full fine-tune; LoRA's frozen
+    base has none); the attention scores' and values' 12 x layers x heads x head size x
+    seq, counted whole as the convention does (not halved for a causal mask)."""
     return (4 * n_params + 2 * trainable
-            + 12 * shape["num_layers"] * shape["hidden_size"] * shape["seq_len"])
+            + 12 * shape["num_layers"] * _attention_width(shape) * shape["seq_len"])
+
+
+def _attention_width(shape: dict) -> int:
+    """Heads x head size (PaLM's H·Q): the hidden size, unless the config sets a head
+    size of its own (Gemma's, Qwen3's)."""
+    config = shape.get("hf_config") or {}
+    heads, head_dim = shape.get("num_attention_heads"), config.get("head_dim")
+    return int(heads * head_dim) if heads and head_dim else int(shape["hidden_size"])
+
+
+# The config keys that say how many experts an MoE has and how many a token goes through.
+_EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts")
+_PER_TOKEN = ("num_experts_per_tok", "moe_topk")
+
+
+def flop_parameters(model) -> dict[str, int]:
+    """N for MFU (PaLM's appendix B), counted on the built model: every parameter but the
+    input embeddings (token, position, token type: lookups, not matmuls), except a token
+    embedding tied to the LM head, which counts as the head's matmul (nanoGPT's count of
+    GPT-2 124M: 123.65M); a 4-bit weight whole; an MoE's routed experts at the share of
+    them each token goes through (num_experts_per_tok of them; a shared expert, always
+    on, whole). `flop_trainable_parameters`: the same of the trainable ones."""
+    import torch
+
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    tied = getattr(head, "weight", None)
+    lookups = {id(m.weight) for m in model.modules()
+               if isinstance(m, torch.nn.Embedding) and m.weight is not tied}
+    config = getattr(model, "config", None)
+    experts = next((getattr(config, k) for k in _EXPERTS if getattr(config, k, None)), None)
+    per_token = next((getattr(config, k) for k in _PER_TOKEN if getattr(config, k, None)),
+                     None)
+    routed = per_token / experts if experts and per_token else 1.0
+    n = trainable = 0.0
+    for name, p in model.named_parameters():
+        if id(p) in lookups:
+            continue
+        size = _whole(p) * (routed if "experts" in name.split(".") else 1.0)
+        n += size
+        trainable += size if p.requires_grad else 0.0
+    return {"flop_parameters": int(n), "flop_trainable_parameters": int(trainable)}
 
 
 def run(request: TrialRequest, result_path: str) -> Outcome:
@@ -547,14 +590,15 @@ def _sharding_fallback(cfg: TrialConfig, wrapped_as: str) -> str | None:
 
 def model_flops_utilisation(outcome: Outcome, shape: dict[str, Any] | None, device,
                             precision: str, world: int) -> float | None:
-    """Achieved over peak FLOP/s; None where the device's peak or the model's shape (a
-    factory model without a config) is unknown: a missing figure, never a failed trial."""
+    """Achieved over peak FLOP/s, by PaLM's appendix B (_flops_per_token); None where the
+    device's peak or the model's shape (a factory model without a config) is unknown: a
+    missing figure, never a failed trial."""
     peak = device.peak_flops.get(precision)
-    if not peak or not shape or "num_layers" not in shape or not outcome.tokens_per_second:
+    n = outcome.extra.get("flop_parameters")
+    if (not peak or not shape or "num_layers" not in shape or not outcome.tokens_per_second
+            or n is None):
         return None
-    n = outcome.extra.get("num_parameters") or shape["num_parameters"]
-    trainable = outcome.extra.get("trainable_parameters") or shape.get(
-        "trainable_parameters") or n
+    trainable = outcome.extra.get("flop_trainable_parameters", n)
     return _flops_per_token(n, trainable, shape) * outcome.tokens_per_second / (peak * world)
 
 
@@ -596,6 +640,7 @@ def _measure(timer, spec, cfg, world, model, trainer, tokens: list[int]) -> Outc
     bad, skips = numerics(history, cfg.precision)
     extra = {"num_parameters": _parameters(model), "cpu_threads": torch.get_num_threads(),
              "trainable_parameters": _parameters(model, trainable=True),
+             **flop_parameters(model),
              "attn_implementation": getattr(getattr(model, "config", None),
                                             "_attn_implementation", None),
              "warmup_seconds": sum(durations[:warmup]), "loss_scale_skips": skips,
