@@ -178,3 +178,107 @@ def test_a_large_segment_says_what_fills_the_segments_it_could_have_reused():
         [bucket, "deepspeed/runtime/zero/stage_1_and_2.py:3266 setup_buckets", False],
         [2 * mib, "a smaller block", True]]
     assert backward["fits"] == [] and backward["pending"] == [2 * mib]
+
+
+# --- NVML: the trial's device and process (NVML faked: the hardware is not here) --------
+
+class FakeNVML:
+    """NVML as nvidia-ml-py exposes it, over `gpus`: each a dict of `uuid`, `procs`
+    ((pid, bytes) pairs), and `migs` (MIG instances, each a `uuid` and `procs`) when in
+    MIG mode. `mig_uuids`: whether nvmlDeviceGetHandleByUUID takes a MIG instance's."""
+
+    NVML_DEVICE_MIG_ENABLE = 1
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, gpus: list[dict], mig_uuids: bool = True) -> None:
+        self.gpus, self.mig_uuids = gpus, mig_uuids
+
+    def _all(self) -> list[dict]:
+        return [*self.gpus, *(m for g in self.gpus for m in g.get("migs", []))]
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802 - NVML's names
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> dict:  # noqa: N802
+        return self.gpus[i]
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> dict:  # noqa: N802
+        for d in self._all():
+            if d["uuid"] == uuid and (self.mig_uuids or d in self.gpus):
+                return d
+        raise self.NVMLError("Not Found")
+
+    def nvmlDeviceGetUUID(self, handle: dict) -> str:  # noqa: N802
+        return handle["uuid"]
+
+    def nvmlDeviceGetMigMode(self, handle: dict) -> tuple[int, int]:  # noqa: N802
+        if "migs" not in handle:
+            raise self.NVMLError("Not Supported")
+        return 1, 1
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: dict) -> int:  # noqa: N802
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: dict, j: int) -> dict:  # noqa: N802
+        if j >= len(handle["migs"]):
+            raise self.NVMLError("Not Found")
+        return handle["migs"][j]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: dict) -> list:  # noqa: N802
+        from types import SimpleNamespace
+
+        if "migs" in handle:  # a MIG parent answers for none of its instances
+            raise self.NVMLError("Not Supported")
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in handle["procs"]]
+
+
+GIB = 2**30
+
+
+def test_a_mig_instance_is_found_by_its_own_uuid():
+    """torch gives a MIG instance's UUID bare, as a whole GPU's; NVML names it "MIG-…"
+    (it was prefixed "GPU-", found nothing, and the runtime term read 1.3 GiB low). Where
+    the driver's nvmlDeviceGetHandleByUUID takes no MIG UUID, the instances are walked."""
+    import pytest
+
+    from autotune.trials.gpu_memory import nvml_handle, process_memory, running_pids
+
+    mig = {"uuid": "MIG-5c1d3f2e-0000-0000-0000-000000000001", "procs": [(4321, 3 * GIB)]}
+    other = {"uuid": "MIG-5c1d3f2e-0000-0000-0000-000000000002", "procs": [(99, GIB)]}
+    gpus = [{"uuid": "GPU-aaaaaaaa-0000-0000-0000-000000000000", "procs": [(7, GIB)]},
+            {"uuid": "GPU-bbbbbbbb-0000-0000-0000-000000000000", "procs": [],
+             "migs": [other, mig]}]
+    for nvml in (FakeNVML(gpus), FakeNVML(gpus, mig_uuids=False)):
+        assert nvml_handle(nvml, "5c1d3f2e-0000-0000-0000-000000000001") is mig
+        assert nvml_handle(nvml, "aaaaaaaa-0000-0000-0000-000000000000") is gpus[0]
+        assert nvml_handle(nvml, "GPU-aaaaaaaa-0000-0000-0000-000000000000") is gpus[0]
+        assert process_memory(nvml, mig, 4321, None) == (3 * GIB, "pid")
+        assert running_pids(nvml) == {7, 99, 4321}
+        with pytest.raises(LookupError, match="no GPU or MIG instance"):
+            nvml_handle(nvml, "cccccccc-0000-0000-0000-000000000000")
+    mig["procs"] = [(4321, None)]  # NVML_VALUE_NOT_AVAILABLE: no figure, never 0
+    with pytest.raises(LookupError, match="no memory figure"):
+        process_memory(FakeNVML(gpus), mig, 4321, None)
+
+
+def test_in_a_pid_namespace_the_trials_process_is_the_one_new_on_its_device():
+    """In a container NVML lists the host's PIDs, so this process's own never matches and
+    the runtime term went missing (the peak read 1.3 GiB or more low). The process new on
+    the device since the trial began is the trial's; where that is not one process, the
+    figure is unknown, not wrong."""
+    import pytest
+
+    from autotune.trials.gpu_memory import process_memory
+
+    gpu = {"uuid": "GPU-aaaa", "procs": [(51234, 2 * GIB), (60017, 5 * GIB)]}
+    nvml = FakeNVML([gpu])
+    before = {51234}  # another user's process, there before the trial touched the GPU
+    assert process_memory(nvml, gpu, 12, before) == (
+        5 * GIB, "new on the device (NVML's PIDs are another namespace's)")
+    with pytest.raises(LookupError, match="no process of PID 12"):
+        process_memory(nvml, gpu, 12, None)  # nothing to tell it by
+    gpu["procs"].append((60018, GIB))
+    with pytest.raises(LookupError, match="2 processes new"):
+        process_memory(nvml, gpu, 12, before)

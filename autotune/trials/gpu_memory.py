@@ -59,13 +59,18 @@ def reserved_by_stream(segments: list[dict[str, Any]], device: int) -> dict[str,
     return held
 
 
-def gpu_memory(index: int, history: bool = False, name: str = "") -> tuple[int, dict[str, Any]]:
+def gpu_memory(index: int, history: bool = False, name: str = "",
+               before: set[int] | None = None) -> tuple[int | None, dict[str, Any]]:
     """Allocator peak plus what the allocator does not see (CUDA context, cuBLAS
-    workspaces, NCCL buffers), which NVML reports for the process. The GPU is found in
-    NVML by its UUID: torch's index differs from NVML's when CUDA_VISIBLE_DEVICES remaps
-    them. Where NVML cannot tell, the figure says "unavailable", never 0. With `history`
-    (record_history started it), where the allocator's segments were asked for too, and
-    the history itself saved as `name` where AUTOTUNE_MEMORY_TRACES names a folder."""
+    workspaces, NCCL buffers), which NVML reports for the process. The GPU, or the MIG
+    instance, is found in NVML by its UUID: torch's index differs from NVML's when
+    CUDA_VISIBLE_DEVICES remaps them. The process is found by its PID, or, where NVML's
+    PIDs are another namespace's (a container's), as the one process new on the device
+    since `before` (nvml_pids() as the trial began). Where NVML cannot tell, the peak is
+    None (unknown) and `nvml_overhead` says why: the allocator's figure alone would read
+    the runtime's 1.3 GiB or more low. With `history` (record_history started it), where
+    the allocator's segments were asked for too, and the history itself saved as `name`
+    where AUTOTUNE_MEMORY_TRACES names a folder."""
     import torch
 
     reserved_peak = torch.cuda.max_memory_reserved()
@@ -83,20 +88,106 @@ def gpu_memory(index: int, history: bool = False, name: str = "") -> tuple[int, 
         import pynvml
 
         pynvml.nvmlInit()
-        uuid = str(torch.cuda.get_device_properties(index).uuid)
-        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-")
-                                                   else f"GPU-{uuid}")
-        mine = [p for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-                if p.pid == os.getpid()]
-        if not mine or not mine[0].usedGpuMemory:
-            raise LookupError("NVML lists no memory for this process (a container's PID "
-                              "namespace hides it)")
-        overhead = max(0, mine[0].usedGpuMemory - torch.cuda.memory_reserved())
-    except Exception as exc:  # noqa: BLE001 - the allocator's figure still stands, said so
+        handle = nvml_handle(pynvml, str(torch.cuda.get_device_properties(index).uuid))
+        used, found = process_memory(pynvml, handle, os.getpid(), before)
+        overhead = max(0, used - torch.cuda.memory_reserved())
+    except Exception as exc:  # noqa: BLE001 - unknown, said so, never the allocator's alone
         extra["nvml_overhead"] = f"unavailable: {type(exc).__name__}: {exc}"[:300]
-        return reserved_peak, extra
+        return None, extra
     extra["nvml_overhead"] = overhead
+    extra["nvml_process"] = found
     return reserved_peak + overhead, extra
+
+
+def nvml_handle(nvml: Any, uuid: str) -> Any:
+    """NVML's handle for the device whose CUDA UUID is `uuid` (torch gives it bare, or
+    with its prefix). A whole GPU's is "GPU-<uuid>"; a MIG instance's "MIG-<uuid>", which
+    nvmlDeviceGetHandleByUUID takes on current drivers; where it does not, the MIG
+    instances of each GPU in MIG mode are walked (nvmlDeviceGetMigDeviceHandleByIndex)
+    for the one of that UUID."""
+    bare = uuid.removeprefix("GPU-").removeprefix("MIG-")
+    for prefixed in dict.fromkeys((uuid, f"GPU-{bare}", f"MIG-{bare}")):
+        try:
+            return nvml.nvmlDeviceGetHandleByUUID(prefixed)
+        except nvml.NVMLError:
+            continue
+    for i in range(nvml.nvmlDeviceGetCount()):
+        for mig in _mig_handles(nvml, nvml.nvmlDeviceGetHandleByIndex(i)):
+            if _bare(nvml.nvmlDeviceGetUUID(mig)) == bare:
+                return mig
+    raise LookupError(f"NVML has no GPU or MIG instance of UUID {bare}")
+
+
+def _bare(uuid: str | bytes) -> str:
+    text = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+    return text.removeprefix("GPU-").removeprefix("MIG-")
+
+
+def _mig_handles(nvml: Any, gpu: Any) -> list[Any]:
+    """The MIG instances of a GPU in MIG mode (none otherwise)."""
+    try:
+        current, _ = nvml.nvmlDeviceGetMigMode(gpu)
+    except nvml.NVMLError:  # a GPU without MIG
+        return []
+    if current != getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1):
+        return []
+    out = []
+    for j in range(nvml.nvmlDeviceGetMaxMigDeviceCount(gpu)):
+        try:
+            out.append(nvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, j))
+        except nvml.NVMLError:  # an empty slot
+            continue
+    return out
+
+
+def nvml_pids() -> set[int] | None:
+    """The PIDs NVML lists on every GPU and MIG instance, before the trial touches one:
+    the process new on the trial's device at its end is the trial's, whatever PID NVML
+    gives it. None where NVML cannot say."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return running_pids(pynvml)
+    except Exception:  # noqa: BLE001 - the figure will say NVML could not tell
+        return None
+
+
+def running_pids(nvml: Any) -> set[int]:
+    pids: set[int] = set()
+    for i in range(nvml.nvmlDeviceGetCount()):
+        gpu = nvml.nvmlDeviceGetHandleByIndex(i)
+        for handle in (gpu, *_mig_handles(nvml, gpu)):
+            try:
+                pids |= {p.pid for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)}
+            except nvml.NVMLError:  # a MIG parent may not answer for its instances
+                continue
+    return pids
+
+
+def process_memory(nvml: Any, handle: Any, pid: int, before: set[int] | None) -> tuple[int, str]:
+    """(the device memory NVML counts for this process, how it was found): by its PID;
+    else, in a container's PID namespace (NVML lists the host's PIDs), as the one process
+    on the device that was not there before the trial began. LookupError where neither
+    tells, or NVML gives no figure for it (a MIG instance on some drivers)."""
+    listed = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+    mine, found = [p for p in listed if p.pid == pid], "pid"
+    if not mine and before is not None:
+        mine = [p for p in listed if p.pid not in before]
+        found = "new on the device (NVML's PIDs are another namespace's)"
+        if len(mine) != 1:
+            raise LookupError(
+                f"NVML lists no process of PID {pid} on the device (a container's PID "
+                f"namespace), and {len(mine)} processes new since the trial began: which is "
+                "this trial's is not known")
+    if not mine:
+        raise LookupError(f"NVML lists no process of PID {pid} on the device (a container's "
+                          "PID namespace hides it)")
+    used = mine[0].usedGpuMemory
+    if not used:
+        raise LookupError("NVML gives no memory figure for this process (a MIG instance "
+                          "on some drivers)")
+    return int(used), found
 
 
 def _segments(index: int, history: bool, name: str = "") -> dict[str, Any]:

@@ -26,7 +26,7 @@ import psutil
 
 from autotune.records import ERROR, LOST, NAN, OK, OOM, Outcome
 from autotune.trials.compile_clock import CompileClock, cache_state
-from autotune.trials.gpu_memory import allocator_peaks, gpu_memory, record_history
+from autotune.trials.gpu_memory import allocator_peaks, gpu_memory, nvml_pids, record_history
 from autotune.trials.protocol import (
     SPAWNED_AT,
     TrialRequest,
@@ -43,9 +43,12 @@ ERROR_TAIL_LINES = 25
 # How far a watched trial's host RSS moves before the figure the launcher reads is
 # rewritten, where no budget sets the scale.
 WATCH_GRANULARITY = 64 * 2**20
-# Trial-only settings: how long to run and what not to do; never a knob. NaN losses are
-# logged as they are (Trainer's filter would hide a real divergence).
-TRIAL_ONLY = {"logging_steps": 1, "save_strategy": "no", "disable_tqdm": True,
+# Trial-only settings: how long to run and what not to do; never a knob. Nothing is
+# logged: Trainer's logging reads the loss and the grad norm on the host at every logged
+# step, a device sync per step inside the timed window; StepReadings keeps them on the
+# device instead. (Trainer's NaN filter, a host read per micro-batch, would also hide a
+# real divergence.)
+TRIAL_ONLY = {"logging_strategy": "no", "save_strategy": "no", "disable_tqdm": True,
               "log_level": "error", "remove_unused_columns": False,
               "logging_nan_inf_filter": False}
 
@@ -69,6 +72,12 @@ class HostWatch(threading.Thread):
         super().__init__(daemon=True)
         self.base, self.budget, self.path, self.started = base_rss, budget, result_path, started
         self.shape = shape
+        self._done = threading.Event()
+
+    def stop(self) -> None:
+        """The trial has ended: nothing more to watch (a trial run in-process, by a test,
+        leaves no thread behind)."""
+        self._done.set()
 
     def run(self) -> None:
         said: int | None = None
@@ -76,7 +85,7 @@ class HostWatch(threading.Thread):
         # and its host thread is better left to launch the GPU's work.
         step = self.budget / 50 if self.budget else WATCH_GRANULARITY
         pause = 0.01 if self.budget else 0.1
-        while True:
+        while not self._done.is_set():
             grown = _rss() - self.base
             if said is None or abs(grown - said) > step:
                 said = grown
@@ -89,7 +98,7 @@ class HostWatch(threading.Thread):
                     error=f"memory budget exceeded: {exceeded(grown, self.budget)} "
                           "(host RSS growth)"))
                 os._exit(0 if _world() == 1 else 1)
-            time.sleep(pause)
+            self._done.wait(pause)
 
 
 HOST_STANDS_IN_FOR_GPU = "AUTOTUNE_TEST_HOST_AS_GPU"
@@ -140,6 +149,65 @@ class MicroBatches:
 
     def tokens(self) -> list[int]:
         return self._ints(self._tokens)
+
+
+class StepReadings:
+    """Each optimizer step's loss and gradient norm as the Trainer computed them, kept as
+    they are (tensors on the device) until the run has ended and then read at once, for
+    the numerics checks: no host read per step inside the timed window, as a long run
+    logging every few hundred steps has none. A step's loss is the sum of its
+    micro-batches' (what Trainer logs), averaged over the ranks as Trainer's logging
+    gathers it; its grad norm what Trainer's clipping returned through accelerate (under
+    DeepSpeed already a float: accelerate reads the engine's norm every step, in a long
+    run too)."""
+
+    def __init__(self, trainer) -> None:
+        self._losses: list[tuple[int, Any]] = []
+        self._norms: dict[int, Any] = {}
+        step = trainer.training_step
+
+        def kept(*args, **kwargs):
+            loss = step(*args, **kwargs)
+            self._losses.append((trainer.state.global_step, loss))
+            return loss
+
+        trainer.training_step = kept
+        accelerator = trainer.accelerator
+        clip = accelerator.clip_grad_norm_
+
+        def clipped(*args, **kwargs):
+            norm = clip(*args, **kwargs)
+            self._norms[trainer.state.global_step] = norm
+            return norm
+
+        accelerator.clip_grad_norm_ = clipped
+
+    def history(self, world: int) -> list[dict[str, Any]]:
+        """[{"step", "loss", "grad_norm"}] per optimizer step, as Trainer's log_history
+        has them: the device's values read here, once."""
+        import torch
+
+        steps = sorted({s for s, _ in self._losses})
+        if not steps:
+            return []
+        per_step = torch.stack([sum(t.detach().float() for s, t in self._losses if s == step)
+                                for step in steps])
+        dist = torch.distributed
+        if world > 1 and dist.is_available() and dist.is_initialized():
+            dist.all_reduce(per_step)
+            per_step /= world
+        norms = [self._norms.get(step) for step in steps]
+        on_device = [n for n in norms if isinstance(n, torch.Tensor)]
+        read = iter(torch.stack([n.detach().float().reshape(()) for n in on_device]
+                                ).to(per_step.device).tolist() if on_device else [])
+        values = per_step.tolist()
+        out = []
+        for i, (step, norm) in enumerate(zip(steps, norms, strict=True)):
+            entry: dict[str, Any] = {"step": step + 1, "loss": values[i]}
+            if norm is not None:
+                entry["grad_norm"] = next(read) if isinstance(norm, torch.Tensor) else norm
+            out.append(entry)
+        return out
 
 
 def _packing_collator():
@@ -368,6 +436,9 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
     shape = request.shape
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else (
         torch.device("cpu"))
+    # The processes on the GPUs before this one touches its device: at the end, the one
+    # new on it is this trial's, where NVML's PIDs are not this namespace's.
+    gpu_pids = nvml_pids() if cuda else None
     if cuda:
         torch.cuda.set_device(device)
         if budget:
@@ -426,9 +497,11 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
                 trainer = Trainer(model=model, args=args, train_dataset=dataset,
                                   callbacks=[timer], **extra_args)
             counted = MicroBatches(trainer, cfg.padding_free, tasks.counter(spec, shape))
+            readings = StepReadings(trainer)
         clock.mark_engine_until(timer)  # Trainer.train() up to its first step is the engine's
         trainer.train()
-        outcome = _measure(timer, spec, cfg, world, model, trainer, counted.tokens())
+        outcome = _measure(timer, spec, cfg, world, model, readings.history(world),
+                           counted.tokens())
         tasks.finish(spec, outcome, trainer)
         outcome.extra |= extra
         outcome.extra["micro_batches"] = counted.sizes()
@@ -454,6 +527,7 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
         tail = "".join(traceback.format_exception(exc)).splitlines()[-ERROR_TAIL_LINES:]
         outcome = Outcome(OOM if is_oom_exception(exc) else ERROR, error="\n".join(tail),
                           extra=extra)
+    watch.stop()
     if compiling is not None:  # torch's own compile seconds, and Inductor's caches' state
         compiling.stop()
         outcome.extra["compile"] = {"seconds": round(compiling.seconds, 3)} | cache_state()
@@ -462,7 +536,7 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
     outcome.extra |= {"started_at": started, "ended_at": time.time(),
                       "phases": clock.seconds(timer, spec.measure.warmup_steps)}
     if cuda:
-        peak, more = gpu_memory(torch.cuda.current_device(), history, cfg.label())
+        peak, more = gpu_memory(torch.cuda.current_device(), history, cfg.label(), gpu_pids)
         outcome.peak_memory_bytes = peak
         outcome.extra |= more
     else:
@@ -612,7 +686,8 @@ def _learned_shape(model, spec) -> dict[str, Any] | None:
     return shape.to_dict() if shape is not None else None
 
 
-def _measure(timer, spec, cfg, world, model, trainer, tokens: list[int]) -> Outcome:
+def _measure(timer, spec, cfg, world, model, history: list[dict[str, Any]],
+             tokens: list[int]) -> Outcome:
     import statistics
 
     import torch
@@ -636,7 +711,6 @@ def _measure(timer, spec, cfg, world, model, trainer, tokens: list[int]) -> Outc
     samples_per_s = per_step * len(timed) / window
     # Real (non-pad) tokens of the timed steps, this rank's times the ranks.
     real_tokens_per_s = sum(tokens[warmup * gas:]) * world / window
-    history = trainer.state.log_history
     bad, skips = numerics(history, cfg.precision)
     extra = {"num_parameters": _parameters(model), "cpu_threads": torch.get_num_threads(),
              "trainable_parameters": _parameters(model, trainable=True),
