@@ -463,3 +463,60 @@ def test_mfu_is_palms_appendix_b_on_gpt2_124m_a_llama_and_an_moe():
     assert flop_parameters(moe)["flop_parameters"] == active  # 2 of 8 experts a token
     held = sum(p.numel() for p in moe.parameters())  # all 8 experts, the input embedding
     assert held == active + L * (E - k) * 3 * h * f + V * h
+
+
+def test_nothing_is_read_from_the_device_per_step_inside_the_timed_window(
+        tiny_spec, tmp_path, monkeypatch):
+    """Trainer's logging reads the loss and the grad norm on the host at every logged
+    step: with logging_steps 1, a GPU sync per step inside the timed window. A real trial,
+    run in this process: no host read of a tensor (`aten._local_scalar_dense`, what
+    .item(), float() and bool() dispatch to) is asked for by the training loop, accelerate
+    or the trial's own code from the end of the warm-up to the last step's end (the
+    model's own, masks among them, are the model's and a long run's too); the losses and
+    grad norms are still there, read after the run. (torch's AdamW reads its CPU step
+    counters, no device sync; the model's mask check is the model's.)"""
+    import traceback
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from autotune.trials import worker
+    from tests.conftest import trial_request
+
+    loop_reads: list[str] = []
+    WRAPPERS = ("torch/_tensor.py", "torch/overrides.py", "torch/_compile.py",  # noqa: N806
+                "torch/_dynamo/", "torch/utils/_python_dispatch.py")
+
+    class Reads(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default:
+                # who asked: the innermost frame but this mode's and torch's wrappers
+                asker = next(f for f in reversed(traceback.extract_stack())
+                             if f.filename != __file__ and not any(
+                                 w in f.filename for w in WRAPPERS))
+                if any(part in asker.filename for part in (
+                        "transformers/trainer", "/accelerate/", "/autotune/")):
+                    loop_reads.append(f"{asker.filename}:{asker.lineno} {asker.line}")
+            return func(*args, **(kwargs or {}))
+
+    tiny_spec["measure"] = {"warmup_steps": 1, "steps": 3}
+    made = worker._step_timer
+
+    def watched(sync, warmup, memory=None):
+        timer = made(sync, warmup, memory)
+        reads, end = Reads(), timer.on_step_end
+
+        def on_step_end(args, state, control, **kw):
+            if state.global_step == state.max_steps:
+                reads.__exit__(None, None, None)  # the last step's reads are in its window
+            end(args, state, control, **kw)
+            if state.global_step == warmup:
+                reads.__enter__()
+
+        timer.on_step_end = on_step_end
+        return timer
+
+    monkeypatch.setattr(worker, "_step_timer", watched)
+    out = worker.run(trial_request(tiny_spec, TrialConfig(4, 4)), str(tmp_path / "r.json"))
+    assert out.status == "ok", out.error
+    assert loop_reads == []
+    assert len(out.extra["losses"]) == 4 and all(0 < x < 10 for x in out.extra["losses"])
