@@ -520,3 +520,28 @@ def test_nothing_is_read_from_the_device_per_step_inside_the_timed_window(
     assert out.status == "ok", out.error
     assert loop_reads == []
     assert len(out.extra["losses"]) == 4 and all(0 < x < 10 for x in out.extra["losses"])
+
+
+def test_the_fork_check_touches_only_the_devices_a_trial_is_given(monkeypatch):
+    """The warm launcher's fork check made a context on every GPU it could see: on a busy
+    node another job's GPU could refuse it (every trial then cold) or lose memory to it.
+    It touches the trial's devices only, cuda:0 up to its ranks on the node, of those
+    CUDA_VISIBLE_DEVICES leaves (the CUDA calls stand in for a GPU here)."""
+    probe = forkserver.PROBE_DEVICES
+    assert forkserver.probe_devices(8, {probe: "2"}) == [0, 1]
+    assert forkserver.probe_devices(1, {probe: "4"}) == [0]  # Ray narrowed it to one
+    assert forkserver.probe_devices(8, {}) == [0]  # not said: one
+    assert forkserver.probe_devices(0, {probe: "2"}) == []  # a CPU host: nothing
+    monkeypatch.setenv(probe, "2")
+    touched: list[int] = []
+    forkserver._cuda_usable(touch=touched.append, visible=lambda: 8)
+    assert touched == [0, 1]
+
+    def refusing(i: int) -> None:  # another job's GPU, in exclusive mode
+        if i >= 2:
+            raise RuntimeError(f"CUDA error: all CUDA-capable devices are busy (cuda:{i})")
+
+    assert forkserver.fork_check(lambda: forkserver._cuda_usable(refusing, lambda: 8)) is None
+    monkeypatch.setenv(probe, "3")
+    assert "busy" in forkserver.fork_check(
+        lambda: forkserver._cuda_usable(refusing, lambda: 8))

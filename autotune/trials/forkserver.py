@@ -65,13 +65,37 @@ def _fork_unsafe() -> str | None:
     return f"a forked process could not use the GPU ({failed})" if failed else None
 
 
-def _cuda_usable() -> None:
-    """In a forked child: a tensor on every GPU the server sees (none on a CPU host)."""
+# How many GPUs a trial forked from this server runs on (its ranks on this node), set by
+# the launcher that starts it: its fork check touches those, cuda:0 up, and no other.
+PROBE_DEVICES = "AUTOTUNE_FORK_PROBE_DEVICES"
+
+
+def probe_devices(visible: int, env: dict[str, str] | None = None) -> list[int]:
+    """The devices the fork check touches, of the `visible` ones (CUDA_VISIBLE_DEVICES,
+    which Ray narrows to a task's GPUs): a trial's ranks use cuda:0 to cuda:local-1, so
+    those, and never the node's others (on a busy node another job's GPU could refuse,
+    and every trial would start cold, or lose memory to the check). One where the
+    launcher did not say."""
+    said = (env if env is not None else os.environ).get(PROBE_DEVICES, "1")
+    try:
+        wanted = max(1, int(said))
+    except ValueError:
+        wanted = 1
+    return list(range(min(wanted, visible)))
+
+
+def _cuda_usable(touch: Callable[[int], None] | None = None,
+                 visible: Callable[[], int] | None = None) -> None:
+    """In a forked child: a tensor on each of the trial's GPUs (probe_devices; none on a
+    CPU host). `touch` and `visible` stand in for torch's CUDA calls in a test."""
     import torch
 
-    for i in range(torch.cuda.device_count()):
+    def on_device(i: int) -> None:
         torch.zeros(1, device=f"cuda:{i}").add_(1)
         torch.cuda.synchronize(i)
+
+    for i in probe_devices((visible or torch.cuda.device_count)()):
+        (touch or on_device)(i)
 
 
 FORK_CHECK_TIMEOUT_S = 120.0
