@@ -215,6 +215,11 @@ def smoke_trials(gpu: bool, gpus: int, installed: set[str]) -> list[dict]:
         {"name": "compile", "model": {"config": GPT2_TINY},
          "config": {"precision": half, "torch_compile": True},
          "expect": {"compiled": True, "compile_mode": "default"}},
+        # accelerate compiles a DeepSpeed engine in place (no OptimizedModule): such
+        # trials were thrown away as "not compiled" until 2026-11-28 (issue 50).
+        {"name": "compile_zero1", "model": {"config": GPT2_TINY},
+         "config": {"precision": half, "torch_compile": True, "zero_stage": 1},
+         "expect": {"compiled": True, "wrapped_as": "DeepSpeedEngine"}},
         {"name": "attention", "model": {"config": LLAMA_TINY},
          "config": {"precision": half, "attn_implementation": attn},
          "expect": {"attn_implementation": attn}},
@@ -295,10 +300,13 @@ def smoke_lines(path: Path) -> list[str]:
              "4-bit base | model s | problems |", "|" + " --- |" * 12]
     for r in rows:
         f, p = r["ran_with"], r["phases"] or {}
+        # a 4-bit base: how it was built, and the native library its ops ran in
+        base = ", ".join(str(x) for x in (r["built"].get("quantized"), f.get("bitsandbytes"))
+                         if x) or "—"
         lines.append(f"| {r['name']} | {' '.join(f'{k}={v}' for k, v in r['asked'].items())}"
                      f" x{r['ranks']} | {r['on']} | {r['status']} | {r['launch']} | "
                      f"{f.get('tf32')} | {f.get('compiled')} | {f.get('liger')} | "
-                     f"{f.get('attn_implementation')} | {r['built'].get('quantized') or '—'} | "
+                     f"{f.get('attn_implementation')} | {base} | "
                      f"{_num(p.get('model'), '{:.2f}')} | {'; '.join(r['problems']) or 'none'} |")
     return lines
 

@@ -133,7 +133,8 @@ def test_the_smoke_call_and_the_full_proof_fit_a_sessions_device_time():
     assert sum(gpu_proof.GPU_BOXES.values()) + 25 + gpu_proof.FINISH_S <= gpu_proof.GPU_BUDGET_S
     assert gpu_proof.SMOKE_BUDGET_S + gpu_proof.GPU_BUDGET_S + 120 <= 15 * 60
     names = [t["name"] for t in gpu_proof.smoke_trials(True, 1, set())]
-    assert sorted(names) == ["attention", "compile", "liger", "nf4", "ranks", "tf32"]
+    assert sorted(names) == ["attention", "compile", "compile_zero1", "liger", "nf4", "ranks",
+                             "tf32"]
 
 
 def test_the_landscape_folds_confirmation_runs_into_one_row_per_config(tmp_path):
