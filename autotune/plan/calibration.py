@@ -3,11 +3,20 @@
 Per family (every knob but the batch) with measurements, a line through its own points.
 Elsewhere the physics' terms, each scaled by a factor fitted to every measured trial (a
 Bayesian ridge around 1), plus what that still missed, fitted as additive effects of each
-knob group's values. An OOM sets a floor for its family.
+knob group's values.
+
+An OOM is a bound, not a measurement: the peak passed the limit by an unknown amount
+(docs/memory.md, "What an OOM teaches"). It never moves the scales of the terms every
+config holds. Where the measurements still put it under its limit, it may raise only what
+is particular to it: a deviation (what one lever changes of a term) that OOMs of two
+families hold, then a factor on its family (and families the physics cannot tell apart
+from it) at its batch and above, and on a lever combination it shares with an OOM of
+another family, which configs holding that combination carry and no other.
 """
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -41,8 +50,8 @@ PRIOR_SD = np.array([{
     "states|replicated": 1.0, "activations|compile": 0.2, "logits|liger": 0.1,
     "logits|liger compiled": 1.0}[name]
     for name in FEATURES])
-# An OOM says the peak passed the limit, not by how much: it enters the fit as a peak this
-# far over the limit while the prediction is below it (a censored observation).
+# An OOM says the peak passed the limit, not by how much (a censored observation): a config
+# whose prediction stays under the limit is lifted this far over it, no further.
 OOM_OVERSHOOT = 0.05
 # The relative error of a prediction for an unmeasured family, before any family tells
 # otherwise; each measured family counts as one observation of it, this prior as PRIOR_WEIGHT.
@@ -51,6 +60,14 @@ PRIOR_WEIGHT = 3
 MIN_FAMILY_ERROR = 0.03
 PER_SAMPLE = [i for i, name in enumerate(FEATURES) if name.startswith(("activations", "logits"))]
 MEASUREMENT_NOISE = 0.03  # a measured peak's relative noise (allocator, RSS)
+# What an OOM may raise of the fit: the deviations, each held only by the configs with one
+# lever's value (checkpointing, 4-byte compute, ZeRO, compile, Liger) or, the attention
+# term, by those that leave the kernel to the model ("auto"), which may keep the s^2
+# scores unannounced. Never the terms every config holds.
+RAISED_BY_OOMS = np.array([name in DEVIATIONS for name in FEATURES])
+# Families whose physics terms differ by less than this share are one to the memory model
+# (two fused attention kernels, say): an OOM of one is an OOM of the other.
+SAME_MEMORY = 0.01
 
 
 class MemoryModel(Physics):
@@ -67,12 +84,18 @@ class MemoryModel(Physics):
         self._oom_at: dict[Family, int] = {}
         self._theta = PRIOR_MEAN.copy()
         self._family_resid: dict[Family, float] = {}
+        self._errors: list[float] = []  # each measured family's relative residual
         self._offsets: dict[Family, float] = {}
         self._effects: tuple[float, dict] | None = None
-        self._oom_resid: dict[Family, float] = {}  # lower bounds from OOMs
         self._memo: dict[TrialConfig, float] = {}  # predict_total until the next update
         self.family_error = PRIOR_FAMILY_ERROR  # see _refit
         self._ooms: dict[TrialConfig, int] = {}  # each OOM and the limit it passed
+        # What OOMs the fit leaves under their limit teach (`_bound`): each such OOM with
+        # the factor it asks; per lever combination OOMs of two families share, (levels,
+        # least batch, factor).
+        self._unexplained: list[tuple[TrialConfig, float]] = []
+        self._combos: list[tuple[frozenset, int, float]] = []
+        self._alike: dict[tuple[Family, TrialConfig], bool] = {}  # see `_same_memory`
         # Bounds of the fit: scales stay positive; the attention deviation adds the s^2
         # term where the physics left it out (>= 0), or takes it away where it put it in
         # (>= -1); the other deviations may take away at most their whole term.
@@ -86,6 +109,9 @@ class MemoryModel(Physics):
                 i = FEATURES.index(name)
                 self._prior[i] = max(float(scale), self._lower[i])
         self._theta = self._prior.copy()
+        # What OOMs raised of the deviations (`_censored`), on top of the measured fit:
+        # only predictions of unmeasured families carry it.
+        self._raised = np.zeros(len(FEATURES))
 
     @classmethod
     def from_history(cls, shape: ModelShape, device: DeviceSpec, world_size: int,
@@ -144,21 +170,60 @@ class MemoryModel(Physics):
         if len(points) == 1:
             (b1, m1), = points.items()
             return m1 + per_sample * (b - b1)
-        offset = self._neighbour_offset(c.family)
-        offset = max(offset, self._oom_resid.get(c.family, offset))
-        return self._regressed(c) + offset
+        return self._unmeasured(c) * self.oom_factor(c)
+
+    def _unmeasured(self, c: TrialConfig) -> float:
+        """A config of a family without measurements, as the measured trials predict it
+        (the scaled terms, and what each of its knob values missed elsewhere), with the
+        deviations OOMs raised."""
+        raised = float(self._raised @ self.features(c)) if self._raised.any() else 0.0
+        return self._regressed(c) + raised + self._neighbour_offset(c.family)
+
+    def oom_factor(self, c: TrialConfig) -> float:
+        """The factor OOMs put on `c`'s prediction (1 where none applies; see `_bound`):
+        the largest of an OOM of its family's memory at `c`'s batch or below, and of the
+        lever combinations it holds from their batch up. None falls as the batch grows, so
+        neither does a family's prediction; none reaches a smaller batch of an OOM's own."""
+        b, out = c.per_device_train_batch_size, 1.0
+        for oom, need in self._unexplained:
+            if b >= oom.per_device_train_batch_size and self._same_memory(c.family, oom):
+                out = max(out, need)
+        if self._combos:
+            levels = c.family.levels()
+            for combo, least, need in self._combos:
+                if b >= least and combo.issubset(levels):
+                    out = max(out, need)
+        return out
+
+    def _same_memory(self, fam: Family, oom: TrialConfig) -> bool:
+        """Whether `fam` is `oom`'s family to the memory model: its own, or one whose every
+        term the physics puts within a percent of `oom`'s at `oom`'s batch (values of knobs
+        that change no memory, such as two fused attention kernels)."""
+        if fam == oom.family:
+            return True
+        key = (fam, oom)
+        alike = self._alike.get(key)
+        if alike is None:
+            here = self.features(TrialConfig(oom.per_device_train_batch_size,
+                                             oom.gradient_accumulation_steps, fam))
+            there = self.features(oom)
+            alike = self._alike[key] = bool(
+                np.abs(here - there).sum() <= SAME_MEMORY * np.abs(there).sum())
+        return alike
 
     def _family_slope(self, points: dict[int, int], per_sample: float) -> float:
         """Bytes per sample of a measured family: its own line's slope and the pooled
         calibrated figure, each weighted by its precision. Two peaks a few samples apart
         pin a slope only loosely (each is good to MEASUREMENT_NOISE, and the allocator's
         blocks do not grow evenly: GPT-2 on the H100 took 1480 then 1273 MiB per sample
-        from batch 4 to 8 to 16), while the pooled slope is good to about family_error."""
+        from batch 4 to 8 to 16), while the pooled slope is good to about the error of an
+        unmeasured family (as the measurements alone put it: an OOM widens the search's
+        headroom, not the weights of a measured family's line)."""
         slope, _ = _line(points)
         xs = np.array(list(points), float)
         spread = float(((xs - xs.mean()) ** 2).sum())
         line_var = (MEASUREMENT_NOISE * statistics.mean(points.values())) ** 2 / spread
-        pooled_var = (self.family_error * per_sample) ** 2
+        pooled_var = (self._family_error([]) * per_sample) ** 2
         weight = pooled_var / (pooled_var + line_var) if pooled_var + line_var else 1.0
         return weight * max(slope, 0.5 * per_sample) + (1 - weight) * per_sample
 
@@ -195,25 +260,11 @@ class MemoryModel(Physics):
         if not self._family_resid:
             return 0.0
         if self._effects is None:
-            self._effects = _additive_effects(self._family_resid | self._oom_shortfall())
+            self._effects = _additive_effects(self._family_resid)
         intercept, effects = self._effects
         value = intercept + sum(effects.get(level, 0.0) for level in fam.levels())
         self._offsets[fam] = value
         return value
-
-    def _oom_shortfall(self) -> dict[Family, float]:
-        """What the fit still leaves each unmeasured family that ran out of memory below
-        its limit (censored there, as in the scales' fit): knob values that OOM where the
-        physics says they fit, such as a simulator's or a system's offload keeping more on
-        the device, then raise the other families that share them."""
-        out = {}
-        for c, limit in self._ooms.items():
-            if c.family in self._points:
-                continue
-            short = limit * (1 + OOM_OVERSHOOT) - self._regressed(c)
-            if short > 0:
-                out[c.family] = max(short, out.get(c.family, 0.0))
-        return out
 
     def observe(self, c: TrialConfig, measured_bytes: int | None) -> None:
         """A trial that ran: its measured peak (device, per rank) refines the model."""
@@ -225,16 +276,14 @@ class MemoryModel(Physics):
         self._refit()
 
     def observe_oom(self, c: TrialConfig, limit_bytes: int) -> None:
-        """A trial that ran out of memory: larger batches of its family will too, and if the
-        family has no measurement, its offset is at least what reaches the limit."""
+        """A trial that ran out of memory: larger batches of its family will too, and where
+        the prediction stays under the limit, what is particular to it is lifted
+        (`_censored`, `_bound`)."""
         fam, b = c.family, c.per_device_train_batch_size
         self._memo.clear()
         self._oom_at[fam] = min(b, self._oom_at.get(fam, b))
         self._ooms[c] = limit_bytes
-        self._refit()  # an unforeseen OOM re-prices every config, not only its family
-        if fam not in self._points:
-            floor = limit_bytes - self._regressed(c)
-            self._oom_resid[fam] = max(floor, self._oom_resid.get(fam, floor))
+        self._refit()
 
     def _refit(self) -> None:
         # 1) A scale per physics term, from every measured trial (Bayesian ridge).
@@ -243,51 +292,141 @@ class MemoryModel(Physics):
         X = np.array([self.features(c) for c, _ in measured]).reshape(-1, len(FEATURES))
         y = np.array([m for _, m in measured], float)
         self._theta = _fit_term_scales(X, y, self._lower, self._prior)
-        # 1b) OOMs the scaled terms still put under their limit: censored at the limit.
-        for _ in range(3):
-            under = [(c, limit) for c, limit in self._ooms.items()
-                     if self._regressed(c) < limit]
-            if not under:
-                break
-            X = np.vstack([X, [self.features(c) for c, _ in under]])
-            y = np.append(y, [limit * (1 + OOM_OVERSHOOT) for _, limit in under])
-            self._theta = _fit_term_scales(X, y, self._lower, self._prior)
+        # 1b) What OOMs the measured fit puts under their limit may raise of it.
+        self._raised = self._censored(X, y) - self._theta
         # 2) What the scaled terms still miss, per measured family.
         self._family_resid, self._offsets, self._effects = {}, {}, None
-        errors = []
+        self._errors = []
         for fam, points in self._points.items():
             self._family_resid[fam] = statistics.median(
                 m - self._regressed(self._configs[fam, b]) for b, m in points.items())
-            errors.append(abs(self._family_resid[fam]) / statistics.median(points.values()))
-        # 3) How far off an unmeasured family may be: what the shared fit misses on the
-        # measured ones (a high quantile), shrunk toward the prior while they are few.
+            self._errors.append(abs(self._family_resid[fam])
+                                / statistics.median(points.values()))
+        # 3) What they teach beyond the fit, and the error an unmeasured family may have.
+        self._bound()
+
+    def _censored(self, X: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """The term scales with the OOMs the measured fit puts under their limit entered as
+        peaks just over it. They may only raise a deviation (what one lever changes of a
+        term) that OOMs of two families or more hold, from where the measurements put it:
+        the lever those OOMs share. The scales every family shares and every other
+        deviation stay as the measurements fitted them. (Kept apart from the measured fit,
+        which the families' residuals and their knob effects are read against: a raised
+        deviation must not move them, and through them every family.)"""
+        theta = self._theta
+        for _ in range(3):
+            under = [(c, limit) for c, limit in self._ooms.items()
+                     if c.family not in self._points and float(theta @ self.features(c)) < limit]
+            held = np.zeros(len(FEATURES), int)
+            for fam in {c.family for c, _ in under}:
+                held += self.features(next(c for c, _ in under if c.family == fam)) > 0
+            free = (held >= 2) & RAISED_BY_OOMS
+            if not free.any():
+                break
+            X = np.vstack([X, [self.features(c) for c, _ in under]])
+            y = np.append(y, [limit * (1 + OOM_OVERSHOOT) for _, limit in under])
+            lower = np.where(free, np.maximum(self._lower, self._theta), self._lower)
+            theta = _fit_term_scales(X, y, lower, self._prior,
+                                     np.where(free, np.nan, self._theta))
+        return theta
+
+    def _family_error(self, ooms: list[float]) -> float:
+        """How far off an unmeasured family may be: what the shared fit misses on the
+        measured ones and, at least, on the unexplained OOMs (each a lower bound of its
+        family's error), a high quantile shrunk toward the prior while they are few. An OOM
+        thus widens the headroom the search keeps, never the prediction of another family."""
+        errors = self._errors + ooms
         seen = float(np.quantile(errors, 0.8)) if errors else PRIOR_FAMILY_ERROR
-        self.family_error = max(MIN_FAMILY_ERROR, (len(errors) * seen + PRIOR_WEIGHT
-                                                   * PRIOR_FAMILY_ERROR)
-                                / (len(errors) + PRIOR_WEIGHT))
+        return max(MIN_FAMILY_ERROR, (len(errors) * seen + PRIOR_WEIGHT * PRIOR_FAMILY_ERROR)
+                   / (len(errors) + PRIOR_WEIGHT))
+
+    def _bound(self) -> None:
+        """The OOMs as bounds, once the fit has taken what it may of them (`_censored`).
+        An OOM of a family without measurements that the fit still puts under its limit
+        asks for the factor that lifts it just over (OOM_OVERSHOOT): at its batch and above,
+        for its family and any family of the same memory. Beyond those, an OOM lifts only
+        a lever combination (one knob group's value, or two) that OOMs of at least two
+        families hold, from a batch they ran at up, by the largest factor those OOMs ask
+        (were the combination the cause, it would need that much), unless a config holding
+        it measured there with less than half that excess. (An OOM of a measured family
+        says only that its batch and larger ones do not fit: `known_oom`.) Every OOM
+        predicted under its limit widens `family_error`, the headroom the search keeps."""
+        self._memo.clear()
+        self._unexplained, self._combos = [], []
+        missed = []  # how far under its limit each OOM was predicted, relative
+        for c, limit in self._ooms.items():
+            measured = c.family in self._points
+            predicted = self._predict_total(c) if measured else self._unmeasured(c)
+            need = limit * (1 + OOM_OVERSHOOT) / max(predicted, 1.0)
+            if need <= 1.0:
+                continue
+            missed.append(need - 1.0)
+            if not measured:
+                self._unexplained.append((c, need))
+        self.family_error = self._family_error(missed)
+        if len({c.family for c, _ in self._unexplained}) >= 2:
+            self._shared_levers()
+        self._memo.clear()
+
+    def _shared_levers(self) -> None:
+        """The lever combinations `_bound` lifts: each knob group's value, and each pair,
+        of an unexplained OOM's family that OOMs of two families or more hold."""
+        combos: set[frozenset] = set()
+        for c, _ in self._unexplained:
+            levels = c.family.levels()
+            combos.update(frozenset([lv]) for lv in levels)
+            combos.update(frozenset(pair) for pair in itertools.combinations(levels, 2))
+        for combo in combos:
+            held = [(c, need) for c, need in self._unexplained
+                    if combo.issubset(c.family.levels())]
+            for least in sorted({c.per_device_train_batch_size for c, _ in held}):
+                covered = [(c, need) for c, need in held
+                           if c.per_device_train_batch_size >= least]
+                if len({c.family for c, _ in covered}) < 2:
+                    break
+                need = max(need for _, need in covered)
+                if not self._refuted(combo, least, need):
+                    self._combos.append((combo, least, need))
+
+    def _refuted(self, combo: frozenset, least_batch: int, factor: float) -> bool:
+        """Whether a config holding every level of `combo`, at `least_batch` or more,
+        measured less than half the excess `factor` puts on it over the shared fit: the
+        combination is then not what ran out."""
+        for fam, points in self._points.items():
+            if not combo.issubset(fam.levels()):
+                continue
+            for b, m in points.items():
+                if b < least_batch:
+                    continue
+                fitted = max(self._regressed(self._configs[fam, b]), 1.0)
+                if m / fitted - 1.0 < (factor - 1.0) / 2:
+                    return True
+        return False
 
 
 def _fit_term_scales(X: np.ndarray, y: np.ndarray, lower: np.ndarray,
-                     mean: np.ndarray = PRIOR_MEAN) -> np.ndarray:
+                     mean: np.ndarray = PRIOR_MEAN,
+                     fixed: np.ndarray | None = None) -> np.ndarray:
     """Posterior mode of the term scales, given peaks measured to about MEASUREMENT_NOISE,
     the prior `mean` +- PRIOR_SD, and each coefficient at least `lower` (a term's scale
-    stays positive; a deviation cannot remove more memory than its term holds). Bounds by
-    active set: a coefficient that would cross its bound is held there and the rest
-    refitted, until none crosses."""
+    stays positive; a deviation cannot remove more memory than its term holds); `fixed`:
+    values to hold (NaN where a coefficient is free). Bounds by active set: a coefficient
+    that would cross its bound is held there and the rest refitted, until none crosses."""
     w = 1.0 / (MEASUREMENT_NOISE * y) ** 2
     A = X.T @ (X * w[:, None]) + np.diag(1.0 / PRIOR_SD**2)
     b = X.T @ (y * w) + mean / PRIOR_SD**2
-    held = np.zeros(len(lower), bool)
-    theta = np.linalg.solve(A, b)
-    for _ in range(len(lower)):
-        crossing = (theta < lower) & ~held
+    at = np.full(len(lower), np.nan) if fixed is None else fixed.copy()
+    theta = at.copy()
+    for _ in range(len(lower) + 1):
+        held = ~np.isnan(at)
+        free = ~held
+        theta = np.where(held, at, 0.0)
+        theta[free] = np.linalg.solve(A[np.ix_(free, free)],
+                                      b[free] - A[np.ix_(free, held)] @ theta[held])
+        crossing = (theta < lower) & free
         if not crossing.any():
             break
-        held |= crossing
-        theta = lower.copy()
-        free = ~held
-        theta[free] = np.linalg.solve(A[np.ix_(free, free)],
-                                      b[free] - A[np.ix_(free, held)] @ lower[held])
+        at[crossing] = lower[crossing]
     return theta
 
 

@@ -532,6 +532,12 @@ class Physics:
         reserved = None if self.beyond_device(c) else self.reserved_peak(c)
         return FRAGMENTATION if reserved is None or not tensors else reserved / tensors - 1
 
+    def states_bytes(self, c: TrialConfig) -> float:
+        """Device bytes of `c`'s weights, gradients and optimizer states, without the 16-bit
+        copies only a trace knows of: arithmetic on parameter counts, the least `c` holds."""
+        states, _ = self._model_states(c, least=True)
+        return float(sum(states.values()))
+
     def beyond_device(self, c: TrialConfig) -> bool:
         """Whether `c`'s weights, gradients and optimizer states alone exceed the device's
         memory: no activation figure or allocator slack could make it fit, so neither is
@@ -539,8 +545,7 @@ class Physics:
         1,000 GiB and more a rank; their traces and replays were half its seconds."""
         if not self.device.is_cuda:
             return False
-        states, _ = self._model_states(c, least=True)
-        return sum(states.values()) > self.device.memory_bytes
+        return self.states_bytes(c) > self.device.memory_bytes
 
     def reserved_peak(self, c: TrialConfig) -> float | None:
         """The caching allocator's reserved peak over a trial's steps (plan/allocator.py),
