@@ -14,7 +14,7 @@ from autotune.config import TrialConfig
 from autotune.errors import AutotuneError
 from autotune.files import write_atomically
 from autotune.plan.device import DeviceSpec
-from autotune.records import Record
+from autotune.records import PRUNED, Record
 
 SUMMARY_FILE = "summary.json"
 # Written into the file's `search` for people reading it, derived from the trials: not
@@ -251,10 +251,12 @@ class Summary:
 
     @property
     def defaults_do_not_fit(self) -> bool:
-        """Trainer's defaults ran and every run was out of memory: there is no baseline on
-        this device, and the speedups are stated against the recipe alone."""
-        ran = [t for t in self.searched if t.reason == BASELINE and t.outcome.ran]
-        return bool(ran) and all(t.outcome.is_oom for t in ran)
+        """Trainer's defaults ran and every run was out of memory, or their model states
+        alone exceed the limit (pruned without a run): there is no baseline on this device,
+        and the speedups are stated against the recipe alone."""
+        tried = [t for t in self.searched if t.reason == BASELINE]
+        return bool(tried) and all(t.outcome.is_oom or t.outcome.status == PRUNED
+                                   for t in tried)
 
     @property
     def vs_recipe(self) -> float | None:

@@ -150,26 +150,33 @@ def test_a_tuned_winner_states_both_ratios_with_intervals():
 
 
 @pytest.mark.skipif(not LANDSCAPES.is_dir(), reason="needs ../shared/landscapes")
-def test_trainer_defaults_that_cannot_fit_cost_one_trial():
-    """llama-7b on 8 A100s: fp32 AdamW states alone exceed a device, and the memory model
-    says so. The baseline's probe runs its smallest batch once, to prove it, instead of a
-    walk down its chain OOM by OOM; the recipe then runs on its first rung that fits."""
+def _replayed(name: str, trials: int):
     from autotune.bench.bench import choices, context
     from autotune.bench.landscape import load_landscape
     from autotune.bench.replay import ReplayExecutor
-    from autotune.summary import Summary
     from autotune.tuning.loop import Limits, drive
     from autotune.tuning.strategies.registry import make_strategy
     from autotune.tuning.study import StudyLog
 
-    land = load_landscape(LANDSCAPES / "sim-llama-7b-8xa100-80gb")
+    land = load_landscape(LANDSCAPES / name)
     ctx = context(land, 0)
     log = StudyLog.in_memory(choices(ctx.candidates), ctx.memory_limit_bytes, None)
-    history = drive(make_strategy("autotune", ctx, log, guarded=False),
-                    ReplayExecutor(land), log, Limits(max_trials=4))
+    return land, ctx, drive(make_strategy("autotune", ctx, log, guarded=False),
+                            ReplayExecutor(land), log, Limits(max_trials=trials))
+
+
+def test_trainer_defaults_whose_states_cannot_fit_cost_no_trial():
+    """llama-7b on 8 A100s: fp32 AdamW states alone (16 bytes a parameter, arithmetic)
+    exceed a device. The baseline's probe records its smallest batch as pruned, saying so,
+    instead of an OOM trial to prove it (issue 51: every such trial was a certain OOM);
+    the recipe then runs on its first rung that fits."""
+    from autotune.summary import Summary
+
+    land, ctx, history = _replayed("sim-llama-7b-8xa100-80gb", 4)
     base = [r for r in history if r.reason == "baseline"]
     assert [(r.config.per_device_train_batch_size, r.outcome.status) for r in base] == [
-        (1, "oom")]
+        (1, "pruned")]
+    assert "weights, gradients and optimizer states alone need" in base[0].outcome.error
     recipe_runs = [r for r in history if r.reason == "recipe"]
     assert recipe_runs and recipe_runs[-1].outcome.ok
     assert recipe_runs[0].config.zero_stage > 0  # the first rung that fits 7B on a device
@@ -180,5 +187,15 @@ def test_trainer_defaults_that_cannot_fit_cost_one_trial():
     from autotune.outputs.report import headline
 
     fact = next(f for f in headline(summary) if f.label == "Speedup")
-    assert "Trainer's defaults do not fit this device" in fact.detail
+    assert "Trainer's defaults do not fit this device (its weights, gradients" in fact.detail
     assert "the guide's recipe" in fact.value
+
+
+def test_trainer_defaults_predicted_not_to_fit_cost_one_trial():
+    """opt-1.3b on an A10G: the defaults' states fit (21 GB of 24), their activations are
+    predicted not to. A prediction is no proof: the smallest batch runs once, rather than
+    a walk down the chain OOM by OOM."""
+    _, _, history = _replayed("sim-opt-1.3b-a10g-24gb", 3)
+    base = [r for r in history if r.reason == "baseline"]
+    assert [(r.config.per_device_train_batch_size, r.outcome.status) for r in base] == [
+        (1, "oom")]

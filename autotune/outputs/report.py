@@ -17,7 +17,7 @@ from autotune.errors import AutotuneError
 from autotune.files import write_atomically
 from autotune.outputs.report_plots import STATUS_COLORS, figures, known, shown_knobs
 from autotune.records import Record
-from autotune.summary import Summary, load_summary
+from autotune.summary import BASELINE, Summary, load_summary
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -253,8 +253,12 @@ def _speedup_fact(summary: Summary, base: Record | None) -> Fact:
     c = summary.confirmation
     parts, notes = [], []
     if summary.defaults_do_not_fit:
-        notes.append("Trainer's defaults do not fit this device (their smallest batch ran "
-                     "out of memory): the speedup is stated against the recipe alone")
+        pruned = next((t.outcome.error for t in summary.searched if t.reason == BASELINE
+                       and not t.outcome.ran), None)
+        why = (pruned.removeprefix("not run: ") if pruned
+               else "their smallest batch ran out of memory")
+        notes.append(f"Trainer's defaults do not fit this device ({why}): the speedup is "
+                     "stated against the recipe alone")
     elif base is None:
         notes.append("no baseline trial succeeded")
     else:

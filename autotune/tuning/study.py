@@ -223,7 +223,8 @@ class StudyLog:
     def prune(self, proposal: Proposal) -> Record:
         """A config not run because a prediction says it would not fit."""
         outcome = Outcome(PRUNED, predicted_memory_bytes=proposal.predicted_memory_bytes,
-                          error=f"not run: {proposal.reason}", wall_seconds=0.0)
+                          error=f"not run: {proposal.why or proposal.reason}",
+                          wall_seconds=0.0)
         attrs = self._attrs(proposal) | _record_attrs(
             Record(proposal.config, outcome, proposal.reason))
         if proposal.trial_number is not None:

@@ -52,6 +52,9 @@ class Proposal:
     config: TrialConfig
     reason: str  # "baseline", "model", "tpe", "predicted-oom: ...", ...
     run: bool = True  # False: record as pruned without running (predicted not to fit)
+    # Why a proposal is not run, where `reason` must stay the role it was proposed for (a
+    # baseline probe's config that cannot fit is still the baseline's).
+    why: str = ""
     predicted_memory_bytes: int | None = None
     trial_number: int | None = None  # set when a sampler already asked the study
     # A deliberate re-measurement of a config that ran (confirmation): not refused as a

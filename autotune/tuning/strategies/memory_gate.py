@@ -87,6 +87,18 @@ class MemoryGate:
             self._ceiling = min([limit, *predicted])
         return self._ceiling
 
+    def certain_oom(self, c: TrialConfig) -> str | None:
+        """Why `c` cannot fit whatever the model's error, or None: its weights, gradients and
+        optimizer states alone (parameter counts times bytes, nothing estimated) exceed
+        the limit. Such a config is not worth a trial even as a reference's proof."""
+        if self.model is None:
+            return None
+        states, limit = self.model.states_bytes(c), self.ctx.memory_limit_bytes
+        if states <= limit:
+            return None
+        return (f"its weights, gradients and optimizer states alone need {states / GiB:.2f} "
+                f"GiB, over the {limit / GiB:.2f} GiB limit")
+
     def fits(self, c: TrialConfig) -> tuple[bool, str]:
         """Whether `c` is worth running memory-wise, and if not, why (for the record)."""
         limit = self.ctx.memory_limit_bytes

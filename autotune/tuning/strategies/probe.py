@@ -17,8 +17,10 @@ memory model's guess instead of the top: after a success they jump to the larges
 the now calibrated model says fits (or probe the next one up while that is within
 TOLERANCE of the limit, so a batch that fits is tried rather than assumed not to), after
 an OOM they come down. Where the model says nothing on the chain fits, its smallest batch
-runs once: one trial proves it (Trainer's defaults of a model whose fp32 states exceed
-the device), rather than a walk down the chain OOM by OOM.
+runs once: one trial proves it, rather than a walk down the chain OOM by OOM. Where the
+baseline's weights, gradients and optimizer states alone exceed the limit (fp32 AdamW
+states of a model too large for the device: arithmetic, not an estimate), not even that
+trial runs: its record says so, as pruned.
 """
 
 from __future__ import annotations
@@ -107,8 +109,11 @@ class BaselineProbe:
         if any(o.status in (PRUNED, *FAILED) for o in tried.values()):
             return None  # failing (or pruned by an earlier version): nothing to compare with
         c = walk(self.chain, tried, gate, self.ctx.memory_limit_bytes)
-        return None if c is None else Proposal(c, REASON,
-                                               predicted_memory_bytes=gate.predicted(c))
+        if c is None:
+            return None
+        why = gate.certain_oom(c) if not any(o.ran for o in tried.values()) else None
+        return Proposal(c, REASON, run=why is None, predicted_memory_bytes=gate.predicted(c),
+                        why=why or "")
 
 
 class RecipeProbe:
@@ -131,7 +136,12 @@ class RecipeProbe:
         else:  # the first rung whose smallest batch the memory model says fits
             first = next((i for i, rung in enumerate(self.rungs)
                           if gate.fits(rung[-1])[0]), len(self.rungs) - 1)
-        for rung in self.rungs[first:]:
+        for i, rung in enumerate(self.rungs[first:], first):
+            if i > first and not gate.fits(rung[-1])[0]:
+                # A rung after one that ran out of memory at every batch: tried only where
+                # the model, taught by those OOMs, says its smallest batch fits (a chain of
+                # OOMs at the lever combination the rungs share is cut, not walked).
+                continue
             c = walk(rung, tried, gate, self.ctx.memory_limit_bytes)
             if c is None and not any(tried[c].ok for c in rung if c in tried):
                 continue  # down to its smallest batch and out of memory: the next rung
