@@ -67,10 +67,10 @@ def test_fingerprint_covers_device_space_model_and_versions(monkeypatch):
     smaller = Space(space.batch_sizes, space.values | {"precision": ["fp32"]})
     assert key != fingerprint(spec, a100, smaller)  # the space file's contents changed
     assert key != fingerprint(load_spec(spec, **{"target_batch_size": 16}), a100, space)
-    import autotune.tuning.run as run
+    from autotune import versions
 
-    real = run._versions()  # another torch (or transformers, DeepSpeed...) measures apart
-    monkeypatch.setattr(run, "_versions", lambda: real | {"torch": "0.0.0"})
+    real = versions.library_versions()  # another torch (or TRL, flash-attn...) measures apart
+    monkeypatch.setattr(versions, "library_versions", lambda: real | {"torch": "0.0.0"})
     assert key != fingerprint(spec, a100, space)
 
 

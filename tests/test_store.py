@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from autotune import versions
 from autotune.config import Family, TrialConfig
 from autotune.plan.device import DeviceSpec, named_device
 from autotune.space import build_space, load_space
 from autotune.spec import load_spec
-from autotune.store import fingerprint as fp_mod
 from autotune.store.db import ResultStore, StoreError, default_url, store_url
 from autotune.store.fingerprint import fingerprint_of
 from autotune.store.reconfirm import Check, band, noise, t_quantile, verdict
@@ -104,11 +104,40 @@ def test_a_kin_device_or_other_versions_are_near_not_exact(monkeypatch):
         spec, named_device("H100-80GB"))
     assert a100.near_key != h100.near_key  # 8.0 and 9.0: another family
     before = _fingerprint(spec)
-    newer = fp_mod.library_versions() | {"bitsandbytes": "0.41.0"}
-    monkeypatch.setattr(fp_mod, "library_versions", lambda: newer)
+    newer = versions.library_versions() | {"bitsandbytes": "0.41.0"}
+    monkeypatch.setattr(versions, "library_versions", lambda: newer)
     after = _fingerprint(spec)
     assert after.key != before.key and after.near_key == before.near_key
     assert after.exact["versions"]["cuda"] and "liger-kernel" in after.exact["versions"]
+
+
+def test_a_resumed_study_refuses_each_upgrade_that_makes_a_record_near(tmp_path, monkeypatch):
+    """One list of the measuring libraries (autotune/versions.py) for both: each one's
+    upgrade, torch's CUDA too, makes the store's record a near match and a resumed study
+    refuse to mix its trials with the old ones. (The study's own list once missed TRL,
+    PEFT, flash-attn, Liger and CUDA, and resumed across them.)"""
+    from autotune.errors import SpecError
+    from autotune.plan.shape import model_shape
+    from autotune.tuning.run import fingerprint as study_key
+    from autotune.tuning.study import StudyLog
+
+    spec = load_spec(TINY_SPEC)
+    space = build_space(spec, CPU, load_space("default", spec.target_batch_size))
+    shape, storage = model_shape(spec), f"sqlite:///{tmp_path / 'study.db'}"
+    real = versions.library_versions()
+    assert set(real) == {*versions.MEASURING_LIBRARIES, "cuda"} and len(real) == 10
+    assert {"trl", "peft", "flash-attn", "liger-kernel"} <= set(real)
+    record = fingerprint_of(spec, CPU, space, shape)
+    StudyLog.open(storage, "s", study_key(spec, CPU, space.space), {}, 1 << 30)
+    for name in real:
+        monkeypatch.setattr(versions, "library_versions", lambda n=name: real | {n: "0.0.1"})
+        now = fingerprint_of(spec, CPU, space, shape)
+        assert now.key != record.key and now.near_key == record.near_key, name
+        with pytest.raises(SpecError, match="library versions"):
+            StudyLog.open(storage, "s", study_key(spec, CPU, space.space), {}, 1 << 30)
+    monkeypatch.setattr(versions, "library_versions", lambda: dict(real))
+    assert fingerprint_of(spec, CPU, space, shape).key == record.key
+    StudyLog.open(storage, "s", study_key(spec, CPU, space.space), {}, 1 << 30)  # resumes
 
 
 def test_the_store_is_the_flag_then_the_environment_then_the_user_cache(monkeypatch,

@@ -12,7 +12,8 @@ The exact fingerprint (`Fingerprint.exact`):
   them; the per-trial memory budget and the trials run at once (they share a node);
 - the space (its batch sizes and knob values) and what the rules ruled out of it, so
   the winner was chosen among the same;
-- the versions of the libraries that change what a trial measures.
+- the versions of the libraries that change what a trial measures (autotune/versions.py,
+  the list a resumed study checks too).
 
 The near fingerprint (`Fingerprint.near`) keeps what a record's winners carry over: the
 architecture's figures (model type, parameters, layers, widths, vocabulary), the task,
@@ -28,8 +29,9 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
+
+from autotune import versions
 
 if TYPE_CHECKING:
     from autotune.plan.device import DeviceSpec
@@ -39,9 +41,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# Libraries whose version can move a trial's speed or memory (torch's CUDA apart).
-LIBRARIES = ("torch", "transformers", "accelerate", "deepspeed", "bitsandbytes", "peft",
-             "trl", "flash-attn", "liger-kernel")
 # Config keys that name or locate a model rather than shape it, or that only say how its
 # weights are stored: none changes a trial's speed or memory (the precision knob does).
 NAMES = ("name_or_path", "_name_or_path", "architectures", "transformers_version",
@@ -74,20 +73,6 @@ def digest(value: Any) -> str:
 def device_fields(device: DeviceSpec) -> dict[str, Any]:
     """The device as a dict: DeviceSpec's own serialisation, every field."""
     return device.to_dict()
-
-
-def library_versions() -> dict[str, str]:
-    """Each measuring library's version ("absent" where not installed), and torch's CUDA."""
-    out = {}
-    for name in LIBRARIES:
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = "absent"
-    import torch
-
-    out["cuda"] = str(torch.version.cuda or "none")
-    return out
 
 
 def model_identity(spec: Spec, shape: ModelShape | None) -> dict[str, Any]:
@@ -176,7 +161,7 @@ def fingerprint_of(spec: Spec, device: DeviceSpec, space: SpaceResult,
                      "parallel_trials": hw.parallel_trials,
                      "memory_budget": hw.budget_bytes()},
         "space": space.space.choices(), "ruled_out": sorted(space.pruned),
-        "versions": library_versions(),
+        "versions": versions.library_versions(),
     }
     near = {"model": near_model(spec, shape), "data": near_data, "trainer": spec.trainer,
             "world_size": spec.world_size, "device": device_family(dev)}

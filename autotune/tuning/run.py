@@ -10,11 +10,10 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune import knobs
+from autotune import knobs, versions
 from autotune.errors import SetupError, SpecError
 from autotune.plan.calibration import MemoryModel
 from autotune.plan.device import DeviceSpec, local_device, memory_limit
@@ -38,28 +37,15 @@ if TYPE_CHECKING:
     from autotune.records import Record
     from autotune.tuning.strategies.base import Proposal
 
-# Libraries whose version changes what a trial measures.
-MEASURING_LIBRARIES = ("torch", "transformers", "accelerate", "deepspeed", "bitsandbytes")
-
-
-def _versions() -> dict[str, str]:
-    out = {}
-    for name in MEASURING_LIBRARIES:
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = "absent"
-    return out
-
-
 def fingerprint(spec: Spec, device: DeviceSpec, space: Space) -> str:
     """What makes the measurements of two searches comparable, so a resume never mixes
     them: the spec's model, data, target and measurement, the device, the space's
-    contents and the measuring libraries' versions."""
+    contents and the measuring libraries' versions (the results store's list: an upgrade
+    that makes a record a near match also refuses a resume)."""
     key = {"spec": spec.fingerprint(), "device": [device.name, device.kind, device.memory_bytes,
                                                   device.compute_capability, device.count]
            + ([device.nodes] if device.nodes > 1 else []),
-           "space": space.choices(), "versions": _versions()}
+           "space": space.choices(), "versions": versions.library_versions()}
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
 
 
