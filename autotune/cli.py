@@ -281,7 +281,7 @@ def search(
                 _fail(exc)
             raise
     render_summary(result.summary, console)
-    from autotune.store.notes import remembered_line
+    from autotune.outputs.store_notes import remembered_line
 
     if line := remembered_line(result.summary):
         console.print(line, highlight=False, soft_wrap=True)
@@ -468,7 +468,7 @@ def results(
     if ctx.invoked_subcommand is not None:
         ctx.obj = store
         return
-    from autotune.store.listing import open_store, render_records
+    from autotune.outputs.store_listing import open_store, render_records
 
     try:
         s = open_store(store)
@@ -482,7 +482,7 @@ def results(
 
 def _on_store(url: str | None, work: Callable[[Any], Any]) -> Any:
     """`work` on the results store at `url` (closed after); a store error is one line."""
-    from autotune.store.listing import open_store
+    from autotune.outputs.store_listing import open_store
 
     try:
         s = open_store(url)
@@ -499,7 +499,7 @@ def results_export(ctx: typer.Context,
                    file: Annotated[Path, typer.Argument(help="JSON-lines file to write")],
                    store: StoreOption = None) -> None:
     """Write every record of the store to FILE, one JSON object a line."""
-    from autotune.store.listing import export_records
+    from autotune.outputs.store_listing import export_records
 
     n = _on_store(store or ctx.obj, lambda s: export_records(s, file))
     console.print(f"exported {n} record{'s' if n != 1 else ''} to {file}", highlight=False)
@@ -511,7 +511,7 @@ def results_import(ctx: typer.Context,
                                                     "results export`")],
                    store: StoreOption = None) -> None:
     """Add FILE's records to the store (a record already there is left as it is)."""
-    from autotune.store.listing import import_records
+    from autotune.outputs.store_listing import import_records
 
     counts = _on_store(store or ctx.obj, lambda s: import_records(s, file))
     said = f"imported {counts['added']} record{'s' if counts['added'] != 1 else ''}"

@@ -21,9 +21,9 @@ from autotune.space import build_space, load_space
 from autotune.spec import load_spec
 from autotune.store.db import ResultStore, StoreError, default_url, store_url
 from autotune.store.fingerprint import fingerprint_of
-from autotune.store.reconfirm import Check, band, noise, t_quantile, verdict
 from autotune.store.record import SCHEMA_VERSION, StoredResult
 from autotune.summary import Confirmation, ConfirmedConfig
+from autotune.tuning.reconfirm import Check, band, noise, t_quantile, verdict
 from autotune.tuning.strategies.base import SearchContext
 from autotune.tuning.strategies.seeded import translate
 from tests.conftest import TINY_SPEC

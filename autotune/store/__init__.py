@@ -1,11 +1,11 @@
 """The results store: confirmed searches recorded under a fingerprint of what they
-measured, so the same setup is answered from the record (checked by running its winner
-and baseline once more) and a similar one starts from its winners.
+measured. It only stores, as Optuna's storages do: it hands a search the exact match's
+record, a near match's recorded winners and calibration, as data, and keeps the result;
+tuning/remembered.py runs the check on read and the seeding, outputs/store_notes.py and
+outputs/store_listing.py say what it did and what it holds.
 
 fingerprint.py  what a record is keyed by (exact and near)
 record.py       one record: a summary with its date, versions and calibration
 db.py           the store: SQLite by default, PostgreSQL for a team (SQLAlchemy)
-reconfirm.py    the check on read: each figure within its recorded interval
-session.py      what a search asks of the store (called from tuning/run.py)
-listing.py      `autotune results`: list, export, import
+session.py      what a search asks of the store (called from tuning/remembered.py)
 """

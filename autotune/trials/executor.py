@@ -80,6 +80,11 @@ class Executor(ABC):
                 if done == ticket:
                     return outcome
 
+    def prepare(self, shape: dict | None, budget: int | None) -> None:  # noqa: B027
+        """Told once the search knows them, before its first trial (a search's, or a
+        remembered result's check): the model's shape (ModelShape.to_dict) and each
+        trial's memory budget in bytes. The default runs trials that need neither."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release workers; the default has none."""
 
@@ -184,7 +189,7 @@ class RayExecutor(Executor):
     def __init__(self, spec: Spec, *, address: str | None = None,
                  timeout_s: float = 600.0) -> None:
         self.spec, self.address, self.timeout_s = spec, address, timeout_s
-        self.shape: dict | None = None  # set by the search once it knows them
+        self.shape: dict | None = None  # prepare() sets them once the search knows them
         self.budget: int | None = None
         self.device: DeviceSpec | None = None
         self.probe_node: str | None = None  # the Ray node the device was read on
@@ -196,6 +201,11 @@ class RayExecutor(Executor):
         self._remote: Any = None
         self._refs: dict[Any, _InFlight] = {}
         self._next = 0
+
+    def prepare(self, shape: dict | None, budget: int | None) -> None:
+        """Each request carries them: the worker caps its allocator at the budget and
+        skips reading the model's shape again."""
+        self.shape, self.budget = shape, budget
 
     def driver_work(self, what: str) -> contextlib.AbstractContextManager:
         """Every core for the driver's own heavy work (`what`) in an embedded search on a

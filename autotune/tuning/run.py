@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune import knobs, versions
 from autotune.errors import SetupError, SpecError
+from autotune.outputs.export import write_outputs
 from autotune.plan.calibration import MemoryModel
 from autotune.plan.device import DeviceSpec, local_device, memory_limit
 from autotune.plan.recipe import available_values, recipe_rungs
@@ -22,11 +23,11 @@ from autotune.plan.shape import ModelShape, model_shape
 from autotune.records import CONFIRM_REASON
 from autotune.space import Space, build_space, divisors, few_splits, load_space
 from autotune.spec import Spec, load_spec, parse_duration
-from autotune.store.session import StoreSession
 from autotune.summary import Summary
 from autotune.trials.executor import Executor, RayExecutor
 from autotune.tuning import confirm, numerics
 from autotune.tuning.loop import Limits, drive
+from autotune.tuning.remembered import Remembered
 from autotune.tuning.result import SearchResult
 from autotune.tuning.strategies.base import Resume, SearchContext
 from autotune.tuning.strategies.probe import baseline_chain, recipe_chains
@@ -119,8 +120,7 @@ def _search(spec: Spec, shape: ModelShape | None, space_file: Space, device: Dev
     output = Path(spec.output)
     output.mkdir(parents=True, exist_ok=True)
     limit = memory_limit(device, spec.hardware.budget_bytes(), parallel=executor.capacity)
-    if isinstance(executor, RayExecutor):
-        executor.shape, executor.budget = (shape.to_dict() if shape else None), limit
+    executor.prepare(shape.to_dict() if shape else None, limit)
     storage = spec.search.storage or f"sqlite:///{(output / 'study.db').resolve()}"
     key = fingerprint(spec, device, space.space)
     study_name = spec.search.study_name or f"autotune-{key[:12]}"
@@ -134,7 +134,7 @@ def _search(spec: Spec, shape: ModelShape | None, space_file: Space, device: Dev
         device, available_values(spec), world_size=spec.world_size,
         real_data=spec.data.source != "synthetic"), divisors(spec.per_rank_batch))
     # The results store: an exact match answers (checked on read), a near one seeds.
-    memory = StoreSession.open(spec, device, space, shape, output, fresh=fresh)
+    memory = Remembered.open(spec, device, space, shape, output, fresh=fresh)
     remembered = memory.answer(ctx, executor, log, storage, started, on_start, on_record)
     if remembered is not None:
         return SearchResult(spec, device, remembered, output)
@@ -179,8 +179,6 @@ def _search(spec: Spec, shape: ModelShape | None, space_file: Space, device: Dev
                        "sampler": spec.search.sampler, "slots": executor.capacity}
         summary = summarise(spec, device, limit, shape, history, space.pruned, search_info)
         memory.annotate(summary)
-        from autotune.outputs.export import write_outputs
-
         write_outputs(summary, output, spec, on_cpu=not device.is_cuda)
         log.save_summary(summary.to_dict())
     memory.finish(summary, history, shape, limit, spec.world_size)

@@ -1,6 +1,7 @@
 """A remembered result checked on read: its winner and Trainer's defaults run once more,
 through the confirmation's own machinery (ConfirmStrategy: the exported training_args.json,
-the confirmation's steps), and each figure must fall within its recorded interval.
+the confirmation's steps), and each figure must fall within its recorded interval. The
+results store hands over the record; the check runs here, beside the confirmation.
 
 "Within its recorded interval" is a prediction interval for one new run of a config from
 the record's own evidence. The record's confirmation ran each contender `n` times,
@@ -37,6 +38,9 @@ from typing import TYPE_CHECKING, Any
 from autotune.config import BATCH
 from autotune.records import OK, Outcome, Record
 from autotune.summary import BASELINE, Confirmation, ConfirmedConfig
+from autotune.tuning.confirm import ConfirmStrategy
+from autotune.tuning.loop import Limits, drive
+from autotune.tuning.study import StudyLog
 
 if TYPE_CHECKING:
     from autotune.spec import Spec
@@ -144,10 +148,6 @@ def run_checks(summary: Summary, spec: Spec, ctx: SearchContext, executor: Execu
                on_record: Callable[[Record], None] | None = None) -> list[Check]:
     """Run the planned configs once each (real trials, in a study of their own that lives
     as long as the check) and hold each figure to its band."""
-    from autotune.tuning.confirm import ConfirmStrategy
-    from autotune.tuning.loop import Limits, drive
-    from autotune.tuning.study import StudyLog
-
     plan = planned(summary)
     c = summary.confirmation
     if not plan or c is None:
