@@ -218,8 +218,10 @@ def _duration(seconds: float | None) -> str:
 
 def _study_lines(parsed) -> str:
     """Where the study is kept, and how to watch it (Optuna's dashboard reads it live)."""
-    storage = parsed.search.storage or (
-        f"sqlite:///{(Path(parsed.output) / 'study.db').resolve()}")
+    from autotune.dburl import shown
+
+    storage = shown(parsed.search.storage or (
+        f"sqlite:///{(Path(parsed.output) / 'study.db').resolve()}"))
     return (f"study: {storage}\nwatch it live: pip install 'autotune[dashboard]' && "
             f"optuna-dashboard {storage}")
 

@@ -41,3 +41,16 @@ def url_problem(url: str, example: str) -> str | None:
         return (f"the {parsed.drivername} driver is not installed ({exc.name}): pip install "
                 f"it, or use postgresql:// (psycopg, installed with autotune) or {example}")
     return None
+
+
+def shown(url: str) -> str:
+    """`url` as it may be printed or written to an output: its password as ***. A URL
+    without one is left as written (an Optuna storage a user copies into the dashboard)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return url
+    return url if parsed.password is None else parsed.render_as_string(hide_password=True)

@@ -18,6 +18,9 @@ from pathlib import Path
 # Set in CI (.ci/run): a machine without PostgreSQL fails these tests instead of skipping.
 REQUIRED = "AUTOTUNE_REQUIRE_POSTGRES"
 USER = "autotune"
+# A role that must give its password (SCRAM): what a team's server asks of a URL such as
+# postgresql://tuner:secret@db.internal/autotune. Every other role is trusted.
+PASSWORD_USER, PASSWORD = "tuner", "Pw52-never-printed"
 
 
 def binaries() -> Path | None:
@@ -59,6 +62,9 @@ class Server:
     def start(self) -> None:
         self._run(str(self.bindir / "initdb"), "-D", str(self.data), "-U", USER,
                   "-A", "trust", "--no-sync", "-E", "UTF8")
+        hba = self.data / "pg_hba.conf"  # the first line that matches is the one used
+        hba.write_text(f"host all {PASSWORD_USER} 127.0.0.1/32 scram-sha-256\n"
+                       + hba.read_text())
         options = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 "
                    "-c fsync=off -c synchronous_commit=off -c full_page_writes=off")
         self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-o", options,
@@ -74,15 +80,22 @@ class Server:
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://{USER}@127.0.0.1:{self.port}/{database}"
 
-    def new_database(self) -> str:
-        """A fresh empty database (one per test), its URL."""
+    def new_database(self, *, password: bool = False) -> str:
+        """A fresh empty database (one per test), its URL; with `password`, owned by
+        PASSWORD_USER and its URL theirs, password and all."""
         import psycopg
 
         name = f"t_{uuid.uuid4().hex[:12]}"
         with psycopg.connect(f"host=127.0.0.1 port={self.port} user={USER} dbname=postgres",
                              autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-        return self.url(name)
+            if not password:
+                conn.execute(f'CREATE DATABASE "{name}"')
+                return self.url(name)
+            if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s",
+                                (PASSWORD_USER,)).fetchone():
+                conn.execute(f"CREATE ROLE {PASSWORD_USER} LOGIN PASSWORD '{PASSWORD}'")
+            conn.execute(f'CREATE DATABASE "{name}" OWNER {PASSWORD_USER}')
+        return f"postgresql://{PASSWORD_USER}:{PASSWORD}@127.0.0.1:{self.port}/{name}"
 
 
 def session_server() -> Iterator[Server | None]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.dburl import shown
 from autotune.outputs.export import write_outputs
 from autotune.spec import parse_duration
 from autotune.store.session import StoreSession, confirmed, say
@@ -95,7 +96,7 @@ class Remembered:
         # own cost and study are the `remembered` part's.
         summary.remembered = said | {
             "reconfirmed": True, "wall_seconds": round(time.time() - started, 1),
-            "study_name": log.study.study_name, "storage": storage}
+            "study_name": log.study.study_name, "storage": shown(storage)}
         log.add_wall_seconds(time.time() - started)
         summary.projection = self.spec.run.model_dump()
         write_outputs(summary, output, self.spec, on_cpu=not self.session.device.is_cuda)

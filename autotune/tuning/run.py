@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune import knobs, versions
+from autotune.dburl import shown
 from autotune.errors import SetupError, SpecError
 from autotune.outputs.export import write_outputs
 from autotune.plan.calibration import MemoryModel
@@ -99,7 +100,7 @@ def _say_resumed(history: list[Record], study_name: str, storage: str,
     if not history:
         return
     ran = sum(r.counted for r in history)
-    where = storage.removeprefix("sqlite:///")
+    where = shown(storage).removeprefix("sqlite:///")
     note = f"resuming study {study_name} in {where}: {ran} trials ran before"
     if ran >= n_trials:
         note += (f"; search.n_trials {n_trials} is reached, so no new trial runs (raise "
@@ -175,7 +176,7 @@ def _search(spec: Spec, shape: ModelShape | None, space_file: Space, device: Dev
     finally:
         # Whatever finished is written, even when the search was interrupted or stopped.
         search_info = {"wall_seconds": log.add_wall_seconds(time.time() - started),
-                       "study_name": study_name, "storage": storage,
+                       "study_name": study_name, "storage": shown(storage),
                        "sampler": spec.search.sampler, "slots": executor.capacity}
         summary = summarise(spec, device, limit, shape, history, space.pruned, search_info)
         memory.annotate(summary)

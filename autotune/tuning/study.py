@@ -25,7 +25,7 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from autotune.config import TrialConfig
-from autotune.dburl import driver_url
+from autotune.dburl import driver_url, shown
 from autotune.errors import AutotuneError, SpecError
 from autotune.records import LOST, OK, OOM, PRUNED, Outcome, Record
 from autotune.tuning.strategies.base import Proposal
@@ -99,10 +99,10 @@ class StudyLog:
         if known is None:
             study.set_user_attr(FINGERPRINT_KEY, fingerprint)
         elif known != fingerprint:
-            raise SpecError(f"search.study_name: study {study_name!r} in {storage} was made "
-                            "for a different model, data, target, space, device or library "
-                            "versions; choose another study_name or output folder to start "
-                            "afresh")
+            raise SpecError(f"search.study_name: study {study_name!r} in {shown(storage)} was "
+                            "made for a different model, data, target, space, device or "
+                            "library versions; choose another study_name or output folder to "
+                            "start afresh")
         return cls(study, choices, limit_bytes)
 
     @classmethod
@@ -301,11 +301,11 @@ def summary_from_storage(storage: str, study_name: str | None = None) -> dict[st
     names = optuna.get_all_study_names(driver_url(storage))
     if study_name is None:
         if len(names) != 1:
-            raise AutotuneError(f"{storage} holds {len(names)} studies "
+            raise AutotuneError(f"{shown(storage)} holds {len(names)} studies "
                                 f"({', '.join(names) or 'none'}); name one with --study-name")
         study_name = names[0]
     elif study_name not in names:
-        raise AutotuneError(f"--study-name: {study_name!r} is not in {storage}; "
+        raise AutotuneError(f"--study-name: {study_name!r} is not in {shown(storage)}; "
                             f"there: {', '.join(names) or 'none'}")
     summary = optuna.load_study(study_name=study_name,
                                 storage=driver_url(storage)).user_attrs.get(
