@@ -212,29 +212,65 @@ def test_a_newer_autotunes_record_is_skipped_with_a_note_and_moves_whole(url, tm
     assert other.import_lines(lines)["present"] == 2
 
 
-WRITER = """
-import sys, time
-sys.path.insert(0, {root!r})
-from autotune.store.db import ResultStore
-from tests.test_store import _record
-store = ResultStore.open({url!r})
-while time.time() < {start}:  # both processes start writing at the same moment
-    time.sleep(0.005)
-for i in range({n}):
-    store.put(_record(key="k-{who}-%d" % i, near="n"))
-"""
+HOLD_S = 0.2  # SQLite: how long a writer holds its transaction open for the other to wait
 
 
-def test_two_processes_writing_at_once_lose_no_record(url):
-    """What two searches that finish together do: each puts its records at the same
-    moment (here 40 each, to make the collisions many)."""
+def _writer(url: str, who: str, other: str, n: int, folder: str) -> None:
+    """One of two processes writing at once (run by the test below). They take turns: in
+    round i one inserts its record and holds the transaction open, uncommitted, until the
+    other has called put and it has returned (PostgreSQL: both transactions open at once)
+    or HOLD_S has passed (SQLite: the other's put waits for its lock). Each writes what it
+    saw to `folder`/`who`.json."""
+    from autotune.store.db import ResultStore
+
+    here, store, seen = Path(folder), ResultStore.open(url), []
+    wait_s = HOLD_S if url.startswith("sqlite") else 60.0
+
+    def wait(name: str, timeout: float = 60.0) -> bool:
+        deadline = time.time() + timeout
+        while not (here / name).exists():
+            if time.time() > deadline:
+                return False
+            time.sleep(0.001)
+        return True
+
+    for i in range(n):
+        record = _record(key=f"k-{who}-{i}", near="n")
+        if (i % 2 == 0) == (who == "a"):  # this round's holder
+            with store.engine.begin() as conn:
+                conn.execute(store.table.insert().values(**store._row(record)))
+                (here / f"held-{i}").touch()
+                assert wait(f"asked-{i}"), f"round {i}: {other} never asked"
+                answered = wait(f"put-{i}", wait_s)  # committed on leaving the block
+            seen.append({"round": i, "answered_while_held": answered})
+        else:
+            assert wait(f"held-{i}"), f"round {i}: {other} never held"
+            (here / f"asked-{i}").touch()
+            store.put(record)
+            (here / f"put-{i}").touch()
+    (here / f"{who}.json").write_text(json.dumps(seen))
+
+
+def test_two_processes_writing_at_once_lose_no_record(url, tmp_path):
+    """What two searches that finish together do, provably at once: in each of 20 rounds
+    one process holds its insert's transaction open while the other puts its record.
+    PostgreSQL writes the other's record meanwhile; SQLite makes it wait for the lock
+    (up to 30 s) and then writes it. Neither loses one."""
     ResultStore.open(url).close()  # the table, as the first search would make it
-    start, n = time.time() + 4.0, 40
-    procs = [subprocess.Popen([sys.executable, "-c", WRITER.format(
-        root=str(ROOT), url=url, start=start, n=n, who=who)], stderr=subprocess.PIPE,
-        text=True) for who in ("a", "b")]
+    n, folder = 20, tmp_path / "turns"
+    folder.mkdir()
+    procs = [subprocess.Popen(
+        [sys.executable, "-c", f"from tests.test_store import _writer; _writer({url!r}, "
+         f"{who!r}, {other!r}, {n}, {str(folder)!r})"], cwd=ROOT, stderr=subprocess.PIPE,
+        text=True) for who, other in (("a", "b"), ("b", "a"))]
     for p in procs:
         assert p.wait(timeout=120) == 0, p.stderr.read()
+    held = [t for who in "ab" for t in json.loads((folder / f"{who}.json").read_text())]
+    assert sorted(t["round"] for t in held) == list(range(n))  # each round held once
+    # PostgreSQL: every other put ended while the holder's transaction was still open;
+    # SQLite: none could (it waited for the holder's commit).
+    on_postgres = url.startswith("postgresql")
+    assert [t["answered_while_held"] for t in held] == [on_postgres] * n, held
     keys = {r.key for r in ResultStore.open(url).near("n").records}
     assert keys == {f"k-{who}-{i}" for who in "ab" for i in range(n)}
 
