@@ -213,15 +213,22 @@ def test_preloaded_libraries_learn_the_capability_from_nvml(monkeypatch):
     """bitsandbytes asks the GPU's capability as it is imported; NVML answers it while the
     launcher preloads, so no CUDA context is made. (No GPU here: NVML's answer for one
     stands in, as the hardware is not here.)"""
-    monkeypatch.setattr(forkserver, "nvml_capability", lambda index: (9, 0))
+    asked: list[int] = []  # the GPU each question reached NVML for
+
+    def nvml(index: int) -> tuple[int, int]:
+        asked.append(index)
+        return (9, 0)
+
+    monkeypatch.setattr(forkserver, "nvml_capability", nvml)
     before = torch.cuda.get_device_capability
     with forkserver._capability_from_nvml():
-        assert torch.cuda.get_device_capability(torch.cuda.device(0)) == (9, 0)
+        assert torch.cuda.get_device_capability(torch.cuda.device(2)) == (9, 0)
         assert torch.cuda.get_device_capability(None) == (9, 0)
+        assert torch.cuda.get_device_capability(torch.device("cuda", 3)) == (9, 0)
+        assert torch.cuda.get_device_capability(1) == (9, 0)
+    assert asked == [2, 0, 3, 1]  # each form of the argument names its GPU
     assert torch.cuda.get_device_capability is before
     assert not torch.cuda.is_initialized()
-    assert forkserver._device_index(torch.device("cuda", 3)) == 3
-    assert isinstance(DeviceSpec("x", "cuda", 1), DeviceSpec)
 
 
 def test_the_launcher_asks_py_cpuinfo_once_for_every_trial_it_forks():
