@@ -331,8 +331,8 @@ def knobs(
 ) -> None:
     """The knob table: each lever's values, what this (or a named) device allows and why
     not the rest, Trainer's default and the guide's pick."""
+    from autotune.device import local_device, named_device
     from autotune.outputs.reference import render_knobs
-    from autotune.plan.device import local_device, named_device
 
     try:
         render_knobs(named_device(device) if device else local_device(), console)

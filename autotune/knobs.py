@@ -27,7 +27,7 @@ from autotune.optimizers import offload_capable, optimizer, trainer_optimizers
 
 if TYPE_CHECKING:
     from autotune.config import TrialConfig
-    from autotune.plan.device import DeviceSpec
+    from autotune.device import DeviceSpec
     from autotune.spec import Spec
 
 
@@ -441,7 +441,7 @@ def _attention_applies(spec: Spec, attn: Any) -> str | None:
 def _model_class(spec: Spec) -> type | None:
     """The transformers class the spec's model is built with; None where not known (a
     factory, a config transformers cannot map)."""
-    from autotune.plan.shape import model_class
+    from autotune.tasks.models import model_class
 
     with _TRANSFORMERS_IMPORT:
         return model_class(spec.model.model_dump())
@@ -540,15 +540,16 @@ LIGER_MODEL_TYPES = ("llama", "mllama", "mistral", "mixtral", "gemma", "gemma2",
 
 
 def _liger_applies(spec: Spec, on: Any = True) -> str | None:
-    from autotune.plan.shape import load_hf_config
+    from autotune.tasks import task_of, trainer_of
+    from autotune.tasks.models import load_hf_config
 
-    if spec.model.task != "causal-lm":  # Trainer patches the causal-LM forward in
+    task = task_of(spec)
+    if not task.causal:  # Trainer patches the causal-LM forward in
         return (f"Liger's kernels are applied to causal LMs (their fused loss replaces the "
-                f"LM head's forward); this model's task is {spec.model.task}")
-    if spec.trainer == "dpo":
-        return ("under trainer: dpo TRL computes the log-probabilities with its own chunked "
-                "LM head and applies Liger's layer kernels only (use_liger_kernel is "
-                "deprecated there); not searched")
+                f"LM head's forward); this model's task is {task.name}")
+    refused = trainer_of(spec).refuses.get("use_liger_kernel")
+    if refused:
+        return refused
 
     try:
         model_type = getattr(load_hf_config(spec.model.model_dump()), "model_type", None)
@@ -585,18 +586,13 @@ LIGER = Knob(
 # --- data ---------------------------------------------------------------------------------
 
 def _packing_applies(spec: Spec, on: Any = True) -> str | None:
-    if spec.model.task != "causal-lm":
+    from autotune.tasks import task_of, trainer_of
+
+    if not task_of(spec).causal:
         return "padding-free packing (DataCollatorWithFlattening) is for causal LMs"
     if spec.data.source == "synthetic":
         return "synthetic rows are all seq_len tokens: there is no padding to remove"
-    if spec.trainer == "sft":
-        return ("under trainer: sft, TRL batches padding-free only without max_length or "
-                "with its own packing of several samples into a row, which would change the "
-                "effective batch; SFTConfig's packing is yours to set")
-    if spec.trainer == "dpo":
-        return ("under trainer: dpo, TRL has padding-free batching off since its DPO "
-                "rewrite (it pads each batch to its longest row)")
-    return None
+    return trainer_of(spec).refuses.get("padding_free")
 
 
 PACKING = Knob(
@@ -611,7 +607,9 @@ PACKING = Knob(
 # --- DPO's reference model ------------------------------------------------------------------
 
 def _precompute_applies(spec: Spec, on: Any = True) -> str | None:
-    if spec.trainer != "dpo":
+    from autotune.tasks import trainer_of
+
+    if not trainer_of(spec).keeps_reference:
         return ("the reference model's log-probs are DPO's: only trainer: dpo has a "
                 "reference to precompute")
     if spec.model.lora is not None:
@@ -644,11 +642,61 @@ PIN_MEMORY = Knob(
     speed=Speed(sd=0.05))
 
 
+# --- generation (a trainer that generates: trainer: grpo) ------------------------------
+
+def _generation_applies(spec: Spec, on: Any = True) -> str | None:
+    from autotune.tasks import trainer_of
+
+    if not trainer_of(spec).generates:
+        return ("how completions are generated is a generating trainer's (trainer: grpo); "
+                f"this spec's trainer is {spec.trainer}")
+    return None
+
+
+GENERATION_CACHE = Knob(
+    # model.generate's KV cache: grown as tokens come (dynamic), or allocated whole for
+    # the longest completion up front (static: no reallocations, and compilable).
+    "generation_cache", ("dynamic", "static"), "dynamic", "generation KV cache", "kv cache",
+    tag=lambda v: "" if v == "dynamic" else f"{v}-kv", applies=_generation_applies,
+    scope="trainer: grpo", sets="GRPOConfig's cache_implementation (grpo_config.json)",
+    blamed=False, speed=Speed(sd=0.15))
+
+CONTINUOUS_BATCHING = Knob(
+    # transformers' paged attention and continuous batching for the completions.
+    "continuous_batching", (False, True), False, "continuous batching", "paged", kind=bool,
+    tag=lambda on: "paged" if on else "", applies=_generation_applies, scope="trainer: grpo",
+    sets="GRPOConfig's use_transformers_continuous_batching (grpo_config.json)",
+    speed=Speed(sd=0.2))
+
+VLLM_MODES = ("none", "colocate-0.3", "colocate-0.5", "colocate-0.3-sleep")
+
+VLLM = Knob(
+    # vLLM inside the trial's process (colocate), given this share of the GPU's memory
+    # (vllm_gpu_memory_utilization), its weights and cache put to sleep while training
+    # where "-sleep". Server mode runs on GPUs of its own: docs/grpo.md.
+    "vllm", VLLM_MODES, "none", "vLLM generation", "vllm",
+    tag=lambda v: "" if v == "none" else f"vllm:{v}", applies=_generation_applies,
+    scope="trainer: grpo", sets="GRPOConfig's use_vllm, vllm_mode, "
+    "vllm_gpu_memory_utilization, vllm_enable_sleep_mode (grpo_config.json)",
+    rules=(
+        Rule("vllm={vllm}", "vLLM is not installed", lambda c, d: c.vllm != "none"
+             and not _installed("vllm"), install=True),
+        Rule("vllm={vllm}", "vLLM generates on a CUDA GPU", lambda c, d: c.vllm != "none"
+             and not d.is_cuda),
+        Rule("vllm={vllm} with continuous_batching=True", "continuous batching is "
+             "transformers' generation path; vLLM is another",
+             lambda c, d: c.vllm != "none" and c.continuous_batching),
+    ),
+    speed=Speed(lambda v, d, w: math.log(3.0) if v != "none" and d.is_cuda else 0.0,
+                sd=0.5))
+
+
 # --- the table -------------------------------------------------------------------------
 
 _TABLE: list[Knob] = [PRECISION, OPTIM, GRADIENT_CHECKPOINTING, ZERO_STAGE, OFFLOAD, FSDP,
                       TORCH_COMPILE, COMPILE_MODE, ATTENTION, QUANTIZATION, LIGER, PACKING,
-                      DATALOADER_WORKERS, PIN_MEMORY, PRECOMPUTE_REF]
+                      DATALOADER_WORKERS, PIN_MEMORY, PRECOMPUTE_REF, GENERATION_CACHE,
+                      CONTINUOUS_BATCHING, VLLM]
 
 
 def table() -> tuple[Knob, ...]:

@@ -15,9 +15,10 @@ import yaml
 from autotune import knobs
 from autotune.config import BATCH, Family, TrialConfig
 from autotune.errors import SpecError, not_allowed
+from autotune.tasks import TRAINERS, TrainerKind, trainer_of
 
 if TYPE_CHECKING:
-    from autotune.plan.device import DeviceSpec
+    from autotune.device import DeviceSpec
     from autotune.spec import Spec
 
 # The spaces a spec names (`search.space: default`): package data, inside the package so
@@ -140,6 +141,10 @@ def load_space(name_or_path: str, target_batch_size: int, world_size: int = 1) -
     return Space(sorted(int(b) for b in batches), values, str(path), sections)
 
 
+def _under(kind: TrainerKind) -> Callable[[DeviceSpec, Spec | None], bool]:
+    return lambda device, spec: spec is not None and trainer_of(spec) is kind
+
+
 # Sections of a space file whose knob lists replace the top level's where their condition
 # holds: the default space searches the GPU's own levers on CUDA (and stays quick on a
 # CPU), a quantized base where the model trains LoRA adapters, and DPO's reference
@@ -147,8 +152,8 @@ def load_space(name_or_path: str, target_batch_size: int, world_size: int = 1) -
 SECTIONS: dict[str, Callable[[DeviceSpec, Spec | None], bool]] = {
     "cuda": lambda device, spec: device.is_cuda,
     "lora": lambda device, spec: spec is not None and spec.model.lora is not None,
-    "dpo": lambda device, spec: spec is not None and spec.trainer == "dpo",
-}
+} | {  # a trainer's own section (trainer: dpo's reference log-probs)
+    kind.space_section: _under(kind) for kind in TRAINERS.values() if kind.space_section}
 
 
 def _knob_values(raw: dict, where: str, *, defaults: bool) -> dict[str, list[Any]]:

@@ -25,7 +25,12 @@ from pydantic import (
     model_validator,
 )
 
+from autotune import tasks
 from autotune.errors import SpecError, not_allowed
+
+# The names a spec may give: the registered tasks and trainers (autotune/tasks/).
+TaskName = Literal[tuple(tasks.TASKS)]  # type: ignore[valid-type]
+TrainerName = Literal[tuple(tasks.TRAINERS)]  # type: ignore[valid-type]
 
 logger = logging.getLogger(__name__)
 
@@ -126,8 +131,7 @@ class ModelSpec(_Strict):
     """A local model folder (or a Hugging Face id where the hub is reachable)."""
     config: dict[str, Any] | None = None
     """An inline config (model_type plus fields): random weights, no download."""
-    task: Literal["causal-lm", "masked-lm", "sequence-classification", "seq2seq-lm",
-                  "image-classification"] = "causal-lm"
+    task: TaskName = tasks.DEFAULT_TASK
     """The head trained: next-token prediction, masked tokens, a class per row, an
     encoder-decoder's target tokens (T5, BART: Seq2SeqTrainer), or a class per image
     (ViT: the images' patches are its sequence)."""
@@ -284,7 +288,7 @@ class HardwareSpec(_Strict):
     @classmethod
     def _known_device(cls, v: str | None) -> str | None:
         if v is not None:
-            from autotune.plan.device import named_device
+            from autotune.device import named_device
 
             try:
                 named_device(v)
@@ -396,6 +400,22 @@ class MeasureSpec(_Strict):
     is rejected."""
 
 
+class GRPOSpec(_Strict):
+    """TRL's GRPO algorithm under `trainer: grpo`: the user's choice, never searched."""
+
+    num_generations: int = Field(4, ge=2)
+    """Completions generated per prompt, whose rewards are compared (TRL's group)."""
+    max_completion_length: int = Field(256, gt=0)
+    """Tokens a completion may have. Trials force every completion to this length: the
+    worst case, where GRPO's OOMs come from."""
+    beta: float = Field(0.0, ge=0)
+    """The KL coefficient: above 0 a reference model is kept (its memory and its forward
+    in every step; under LoRA the base with the adapters off)."""
+    reward: str = "length"
+    """A built-in reward for timing (length: a completion's characters), or
+    'package.module:function' taking completions and returning a float each."""
+
+
 class RunSpec(_Strict):
     """The long run the user is tuning for, to project its wall time in the report."""
 
@@ -409,7 +429,7 @@ class RunSpec(_Strict):
 class Spec(_Strict):
     model: ModelSpec
     data: DataSpec = DataSpec()
-    trainer: Literal["trainer", "sft", "dpo"] = "trainer"
+    trainer: TrainerName = tasks.DEFAULT_TRAINER
     """What trains each trial and the long run: transformers' Trainer (Seq2SeqTrainer for
     a seq2seq-lm model), TRL's SFTTrainer (its SFTConfig is exported as sft_config.json),
     or TRL's DPOTrainer on preference pairs (DPOConfig, dpo_config.json; a sample is a
@@ -420,70 +440,37 @@ class Spec(_Strict):
     hardware: HardwareSpec = HardwareSpec()
     search: SearchSpec = SearchSpec()
     measure: MeasureSpec = MeasureSpec()
+    grpo: GRPOSpec | None = None
+    """The GRPO algorithm, under `trainer: grpo` (its defaults where left out)."""
     run: RunSpec = RunSpec()
     output: str = "reports/autotune"
     """The folder the winner's files, summary.json, the report and the study go to."""
 
     @model_validator(mode="after")
-    def _trl(self) -> Spec:
-        if self.trainer == "trainer":
-            return self
-        import importlib.util
-
-        name = {"sft": "SFTTrainer", "dpo": "DPOTrainer"}[self.trainer]
-        if importlib.util.find_spec("trl") is None:
-            raise ValueError(f"trainer: {self.trainer} runs TRL's {name}, and TRL is not "
-                             "installed (pip install trl)")
-        if self.model.task != "causal-lm":
-            raise ValueError(f"trainer: {self.trainer} trains causal LMs ({name}); this "
-                             f"model's task is {self.model.task} (use trainer: trainer)")
-        if self.trainer == "dpo" and self.data.source == "synthetic":
-            raise ValueError("trainer: dpo trains on preference pairs: give data.source, "
-                             "rows with prompt, chosen and rejected (text or messages)")
-        if self.data.tokenizer is None:
-            raise ValueError(f"trainer: {self.trainer} needs data.tokenizer ({name} "
-                             "tokenizes the rows itself)")
+    def _trainer(self) -> Spec:
+        """What the trainer asks of the spec (TRL's: a causal LM, a tokenizer)."""
+        said = tasks.trainer_of(self).check(self)
+        if said:
+            raise ValueError(said)
         return self
 
     @model_validator(mode="after")
     def _task_data(self) -> Spec:
-        """What each task reads: a tokenizer for text rows, a processor (or the model's
+        """What the task reads: a tokenizer for text rows, a processor (or the model's
         folder) for images, a target length for an encoder-decoder only."""
-        task, data = self.model.task, self.data
-        image = task == "image-classification"
-        if data.target_len is not None and task != "seq2seq-lm":
-            raise ValueError(f"data.target_len: {data.target_len}: only a seq2seq-lm model "
-                             f"has a target; this model's task is {task}")
-        if image and data.format not in ("auto", "image"):
-            raise ValueError(f"data.format: {data.format!r}: an image-classification model "
-                             "reads images (format image: an image folder or a dataset with "
-                             "image and label columns)")
-        if not image and data.format == "image":
-            raise ValueError(f"data.format: image rows are for model.task "
-                             f"image-classification; this model's task is {task}")
-        if data.source == "synthetic":
-            return self
-        if not image and data.tokenizer is None:
-            raise ValueError(f"data.tokenizer: source {data.source!r} is text: data.tokenizer "
-                             "is required")
-        if image and data.processor is None and self.model.name_or_path is None:
-            raise ValueError("data.processor: images are read through the model's image "
-                             "processor: give data.processor (a folder with its "
-                             "preprocessor_config.json) or model.name_or_path")
+        said = tasks.task_of(self).check(self)
+        if said:
+            raise ValueError(said)
         return self
 
     def notes(self) -> list[str]:
         """Defaults the spec left to autotune that change what is measured, one line each
         (said once where a search or an estimate starts)."""
-        out = []
-        if self.model.task == "seq2seq-lm" and self.data.target_len is None:
-            out.append(f"data.target_len is not set: seq2seq targets of "
-                       f"{DEFAULT_TARGET_LEN} tokens (the default; set data.target_len to "
-                       "your targets' length)")
-        if self.model.task == "image-classification" and "seq_len" in self.data.model_fields_set:
-            out.append("data.seq_len is not read for image-classification: the model's "
-                       "sequence is its image's patches, sized from its config")
-        return out
+        return tasks.task_of(self).notes(self)
+
+    def grpo_algorithm(self) -> GRPOSpec:
+        """The GRPO section, its defaults where the spec has none."""
+        return self.grpo or GRPOSpec()
 
     @property
     def target_len(self) -> int:
@@ -523,7 +510,7 @@ class Spec(_Strict):
         """What makes two searches comparable: the model, data and target, not the budget."""
         # Fields added later count only where set: a study made before them resumes.
         later = {"format": "auto", "completion_only_loss": False, "device": None,
-                 "trainer": "trainer", "nodes_per_trial": None, "weights": "random",
+                 "trainer": tasks.DEFAULT_TRAINER, "nodes_per_trial": None, "weights": "random",
                  "target_len": None, "processor": None}
         unset = object()
 
@@ -534,8 +521,9 @@ class Spec(_Strict):
         key = {"model": given(self.model), "data": data,
                "target": self.target_batch_size, "hw": hw,
                "space": self.search.space, "measure": self.measure.model_dump()}
-        if self.trainer != later["trainer"]:
-            key["trainer"] = self.trainer
+        key |= {k: v for k, v in {"trainer": self.trainer}.items() if later[k] != v}
+        if self.grpo is not None:  # the algorithm decides what a step does
+            key["grpo"] = self.grpo.model_dump()
         return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config import TrialConfig
+from autotune.device import DeviceSpec
 from autotune.errors import AutotuneError
 from autotune.files import write_atomically
-from autotune.plan.device import DeviceSpec
 from autotune.records import PRUNED, Record
 
 SUMMARY_FILE = "summary.json"

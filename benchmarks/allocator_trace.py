@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from memory_accuracy import GPU_SHAPES, spec_for  # noqa: E402
 
 from autotune.config import TrialConfig  # noqa: E402
+from autotune.device import DeviceSpec  # noqa: E402
 from autotune.plan.allocator import CachingAllocator, blas_workspaces  # noqa: E402
-from autotune.plan.device import DeviceSpec  # noqa: E402
 from autotune.plan.shape import model_shape  # noqa: E402
 from autotune.spec import load_spec  # noqa: E402
 from autotune.trials.gpu_memory import load_trace  # noqa: E402

@@ -60,8 +60,8 @@ def gate(path: str) -> None:
     """The search's memory gate on a spec, in this process: its first pass (every
     candidate predicted, the traces made first as the search makes them), then a pass
     after three measured trials refit the model (as after each trial of a search)."""
+    from autotune.device import node_cpus
     from autotune.plan.calibration import MemoryModel
-    from autotune.plan.device import node_cpus
     from autotune.plan.estimate import planned_device
     from autotune.plan.shape import model_shape
     from autotune.plan.trace import prefetch

@@ -241,8 +241,8 @@ def smoke_step(rehearse: bool, out: Path) -> int:
     """The smoke call's trials, one after another in this process's warm launcher; each
     checked against what it asked for. Writes smoke.json; non-zero if any failed."""
     from autotune.config import TrialConfig
+    from autotune.device import local_device, node_cpus
     from autotune.files import write_atomically
-    from autotune.plan.device import local_device, node_cpus
     from autotune.spec import load_spec
     from autotune.trials.launch import run_trial
     from autotune.trials.protocol import make_request
@@ -396,7 +396,7 @@ def _step(name: str, cmd: list[str], box: int, out: Path, log: list[dict],
 def _vanilla_trial(spec: dict) -> dict:
     """The seeds' vanilla run, as one trial: batch 4, accumulation 1, fp32, AdamW."""
     from autotune.config import TrialConfig
-    from autotune.plan.device import local_device, node_cpus
+    from autotune.device import local_device, node_cpus
     from autotune.plan.shape import model_shape
     from autotune.spec import load_spec
     from autotune.trials.launch import run_trial

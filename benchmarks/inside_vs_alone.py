@@ -14,7 +14,7 @@ import argparse
 import statistics
 
 from autotune.config import Family
-from autotune.plan.device import local_device, memory_limit, node_cpus
+from autotune.device import local_device, memory_limit, node_cpus
 from autotune.spec import load_spec
 from autotune.trials.executor import RayExecutor
 from autotune.trials.launch import run_trial

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from autotune.bench.landscape import landscape_row, write_landscape
-from autotune.plan.device import GiB, local_device, memory_limit, node_cpus
+from autotune.device import GiB, local_device, memory_limit, node_cpus
 from autotune.plan.shape import model_shape
 from autotune.records import OK
 from autotune.space import build_space

@@ -40,9 +40,9 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from autotune.config import TrialConfig
+from autotune.device import DeviceSpec, local_device, named_device, node_cpus
 from autotune.plan import zero_replay
 from autotune.plan.calibration import MemoryModel, leave_one_out_errors
-from autotune.plan.device import DeviceSpec, local_device, named_device, node_cpus
 from autotune.plan.memory import CPU_RUNTIME_BYTES
 from autotune.plan.shape import model_shape
 from autotune.spec import load_spec

@@ -32,8 +32,8 @@ if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))  # after PYTHONPATH: another checkout's package wins
 
 from autotune.config import TrialConfig  # noqa: E402
+from autotune.device import DeviceSpec, GiB, named_device  # noqa: E402
 from autotune.plan.calibration import MemoryModel  # noqa: E402
-from autotune.plan.device import DeviceSpec, GiB, named_device  # noqa: E402
 from autotune.plan.shape import ModelShape, model_shape  # noqa: E402
 from autotune.records import OK, Outcome, Record  # noqa: E402
 

@@ -42,8 +42,8 @@ def main() -> int:
     import yaml
 
     from autotune.config import TrialConfig
+    from autotune.device import local_device, node_cpus
     from autotune.plan.calibration import MemoryModel
-    from autotune.plan.device import local_device, node_cpus
     from autotune.plan.estimate import model_shape
     from autotune.spec import load_spec
     from autotune.trials.launch import run_trial

@@ -57,7 +57,7 @@ def legacy_build(config: dict, quantization: dict | None, scratch: Path):
     """The builder as trials ran it before 2026-11-27 (trials/model_builder.py then)."""
     import transformers
 
-    from autotune.plan.shape import load_hf_config
+    from autotune.tasks.models import load_hf_config
 
     hf_config = load_hf_config({"config": config})
     auto = transformers.AutoModelForCausalLM
@@ -76,7 +76,7 @@ def build_once(size: str, variant: str, builder: str) -> dict:
     from transformers import set_seed
 
     from autotune.knobs import quantization_config
-    from autotune.plan.shape import model_class
+    from autotune.tasks.models import model_class
     from autotune.trials.model_builder import build_model
 
     config = SIZES[size]
@@ -106,7 +106,7 @@ def build(size: str, variant: str, builder: str) -> dict:
 
 def trial(size: str, variant: str) -> dict:
     from autotune.config import TrialConfig
-    from autotune.plan.device import local_device, node_cpus
+    from autotune.device import local_device, node_cpus
     from autotune.spec import load_spec
     from autotune.trials.launch import run_trial
     from autotune.trials.protocol import make_request

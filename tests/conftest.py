@@ -78,7 +78,7 @@ def tiny_spec(tmp_path) -> dict:
 def trial_request(spec, config, *, timeout_s: float = 120, budget: int | None = None,
                   shape: dict | None = None):
     """The request a search would send for `config` of `spec` (a dict or a Spec)."""
-    from autotune.plan.device import local_device, node_cpus
+    from autotune.device import local_device, node_cpus
     from autotune.spec import load_spec
     from autotune.trials.protocol import make_request
 

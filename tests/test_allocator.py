@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from autotune.config import TrialConfig
+from autotune.device import DeviceSpec, named_device
 from autotune.optimizers import ADAM, optimizer
 from autotune.plan import zero_replay
 from autotune.plan.allocator import (
@@ -19,15 +20,15 @@ from autotune.plan.allocator import (
     replay,
     training_events,
 )
-from autotune.plan.device import DeviceSpec, named_device
 from autotune.plan.memory import (
     COMPONENTS,
     CUDA_RUNTIME_BYTES,
     NCCL_COMM_BYTES,
     Physics,
 )
-from autotune.plan.shape import load_hf_config, shape_from_hf_config
+from autotune.plan.shape import shape_from_hf_config
 from autotune.plan.step_trace import _deepened, _record, trace_step
+from autotune.tasks.models import load_hf_config
 from autotune.trials.gpu_memory import load_trace
 
 MiB = 2**20

@@ -442,8 +442,8 @@ def test_a_gpu_trial_the_host_kills_is_lost_under_its_share_and_a_host_oom_at_it
     move the figure from its first reading, which can be at or under nothing: `lost` at
     any share, as a loaded machine once showed)."""
     from autotune.config import Family
+    from autotune.device import named_device
     from autotune.plan.calibration import MemoryModel
-    from autotune.plan.device import named_device
     from autotune.plan.shape import ModelShape
     from autotune.records import Record
     from autotune.trials.launch import run_trial

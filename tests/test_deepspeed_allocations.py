@@ -163,7 +163,7 @@ def test_the_gpu_note_prints_the_zero_replay_and_what_lies_outside_the_allocator
     import importlib.util
 
     from autotune.config import TrialConfig
-    from autotune.plan.device import named_device
+    from autotune.device import named_device
     from autotune.plan.shape import model_shape
     from autotune.spec import load_spec
 

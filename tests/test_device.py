@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from autotune.config import TrialConfig
+from autotune.device import DeviceSpec, GiB, named_device
 from autotune.errors import SpecError
 from autotune.knobs import device_rule
-from autotune.plan.device import DeviceSpec, GiB, named_device
 
 NAMES = [("NVIDIA L40S", "L40S-48GB"), ("NVIDIA L4", "L4-24GB"), ("A100-SXM4-40GB", "A100-40GB"),
          ("Tesla V100", "V100-16GB"), ("H100 80GB HBM3", "H100-80GB"),
@@ -67,7 +67,7 @@ def test_a_budget_never_exceeds_what_the_device_has(caplog):
 
     import psutil
 
-    from autotune.plan.device import DeviceSpec, memory_limit, named_device
+    from autotune.device import DeviceSpec, memory_limit, named_device
 
     cpu = DeviceSpec("cpu", "cpu", psutil.virtual_memory().total)
     available = psutil.virtual_memory().available
@@ -83,7 +83,7 @@ def test_a_budget_never_exceeds_what_the_device_has(caplog):
 def test_the_link_between_nodes_is_read_where_the_kernel_lists_it(tmp_path):
     """InfiniBand's port rate first (what NCCL uses between nodes where it is there), else
     the fastest Ethernet interface; loopback and virtual interfaces (-1) say nothing."""
-    from autotune.plan.device import network_link
+    from autotune.device import network_link
 
     assert network_link(str(tmp_path)) is None
     for name, speed in (("lo", "100000000"), ("veth0", "-1"), ("eth0", "25000"),

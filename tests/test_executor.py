@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autotune.config import TrialConfig
-from autotune.plan.device import node_cpus
+from autotune.device import node_cpus
 from autotune.spec import load_spec
 
 pytestmark = pytest.mark.slow

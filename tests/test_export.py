@@ -48,7 +48,7 @@ def test_no_deepspeed_file_without_zero(tmp_path):
     files = export_config(TrialConfig.of(4, 4, precision="bf16"), tmp_path, on_cpu=True, seed=0)
     assert files == {"training_args": "training_args.json", "deepspeed": None,
                      "accelerate": "accelerate_config.yaml", "lora": None, "model": None,
-                     "quantization": None, "sft": None, "dpo": None}
+                     "quantization": None, "sft": None, "dpo": None, "grpo": None}
     assert not (tmp_path / "ds_config.json").exists()
     args = load_training_args(tmp_path / "training_args.json", str(tmp_path / "run"))
     assert args.per_device_train_batch_size == 4 and args.bf16

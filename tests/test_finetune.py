@@ -14,12 +14,12 @@ import pytest
 import yaml
 
 from autotune.config import TrialConfig
+from autotune.device import named_device
 from autotune.errors import SetupError, SpecError
 from autotune.plan.calibration import MemoryModel
-from autotune.plan.device import named_device
 from autotune.plan.shape import model_shape
 from autotune.spec import load_spec
-from autotune.trials.data import IGNORE, data_format, encode, load_tokenizer
+from autotune.tasks.data import IGNORE, data_format, encode, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAT = ROOT / "examples" / "data" / "chat.jsonl"
@@ -292,10 +292,10 @@ def test_a_qlora_search_on_chat_rows_exports_files_that_train(tmp_path, trainer)
     from autotune.outputs.export import export_config
 
     nf4 = TrialConfig.from_dict(best | {"quantization": "nf4"})
-    from autotune.trials.trainargs import sft_fields_for
+    from autotune.tasks.sft import SFT_TRAINER
 
     export_config(nf4, tmp_path / "nf4", on_cpu=True, seed=0, lora={"r": 8, "alpha": 16,
                   "dropout": 0.0, "target_modules": "all-linear"},
-                  sft=sft_fields_for(load_spec(spec), nf4))
+                  trainer_fields=("sft", SFT_TRAINER.fields(load_spec(spec), nf4)))
     done = _train_from(tmp_path, tmp_path / "nf4")
     assert done["global_step"] == 2 and done["quantized"] == "Linear4bit"

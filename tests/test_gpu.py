@@ -12,7 +12,7 @@ import os
 import pytest
 
 from autotune.config import TrialConfig
-from autotune.plan.device import local_device
+from autotune.device import local_device
 from autotune.trials.launch import run_trial
 from tests.conftest import TINY_SPEC, trial_request
 

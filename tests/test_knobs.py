@@ -10,9 +10,9 @@ import yaml
 
 from autotune import knobs
 from autotune.config import Family, TrialConfig
+from autotune.device import DeviceSpec
 from autotune.errors import SpecError
 from autotune.knobs import Knob, Rule
-from autotune.plan.device import DeviceSpec
 from autotune.space import build_space
 from autotune.spec import load_spec
 from tests.conftest import ROOT

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.plan.device import node_cpus
+from autotune.device import node_cpus
 from autotune.trials.lease import LeaseTimeout, Want, lease
 
 ALL_CORES = Want(cpu_slots=node_cpus())

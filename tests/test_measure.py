@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from autotune.config import TrialConfig
-from autotune.plan.device import DeviceSpec, named_device
+from autotune.device import DeviceSpec, named_device
 from autotune.records import CONFIRM_REASON, Outcome, Record
 from autotune.space import Space, build_space
 from autotune.spec import load_spec

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from autotune.config import TrialConfig
+from autotune.device import DeviceSpec, named_device
 from autotune.plan.calibration import MemoryModel
-from autotune.plan.device import DeviceSpec, named_device
 from autotune.plan.memory import FEATURES, NCCL_COMM_BYTES, GiB
 from autotune.plan.shape import ModelShape, shape_from_hf_config
 
@@ -254,7 +254,7 @@ def test_a_replayed_family_carries_its_nearest_measurement_over_the_replay():
     what the nearest measurement was over it: the allocator's peak moves unevenly with
     the batch (ZeRO's fixed-size buckets fragment the cache more as the activations
     grow), and the replay knows how, where a line through two points does not."""
-    from autotune.plan.shape import load_hf_config
+    from autotune.tasks.models import load_hf_config
 
     gpt2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 256, "n_head": 4,
             "vocab_size": 8192, "n_positions": 512}

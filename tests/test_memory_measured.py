@@ -18,8 +18,8 @@ import statistics
 import pytest
 
 from autotune.config import TrialConfig
+from autotune.device import local_device
 from autotune.plan.calibration import MemoryModel, leave_one_out_errors
-from autotune.plan.device import local_device
 from autotune.plan.shape import model_shape
 from autotune.spec import load_spec
 from autotune.trials.launch import run_trial

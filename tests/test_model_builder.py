@@ -150,7 +150,7 @@ def test_nf4_on_cpu_is_bitsandbytes_quantization():
 
 
 def test_an_nf4_base_built_on_the_device_trains_its_adapters():
-    from autotune.trials.lora import with_lora
+    from autotune.tasks.lora import with_lora
     from autotune.trials.model_builder import prepare_quantized
 
     model, _ = _build({"config": LLAMA}, NF4)

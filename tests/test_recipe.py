@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from autotune.config import Family, TrialConfig
-from autotune.plan.device import DeviceSpec, named_device
-from autotune.plan.recipe import available_values, recipe_family, recipe_rungs
+from autotune.device import DeviceSpec, named_device
 from autotune.records import CONFIRM_REASON, Outcome, Record
 from autotune.spec import load_spec
 from autotune.tuning import confirm
+from autotune.tuning.recipe import available_values, recipe_family, recipe_rungs
 
 LANDSCAPES = Path(__file__).resolve().parents[2] / "shared" / "landscapes"
 GPT2 = {"model": {"config": {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 2}},

@@ -18,6 +18,7 @@ import pytest
 from rich.console import Console
 
 from autotune.config import TrialConfig
+from autotune.device import DeviceSpec
 from autotune.errors import AutotuneError
 from autotune.outputs.report import (
     DASH,
@@ -29,7 +30,6 @@ from autotune.outputs.report import (
     write_report,
 )
 from autotune.outputs.report_plots import PANELS, pareto_front, shown_knobs
-from autotune.plan.device import DeviceSpec
 from autotune.records import Outcome, Record
 from autotune.summary import Summary, load_summary
 

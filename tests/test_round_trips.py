@@ -13,7 +13,7 @@ import pytest
 
 from autotune import knobs
 from autotune.config import TrialConfig
-from autotune.plan.device import DeviceSpec, local_device, named_device
+from autotune.device import DeviceSpec, local_device, named_device
 from autotune.plan.shape import ModelShape
 from autotune.records import Outcome, Record
 from autotune.summary import Confirmation, ConfirmedConfig, Summary
@@ -73,7 +73,7 @@ SHAPE = ModelShape(1_000_000, 2, 64, 2, 512, 32, causal_lm=False, intermediate_s
                    trainable_parameters=1000, hf_config={"model_type": "bert"},
                    lora={"r": 8}, embedding_parameters=32768, quantizable_parameters=4096,
                    largest_linear=256, decoder_layers=2, target_len=16, pixels=3072,
-                   trainer="dpo")
+                   trainer="dpo", generated_len=8, reference=True)
 RECORD = Record(_config(), OUTCOME, "recipe", 3)
 CONFIRMATION = Confirmation(
     3, 8, [ConfirmedConfig("best", _config(), 3, [12.0, 12.5, 13.0], [7, 8, 9])],

@@ -13,7 +13,7 @@ import torch
 
 from autotune import knobs
 from autotune.config import TrialConfig
-from autotune.plan.device import DeviceSpec, named_device, peak_flops_of
+from autotune.device import DeviceSpec, named_device, peak_flops_of
 from autotune.trials import forkserver
 from autotune.trials.runtime import (
     contradiction,
@@ -347,9 +347,9 @@ def test_a_flash_attn_that_fails_to_import_is_left_out_with_its_error(broken_fla
     on. The import is tried in another interpreter: the driver has not paid it."""
     import sys
 
-    from autotune.plan.recipe import available_values, recipe_family
     from autotune.space import build_space
     from autotune.spec import load_spec
+    from autotune.tuning.recipe import available_values, recipe_family
 
     h100 = named_device("H100-80GB")
     llama = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
@@ -423,7 +423,7 @@ def test_mfu_is_palms_appendix_b_on_gpt2_124m_a_llama_and_an_moe():
         MixtralForCausalLM,
     )
 
-    from autotune.plan.device import KNOWN_DEVICES
+    from autotune.device import KNOWN_DEVICES
     from autotune.records import Outcome
     from autotune.trials.worker import _flops_per_token, flop_parameters, model_flops_utilisation
 

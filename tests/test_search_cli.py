@@ -275,7 +275,7 @@ def test_two_searches_on_one_machine_take_turns(tmp_path):
     """Two searches started together, each with its own embedded Ray believing it owns
     every core: their trials lease the cores and take turns, so no trial of one ever
     runs while a trial of the other does, and each trial still gets all the cores."""
-    from autotune.plan.device import node_cpus
+    from autotune.device import node_cpus
 
     procs, outs = [], []
     for name in ("a", "b"):

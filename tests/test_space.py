@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autotune.plan.device import DeviceSpec, named_device
+from autotune.device import DeviceSpec, named_device
 from autotune.space import build_space, load_space
 from autotune.spec import load_spec
 

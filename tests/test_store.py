@@ -16,7 +16,7 @@ import pytest
 
 from autotune import versions
 from autotune.config import Family, TrialConfig
-from autotune.plan.device import DeviceSpec, named_device
+from autotune.device import DeviceSpec, named_device
 from autotune.space import build_space, load_space
 from autotune.spec import load_spec
 from autotune.store.db import ResultStore, StoreError, default_url, store_url

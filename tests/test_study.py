@@ -10,7 +10,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.config import BATCH, TrialConfig
-from autotune.plan.device import DeviceSpec
+from autotune.device import DeviceSpec
 from autotune.records import Outcome
 from autotune.tuning.strategies.base import Proposal, SearchContext
 from autotune.tuning.strategies.samplers import SamplerStrategy, make_sampler

@@ -14,9 +14,9 @@ import yaml
 
 from autotune import knobs
 from autotune.config import TrialConfig
+from autotune.device import DeviceSpec, local_device
 from autotune.optimizers import optimizer
 from autotune.plan.calibration import MemoryModel
-from autotune.plan.device import DeviceSpec, local_device
 from autotune.plan.shape import model_shape
 from autotune.space import build_space
 from autotune.spec import load_spec

@@ -10,10 +10,11 @@ import statistics
 from pathlib import Path
 
 from autotune.config import TrialConfig
-from autotune.plan.device import DeviceSpec, named_device
+from autotune.device import DeviceSpec, named_device
 from autotune.plan.memory import Physics
-from autotune.plan.shape import load_hf_config, shape_from_hf_config
+from autotune.plan.shape import shape_from_hf_config
 from autotune.plan.trace import _cuda_dropout, _LiveBytes, _peak, trace_activations
+from autotune.tasks.models import load_hf_config
 
 ROOT = Path(__file__).resolve().parents[1]
 GPT2 = {"model_type": "gpt2", "n_layer": 4, "n_embd": 64, "n_head": 4, "vocab_size": 512,

@@ -120,7 +120,7 @@ def test_model_error_keeps_the_tail(tiny_spec):
 def test_mfu_needs_a_known_peak_and_shape_and_never_fails_a_trial():
     """On an H100 every trial without a shape (no `shape=` passed, a factory model) once
     crashed after training while computing MFU; the GPU's peak table is faked here."""
-    from autotune.plan.device import KNOWN_DEVICES, DeviceSpec
+    from autotune.device import KNOWN_DEVICES, DeviceSpec
     from autotune.records import Outcome
     from autotune.trials.worker import model_flops_utilisation
 

@@ -24,8 +24,8 @@ from autotune.config import BATCH, TrialConfig, halving_batches
 from autotune.errors import SpecError
 from autotune.knobs import device_rule
 from autotune.plan.calibration import MemoryModel
-from autotune.plan.recipe import landscape_values, recipe_rungs
 from autotune.tuning.loop import Limits, drive
+from autotune.tuning.recipe import landscape_values, recipe_rungs
 from autotune.tuning.strategies.base import SearchContext
 from autotune.tuning.strategies.probe import recipe_chains
 from autotune.tuning.strategies.registry import BENCH_STRATEGIES, make_strategy, sampler_for

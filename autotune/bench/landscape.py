@@ -14,9 +14,9 @@ from functools import cached_property
 from pathlib import Path
 
 from autotune.config import Family, TrialConfig
+from autotune.device import DeviceSpec, GiB, named_device
 from autotune.errors import AutotuneError, SpecError
 from autotune.knobs import knob
-from autotune.plan.device import DeviceSpec, GiB, named_device
 from autotune.plan.shape import ModelShape
 from autotune.records import OK, Outcome
 

@@ -10,13 +10,11 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from autotune.files import write_atomically
+from autotune.tasks import DEFAULT_TASK, TRAINERS, task_of, trainer_of
 from autotune.trials.trainargs import (
     accelerate_config,
     deepspeed_config,
-    dpo_fields_for,
     model_kwargs,
-    seq2seq_fields_for,
-    sft_fields_for,
     training_arguments_kwargs,
 )
 
@@ -31,15 +29,15 @@ ACCELERATE_FILE = "accelerate_config.yaml"
 LORA_FILE = "lora_config.json"
 MODEL_KWARGS_FILE = "model_kwargs.json"
 QUANTIZATION_FILE = "quantization_config.json"
-SFT_FILE = "sft_config.json"
-DPO_FILE = "dpo_config.json"
+# Each trainer's own config file, where it has one (sft_config.json, dpo_config.json).
+TRAINER_FILES = {t.name: t.export_file for t in TRAINERS.values() if t.export_file}
 
 
 def export_config(config: TrialConfig, output: Path, *, on_cpu: bool, seed: int,
                   world_size: int = 1, lora: dict[str, Any] | None = None,
-                  task: str = "causal-lm", sft: dict[str, Any] | None = None,
-                  nodes: int = 1, dpo: dict[str, Any] | None = None,
-                  seq2seq: dict[str, Any] | None = None) -> dict[str, str | None]:
+                  task: str = DEFAULT_TASK, nodes: int = 1,
+                  trainer_fields: tuple[str, dict[str, Any]] | None = None,
+                  arguments_fields: dict[str, Any] | None = None) -> dict[str, str | None]:
     """Write the winner's files into `output`; returns {kind: file name or None}.
 
     training_args.json carries the DeepSpeed config inline, so
@@ -51,12 +49,13 @@ def export_config(config: TrialConfig, output: Path, *, on_cpu: bool, seed: int,
     under LoRA, is `peft.LoraConfig(**kwargs)`; model_kwargs.json, where the winner
     changes how the model is loaded (its attention kernel, a quantized base), is
     `from_pretrained`'s; quantization_config.json, for a quantized base, is
-    `BitsAndBytesConfig(**kwargs)` (the same dict model_kwargs.json holds); under
-    `trainer: sft`, sft_config.json is `SFTConfig(**kwargs)`: training_args.json's kwargs
-    and SFTConfig's own fields (`sft`); under `trainer: dpo`, dpo_config.json is
-    `DPOConfig(**kwargs)` likewise (`dpo`). For a seq2seq-lm model training_args.json
-    holds Seq2SeqTrainingArguments' own fields too (`seq2seq`)."""
-    from autotune.trials.lora import lora_config_kwargs
+    `BitsAndBytesConfig(**kwargs)` (the same dict model_kwargs.json holds); under a
+    trainer with a config of its own (`trainer_fields`: its name and the config's own
+    fields), its file is that config's kwargs: training_args.json's and its own
+    (sft_config.json is `SFTConfig(**kwargs)`, dpo_config.json `DPOConfig(**kwargs)`).
+    Where the task's arguments class adds fields (`arguments_fields`: a seq2seq-lm
+    model's Seq2SeqTrainingArguments), training_args.json holds them too."""
+    from autotune.tasks.lora import lora_config_kwargs
 
     output.mkdir(parents=True, exist_ok=True)
     write_atomically(output / ACCELERATE_FILE, yaml.safe_dump(
@@ -78,10 +77,12 @@ def export_config(config: TrialConfig, output: Path, *, on_cpu: bool, seed: int,
         lora_path.unlink()
     kwargs = training_arguments_kwargs(config, seed=seed, world_size=world_size, on_cpu=on_cpu)
     write_atomically(output / TRAINING_ARGS_FILE,
-                     json.dumps(kwargs | (seq2seq or {}), indent=2) + "\n")
-    for path, fields in ((output / SFT_FILE, sft), (output / DPO_FILE, dpo)):
-        if fields is not None:  # the same kwargs and the TRL config's own fields
-            write_atomically(path, json.dumps(kwargs | fields, indent=2) + "\n")
+                     json.dumps(kwargs | (arguments_fields or {}), indent=2) + "\n")
+    own = dict([trainer_fields]) if trainer_fields else {}
+    for name, file in TRAINER_FILES.items():
+        path = output / file
+        if name in own:  # the same kwargs and the trainer's config's own fields
+            write_atomically(path, json.dumps(kwargs | own[name], indent=2) + "\n")
         elif path.exists():  # a stale file from an earlier winner would mislead
             path.unlink()
     ds = deepspeed_config(config, world_size=world_size)
@@ -94,23 +95,25 @@ def export_config(config: TrialConfig, output: Path, *, on_cpu: bool, seed: int,
             "deepspeed": DEEPSPEED_FILE if ds is not None else None,
             "accelerate": ACCELERATE_FILE, "lora": LORA_FILE if lora is not None else None,
             "model": MODEL_KWARGS_FILE if loading else None,
-            "quantization": QUANTIZATION_FILE if quantized else None,
-            "sft": SFT_FILE if sft is not None else None,
-            "dpo": DPO_FILE if dpo is not None else None}
+            "quantization": QUANTIZATION_FILE if quantized else None} | {
+            name: (file if name in own else None) for name, file in TRAINER_FILES.items()}
 
 
 def spec_exports(spec: Spec, config: TrialConfig) -> dict[str, Any]:
-    """`export_config`'s spec-given arguments for `config`: the task, LoRA, and the
-    trainer's own fields (SFTConfig's, DPOConfig's, Seq2SeqTrainingArguments')."""
-    return {"task": spec.model.task, "seed": spec.search.seed, "world_size": spec.world_size,
+    """`export_config`'s spec-given arguments for `config`: the task, LoRA, the trainer's
+    own config fields (SFTConfig's, DPOConfig's) and the task's arguments class's
+    (Seq2SeqTrainingArguments')."""
+    kind, by = task_of(spec), trainer_of(spec)
+    own = by.fields(spec, config)
+    return {"task": kind.name, "seed": spec.search.seed, "world_size": spec.world_size,
             "lora": spec.model.lora.model_dump() if spec.model.lora else None,
-            "sft": sft_fields_for(spec, config), "dpo": dpo_fields_for(spec, config),
-            "seq2seq": seq2seq_fields_for(spec)}
+            "trainer_fields": (by.name, own) if own is not None else None,
+            "arguments_fields": kind.arguments_fields(spec)}
 
 
 def trainer_file(spec: Spec) -> str:
     """The exported file the spec's trainer's arguments load from."""
-    return {"sft": SFT_FILE, "dpo": DPO_FILE}.get(spec.trainer, TRAINING_ARGS_FILE)
+    return trainer_of(spec).export_file or TRAINING_ARGS_FILE
 
 
 def load_training_args(path: str | Path, output_dir: str, **overrides: Any):

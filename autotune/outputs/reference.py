@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from autotune import knobs
 
 if TYPE_CHECKING:
-    from autotune.plan.device import DeviceSpec
+    from autotune.device import DeviceSpec
 
 SPEC_PAGE, KNOBS_PAGE = "spec.md", "knobs.md"
 GENERATED = "<!-- written by `python -m autotune.outputs.reference docs/`: do not edit -->"
@@ -177,7 +177,7 @@ def knobs_markdown() -> str:
               "What a careful user picks by hand from the seeds' guide, best first (the first "
               "value the device's rules and the model allow is taken), on a GPU and on a CPU:",
               "", "| knob | on a GPU | on a CPU |", "| --- | --- | --- |"]
-    from autotune.plan.device import DeviceSpec, named_device
+    from autotune.device import DeviceSpec, named_device
 
     gpu, cpu = named_device("H100-80GB"), DeviceSpec("cpu", "cpu", 2**34, native_bf16=True)
     for k in knobs.table():
@@ -187,7 +187,7 @@ def knobs_markdown() -> str:
                      f"{', '.join(f'`{v}`' for v in k.preferred(cpu, True))} |")
     lines += ["", "Real data adds dataloader workers; a CPU without native bf16 keeps fp32. "
               "Where nothing fits, the recipe takes the guide's memory levers in order "
-              "(`autotune/plan/recipe.py`: checkpointing, 8-bit states, a 4-bit base under "
+              "(`autotune/tuning/recipe.py`: checkpointing, 8-bit states, a 4-bit base under "
               "LoRA, ZeRO, offload)."]
     return "\n".join(lines) + "\n"
 

@@ -18,6 +18,7 @@ from autotune.files import write_atomically
 from autotune.outputs.report_plots import STATUS_COLORS, figures, known, shown_knobs
 from autotune.records import Record
 from autotune.summary import BASELINE, Summary, load_summary
+from autotune.tasks import task, trainer
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -139,7 +140,7 @@ def headline(summary: Summary) -> list[Fact]:
              _throughput_fact(summary, best), _memory_fact(summary, best),
              _mfu_fact(summary, best), _projection_fact(summary, best, base),
              _search_fact(summary)]
-    from autotune.store.notes import store_facts
+    from autotune.outputs.store_notes import store_facts
 
     extra = [_data_fact(summary), _weights_fact(summary)]
     return facts + [f for f in extra if f] + [Fact(*f) for f in store_facts(summary)]
@@ -172,7 +173,7 @@ def _data_fact(summary: Summary) -> Fact | None:
     if not lengths:
         return None
     seq = int(lengths["seq_len"])
-    cut = ("source and target lengths" if summary.model.get("task") == "seq2seq-lm"
+    cut = ("source and target lengths" if task(summary.model.get("task")).has_target
            else "seq_len")
     return Fact("Rows", f"{lengths['p50']:.0f} tokens (median)",
                 f"of {cut} {seq}: p90 {lengths['p90']:.0f}, max {lengths['max']:.0f}, "
@@ -228,14 +229,8 @@ def units(summary: Summary) -> tuple[str, str, str]:
     trainer: a DPO sample is a preference pair, an image's tokens are its patches, an
     encoder-decoder's are its source's and its target's."""
     model = summary.model
-    if model.get("trainer") == "dpo":
-        return ("pairs", "tokens", "a sample is a preference pair, its tokens both rows' "
-                "(prompt and chosen, prompt and rejected)")
-    if model.get("task") == "image-classification":
-        return "images", "patches", "an image's tokens are its patches"
-    if model.get("task") == "seq2seq-lm":
-        return "samples", "tokens", "a sample's tokens are its source's and its target's"
-    return "samples", "tokens", ""
+    by_trainer = trainer(model.get("trainer")).units
+    return by_trainer or task(model.get("task")).units
 
 
 def _mfu_fact(summary: Summary, best: Record | None) -> Fact:
@@ -409,8 +404,8 @@ def exports_of(summary: Summary) -> list[tuple[str, str]]:
     """(file name, how to use it) for each file the search exported."""
     ex = summary.exports
     out = []
-    task = summary.model.get("task") or "causal-lm"
-    args = "Seq2SeqTrainingArguments" if task == "seq2seq-lm" else "TrainingArguments"
+    kind = task(summary.model.get("task"))
+    args = kind.arguments_class
     if ex.get("training_args"):
         out.append((ex["training_args"], f"import json; from transformers import {args}\n"
                     f"args = {args}(**json.load(open("
@@ -430,9 +425,7 @@ def exports_of(summary: Summary) -> list[tuple[str, str]]:
         out.append((ex["accelerate"], f"accelerate launch --config_file {ex['accelerate']} "
                     "train.py ...\n# DeepSpeed (from ds_config.json) or FSDP inside it"))
     if ex.get("model"):
-        from autotune.plan.shape import AUTO_CLASSES
-
-        out.append((ex["model"], f"model = {AUTO_CLASSES.get(task, 'AutoModel')}"
+        out.append((ex["model"], f"model = {kind.auto_class}"
                     ".from_pretrained(name, "
                     f"**json.load(open(\"{ex['model']}\")))\n# e.g. the attention kernel"))
     if ex.get("quantization"):
@@ -440,19 +433,14 @@ def exports_of(summary: Summary) -> list[tuple[str, str]]:
                     f"bnb = BitsAndBytesConfig(**json.load(open(\"{ex['quantization']}\")))\n"
                     "# also inside model_kwargs.json; then peft's "
                     "prepare_model_for_kbit_training(model)"))
-    if ex.get("sft"):
-        out.append((ex["sft"], "from trl import SFTConfig, SFTTrainer\nargs = SFTConfig(**"
-                    f"json.load(open(\"{ex['sft']}\")) | {{\"output_dir\": \"runs/my-run\"}})"
-                    "\n# SFTTrainer(model, args=args, train_dataset=..., processing_class=tok)"))
-    if ex.get("dpo"):
-        out.append((ex["dpo"], "from trl import DPOConfig, DPOTrainer\nargs = DPOConfig(**"
-                    f"json.load(open(\"{ex['dpo']}\")) | {{\"output_dir\": \"runs/my-run\"}})"
-                    "\n# DPOTrainer(model, args=args, train_dataset=pairs, processing_class=tok"
-                    + (", peft_config=lora)" if ex.get("lora") else ", ref_model=a copy)")))
-    if ex.get("lora") and ex.get("dpo"):
+    trained_by = trainer(summary.model.get("trainer"))
+    config_file = ex.get(trained_by.name)  # its own config's file (sft_config.json, ...)
+    if config_file:
+        out.append((config_file, trained_by.usage(config_file, bool(ex.get("lora")))))
+    if ex.get("lora") and trained_by.adds_adapters:
         out.append((ex["lora"], "import json; from peft import LoraConfig\nlora = "
-                    f"LoraConfig(**json.load(open(\"{ex['lora']}\")))\n# given to "
-                    "DPOTrainer: its reference is the base with the adapters off"))
+                    f"LoraConfig(**json.load(open(\"{ex['lora']}\")))\n# "
+                    f"{trained_by.adapters_note}"))
     elif ex.get("lora"):
         out.append((ex["lora"], "import json; from peft import LoraConfig, get_peft_model\n"
                     f"model = get_peft_model(model, LoraConfig(**json.load(open("

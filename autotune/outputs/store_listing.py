@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.files import write_atomically
 from autotune.store.db import ResultStore, StoreError, shown, store_url
 from autotune.store.record import StoredResult
+from autotune.tasks import DEFAULT_TRAINER
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -51,12 +52,12 @@ def row(r: StoredResult) -> dict[str, str]:
     except Exception:  # noqa: BLE001 - a knob this autotune does not know: shown raw
         label = str(winner)
     data = (r.fingerprint.get("data") or {}).get("rows")
-    trainer = r.fingerprint.get("trainer", "trainer")
+    trainer = r.fingerprint.get("trainer", DEFAULT_TRAINER)
     v = r.versions
     return {"date": r.date, "model": r.model, "device": r.device,
             "setup": f"seq {r.seq_len}, batch {r.target_batch_size}, "
                      f"{'synthetic' if data == 'synthetic' else f'{data} real rows'}"
-                     + (f", {trainer}" if trainer != "trainer" else ""),
+                     + (f", {trainer}" if trainer != DEFAULT_TRAINER else ""),
             "winner": label, "vs defaults": _ratio(s, "speedup"),
             "vs recipe": _ratio(s, "recipe"),
             "versions": " ".join(f"{k} {v[k]}" for k in SHOWN_VERSIONS

@@ -28,7 +28,7 @@ from autotune.plan.memory import COMPONENTS, DEVIATIONS, FEATURES, GiB, MemoryEs
 from autotune.plan.shape import ModelShape
 
 if TYPE_CHECKING:
-    from autotune.plan.device import DeviceSpec
+    from autotune.device import DeviceSpec
     from autotune.records import Record
 
 # Each term's scale has a prior centred on 1 with the width below: model states follow
@@ -42,10 +42,11 @@ PRIOR_MEAN = np.array([1.0] * len(COMPONENTS) + [0.0] * len(DEVIATIONS))
 # is known to a few tens of percent; the share of the whole logits Liger keeps (0 in the
 # physics, its chunk aside) to about a tenth.
 # A quantized base's packed bytes follow from its format, to a tenth. What compiled Liger
-# keeps rests on one measurement: its whole term is in doubt.
+# keeps rests on one measurement: its whole term is in doubt. A generating trainer's KV
+# cache follows from the model's shape, to a third (what generate keeps beside it varies).
 PRIOR_SD = np.array([{
     "weights": 0.2, "quantized": 0.1, "gradients": 0.2, "optimizer": 0.3, "activations": 1.0,
-    "logits": 0.2, "runtime": 1.0, "activations|checkpointing": 0.3,
+    "logits": 0.2, "generation": 0.3, "runtime": 1.0, "activations|checkpointing": 0.3,
     "activations|4-byte": 0.3, "logits|4-byte": 0.2, "activations|attention": 1.0,
     "states|replicated": 1.0, "activations|compile": 0.2, "logits|liger": 0.1,
     "logits|liger compiled": 1.0}[name]

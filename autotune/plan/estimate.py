@@ -11,9 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import Family, TrialConfig
-from autotune.errors import SpecError
-from autotune.plan.calibration import MemoryModel
-from autotune.plan.device import (
+from autotune.device import (
     DeviceSpec,
     GiB,
     local_device,
@@ -21,6 +19,8 @@ from autotune.plan.device import (
     named_device,
     node_cpus,
 )
+from autotune.errors import SpecError
+from autotune.plan.calibration import MemoryModel
 from autotune.plan.memory import COMPONENTS, MemoryEstimate
 from autotune.plan.shape import ModelShape, model_shape
 from autotune.plan.trace import prefetch
@@ -133,6 +133,11 @@ def describe(s: ModelShape) -> str:
         return (f"{s.num_layers} layers, hidden {s.hidden_size}, {s.seq_len} patches an "
                 "image (its tokens)")
     text = f"{s.num_layers} layers, hidden {s.hidden_size}, seq {s.seq_len}"
+    if s.generates:
+        return (text + f" a prompt, {s.generated_len} tokens generated after it: a sample "
+                "is a completion, its step generates the whole step's completions at once "
+                "(their KV cache) and then trains on them"
+                + (" beside a reference model" if s.reference else ""))
     if s.preference_pairs:
         text += (" a row, a sample is a preference pair (chosen and rejected rows) and "
                  + ("the base with the adapters off as the reference" if s.lora else
@@ -141,14 +146,15 @@ def describe(s: ModelShape) -> str:
 
 
 _SHORT = {"weights": "weights", "quantized": "quant", "gradients": "grads",
-          "optimizer": "optim", "activations": "activ", "runtime": "runtime"}
+          "optimizer": "optim", "activations": "activ", "generation": "gen",
+          "runtime": "runtime"}
 
 
 def _gib(n: float) -> str:
     return f"{n / GiB:.2f}"
 
 
-COMPONENTS_WIDTH = 118
+COMPONENTS_WIDTH = 126
 
 
 def render_estimate(result: EstimateResult, console: Console, *, all_rows: bool = False) -> None:

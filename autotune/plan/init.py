@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from autotune.errors import SpecError
+from autotune.tasks import task, task_for_model_type
 
 # Shapes people fine-tune, by model type and size: enough of each config to count it.
 _LLAMA = {"model_type": "llama", "tie_word_embeddings": False}
@@ -112,9 +113,6 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                   "patch_size": 16, "num_labels": 1000},
     },
 }
-# The head a type is usually tuned with.
-TASKS = {"bert": "sequence-classification", "t5": "seq2seq-lm", "bart": "seq2seq-lm",
-         "vit": "image-classification"}
 # An encoder-decoder's source and target tokens where --seq-len does not say: a
 # summary's article and its summary, as T5 was trained (512 positions).
 SEQ2SEQ_LENGTHS = (512, 128)
@@ -136,7 +134,7 @@ def model_section(model: str) -> tuple[dict[str, Any], str]:
         if size not in sizes:
             raise SpecError(f"MODEL: {model!r}: {kind} comes in {', '.join(sizes)} here "
                             f"(e.g. {kind}-{next(iter(sizes))})")
-        return {"config": dict(sizes[size]), "task": TASKS.get(kind, "causal-lm")}, (
+        return {"config": dict(sizes[size]), "task": task_for_model_type(kind).name}, (
             f"the {kind}-{size} shape (random weights: point model.name_or_path at your "
             "checkpoint)")
     try:
@@ -171,23 +169,23 @@ def plan(model: str, *, seq_len: int | None = None, target_batch: int = 32,
          output: str = "runs/autotune") -> InitPlan:
     """The spec for MODEL and what it found, reading the model's config only. `qlora`:
     LoRA adapters, whose default space searches a 4-bit base beside the full one."""
-    from autotune.plan.device import local_device, named_device
+    from autotune.device import local_device, named_device
     from autotune.plan.estimate import estimate
     from autotune.plan.shape import model_shape
     from autotune.spec import load_spec
 
     section, source = model_section(model)
-    task = section.get("task", "causal-lm")
+    kind = task(section.get("task"))
     if seq_len is None:  # 1024, or fewer where the model has fewer positions
         seq_len = _default_seq_len(section)
-        if task == "seq2seq-lm":
+        if kind.has_target:
             seq_len = min(seq_len, SEQ2SEQ_LENGTHS[0])
     if lora or qlora:
         section["lora"] = {"r": 16, "alpha": 32}
     data: dict[str, Any] = {"seq_len": seq_len}
-    if task == "seq2seq-lm":
+    if kind.has_target:
         data["target_len"] = min(SEQ2SEQ_LENGTHS[1], seq_len)
-    if task == "image-classification":  # its sequence is its patches, from its config
+    if kind.reads_images:  # its sequence is its patches, from its config
         data = {}
     spec: dict[str, Any] = {"model": section, "data": data,
                             "target_batch_size": target_batch,
@@ -212,7 +210,7 @@ def plan(model: str, *, seq_len: int | None = None, target_batch: int = 32,
 
 
 def _default_seq_len(section: dict[str, Any]) -> int:
-    from autotune.plan.shape import load_hf_config, max_positions
+    from autotune.tasks.models import load_hf_config, max_positions
 
     try:
         limit = max_positions(load_hf_config(section))
@@ -241,7 +239,7 @@ def render(p: InitPlan) -> str:
                    "shape, random weights." + ("\nlora: train adapters; the default space "
                                                "then searches a 4-bit base (QLoRA) too."
                                                if "lora" in p.spec["model"] else "")),
-             block("data", _data_comment(p.spec["model"].get("task", "causal-lm"))),
+             block("data", task(p.spec["model"].get("task")).data_comment),
              block("target_batch_size", "The effective batch per optimizer step: every "
                    "config trains exactly this."),
              block("hardware", "Ranks per trial (data parallel); memory_budget caps a "
@@ -252,21 +250,6 @@ def render(p: InitPlan) -> str:
              block("run", "Your long run: its wall time is projected in the report."),
              block("output", "Where the winner's files and the report go.")]
     return "\n".join(parts)
-
-
-def _data_comment(task: str) -> str:
-    if task == "image-classification":
-        return ("synthetic images sized from the model's config as written (no seq_len: "
-                "the sequence is its patches);\nfor your images set source (a folder with a "
-                "subfolder per class, or a dataset with image and label)\nand processor "
-                "(the image processor's folder), unless model.name_or_path holds one.")
-    if task == "seq2seq-lm":
-        return ("synthetic tokens as written: seq_len source and target_len target tokens "
-                "a row; for your rows set\nsource (prompt and completion: the source and "
-                "the target text) and tokenizer.")
-    return ("synthetic tokens as written; for your rows set source (a .jsonl, .parquet, "
-            "dataset folder or hub id)\nand tokenizer; format is found from the columns "
-            "(text, messages, prompt/completion; chosen/rejected\nunder trainer: dpo).")
 
 
 def write(path: Path, text: str) -> None:

@@ -33,7 +33,7 @@ from autotune.plan.step_trace import trace_step
 from autotune.plan.trace import ActivationTrace, chunked_head_bytes, trace_activations
 
 if TYPE_CHECKING:
-    from autotune.plan.device import DeviceSpec
+    from autotune.device import DeviceSpec
 
 log = logging.getLogger(__name__)
 
@@ -76,16 +76,13 @@ FRAGMENTATION = 0.05
 # kernels keep fp32 intermediates. Uncalibrated CPU predictions use the median.
 CPU_OVERHEAD_FACTOR = 0.95
 COMPONENTS = ("weights", "quantized", "gradients", "optimizer", "activations", "logits",
-              "runtime")
+              "generation", "runtime")
 # TRL's chunked LM head (DPO's log-probs) projects at most this many tokens by this many
 # vocabulary entries at a time (trl.kernels.chunked_logprob's TOKEN_CHUNK_SIZE and
 # trl.trainer.utils' _CHUNKED_LOGPROB_CHUNK_SIZE, TRL 1.16).
 TRL_TOKEN_TILE = 4096
 TRL_VOCAB_TILE = 32768
 PAGE = 4096  # a host page: what one written element makes resident of an untouched block
-# The tasks whose steps the allocator replays follow (their layers one stack, their input
-# token ids).
-REPLAYED_TASKS = ("causal-lm", "masked-lm", "sequence-classification")
 # A quantized base's bytes per quantized weight: NF4 packs two in a byte, with an 8-bit
 # absmax per block of 64 and, double-quantized, an fp32 constant per 256 blocks (QLoRA's
 # 0.127 bits); LLM.int8 one byte and an fp32 scale per output row (counted as nothing).
@@ -307,11 +304,12 @@ class Physics:
         """`trace_activations`' arguments for `c`, or None where nothing is traced for it
         (`trace`): configs sharing them share the trace (`trace.prefetch` makes several at
         once)."""
-        if self.shape.hf_config is None or not self.device.is_cuda or self.beyond_device(c):
+        if (self.shape.hf_config is None or not self.device.is_cuda or self.beyond_device(c)
+                or not self.shape.trained_by.traced):
             return None
         mode = ("fp32" if _compute_bytes(c.precision) == 4
                 else "native16" if c.zero_stage > 0 else "autocast16")
-        return (self.shape.hf_config, self.shape.task or "causal-lm", self.shape.seq_len,
+        return (self.shape.hf_config, self.shape.kind.name, self.shape.seq_len,
                 mode, c.gradient_checkpointing, self.attention_kernel(c), self.device.is_cuda,
                 self.shape.lora, self.shape.target_len, self.shape.preference_pairs)
 
@@ -335,13 +333,14 @@ class Physics:
         """(layers, tokens, tokens attended across) of each stack a sample runs through:
         the layers at seq_len; an encoder-decoder's encoder at seq_len and its decoder at
         target_len, attending the source too (cross-attention); under DPO each pair's
-        two rows (chosen and rejected), each at seq_len."""
+        two rows (chosen and rejected), each at seq_len; under GRPO a prompt and its
+        completion (train_len)."""
         shape = self.shape
         if shape.decoder_layers:
             return [(shape.num_layers, shape.seq_len, 0),
                     (shape.decoder_layers, shape.target_len, shape.seq_len)]
         rows = 2 if shape.preference_pairs else 1
-        return [(shape.num_layers, shape.seq_len, 0)] * rows
+        return [(shape.num_layers, shape.train_len, 0)] * rows
 
     def _formula_activations(self, c: TrialConfig) -> float:
         """Korthikanti's per-layer bytes over the sample's stacks, and an image model's
@@ -405,10 +404,15 @@ class Physics:
             return 0.0
         return 4.0 * self.shape.vocab_size * self.shape.hidden_size
 
+    def chunked_head(self) -> bool:
+        """TRL's chunked LM head computes the log-probs (DPO's rows, GRPO's completions):
+        the logits are never whole."""
+        return self.shape.preference_pairs or self.shape.generates
+
     def _logits_formula(self) -> float:
-        """Per sample: an encoder-decoder's logits are its targets'; DPO's are never whole
-        (TRL's chunked head: `chunked_logits_bytes`)."""
-        if not self.shape.has_lm_logits or self.shape.preference_pairs:
+        """Per sample: an encoder-decoder's logits are its targets'; DPO's and GRPO's are
+        never whole (TRL's chunked head: `chunked_logits_bytes`)."""
+        if not self.shape.has_lm_logits or self.chunked_head():
             return 0.0
         tokens = self.shape.target_len or self.shape.seq_len
         return tokens * self.shape.vocab_size * (4 + 4 + 4)
@@ -419,10 +423,13 @@ class Physics:
         `chunked_head_bytes`: a tile of at most TRL_TOKEN_TILE tokens by TRL_VOCAB_TILE
         columns in the compute dtype, and on a CPU torch's fp32 copies of it, of which a
         vocabulary under TRL_VOCAB_TILE columns makes only its own pages resident). 0
-        under another trainer."""
-        if not self.shape.preference_pairs:
+        under another trainer. GRPO's are its completions' tokens alone (TRL keeps the
+        logits of the last max_completion_length positions)."""
+        if not self.chunked_head():
             return 0.0
-        tokens = 2 * c.per_device_train_batch_size * self.shape.seq_len
+        b = c.per_device_train_batch_size
+        tokens = (b * self.shape.generated_len if self.shape.generates
+                  else 2 * b * self.shape.seq_len)
         cuda, v = self.device.is_cuda, self.shape.vocab_size
         peak = chunked_head_bytes(tokens, v, self.shape.hidden_size,
                                   _compute_bytes(c.precision) == 2, cuda,
@@ -440,13 +447,15 @@ class Physics:
         return 0.0 if self.device.is_cuda else self.chunked_logits_bytes(c)
 
     def reference_bytes(self, c: TrialConfig) -> float:
-        """DPO's reference model without LoRA and without precomputed log-probs: a second
+        """DPO's reference model without LoRA and without precomputed log-probs, or GRPO's
+        where its beta > 0 without LoRA: a second
         copy of the weights, fp32 as built (Trainer prepares it for evaluation only),
         16-bit inside a DeepSpeed engine of its own under mixed precision (TRL's
         prepare_deepspeed), partitioned at ZeRO-3. Under LoRA the reference is the base
         with the adapters off; precomputed, the policy before its first step served."""
-        if not (self.shape.preference_pairs and self.shape.lora is None
-                and not c.precompute_ref_log_probs):
+        kept = (self.shape.reference or (self.shape.preference_pairs
+                                         and not c.precompute_ref_log_probs))
+        if not kept or self.shape.lora is not None:
             return 0.0
         p, n = float(self.shape.num_parameters), max(1, self.world_size)
         if c.zero_stage == 0 and c.fsdp == "none":
@@ -469,8 +478,8 @@ class Physics:
         encoder-only model under Trainer (an encoder-decoder's two stacks, an image
         model's input, DPO's two forwards are not replayed; the fragmentation allowance
         stands)."""
-        return (self.shape.task or "causal-lm") in REPLAYED_TASKS and (
-            not self.shape.preference_pairs)
+        return (self.shape.kind.replayable and not self.shape.preference_pairs
+                and not self.shape.generates)
 
     def zero_bucket_bytes(self, c: TrialConfig) -> float:
         """ZeRO's gradient reduction buffers (`zero_replay.bucket_buffers` of
@@ -498,12 +507,32 @@ class Physics:
             return self.device.is_cuda and (self.device.compute_capability or (0, 0)) < (8, 0)
         return attn == "eager"
 
+    def generation_bytes(self, c: TrialConfig) -> float:
+        """A generating trainer's (GRPO's) generation, beyond what its training step holds
+        at its peak (the two do not overlap: the completions are made, then trained on): the
+        KV cache of every row of the step's generation batch, which TRL generates at once
+        (b x accumulation rows a rank: the whole step), each a prompt and its completion
+        long, keys and values of every layer in the compute dtype, and the last position's
+        logits of each row in fp32."""
+        shape = self.shape
+        if not shape.generates:
+            return 0.0
+        rows = c.per_device_train_batch_size * c.gradient_accumulation_steps
+        heads = int((shape.hf_config or {}).get("num_key_value_heads")
+                    or shape.num_attention_heads)
+        head_dim = shape.hidden_size // max(1, shape.num_attention_heads)
+        cache = (2 * shape.num_layers * heads * head_dim * shape.train_len * rows
+                 * _compute_bytes(c.precision))
+        return cache + 4.0 * rows * shape.vocab_size
+
     def physics(self, c: TrialConfig) -> MemoryEstimate:
         states, host = self._model_states(c)
         b = c.per_device_train_batch_size
         comps = states | {"activations": b * self.activation_bytes_per_sample(c),
                           "logits": b * self.logits_bytes_per_sample(c)
                           + self.logits_fixed_bytes(c) + self.chunked_logits_bytes(c)}
+        comps["generation"] = max(0.0, self.generation_bytes(c) - comps["activations"]
+                                  - comps["logits"])
         comps["weights"] += self.reference_bytes(c)
         tensors = sum(comps.values())
         slack = self._slack_factor(c, tensors)
@@ -610,7 +639,7 @@ class Physics:
         if key in _TRIALS:
             _TRIALS.move_to_end(key)
             return _TRIALS[key]
-        step = trace_step(self.shape.hf_config, self.shape.task or "causal-lm",
+        step = trace_step(self.shape.hf_config, self.shape.kind.name,
                           self.shape.seq_len, _replay_mode(c), c.gradient_checkpointing,
                           attention, True)
         if step is None:

@@ -12,22 +12,18 @@ import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.errors import AutotuneError, SpecError, not_allowed
+from autotune.errors import AutotuneError, SpecError
+from autotune.tasks import DEFAULT_TASK, task_of, trainer, trainer_of
+from autotune.tasks import task as named_task
+from autotune.tasks.images import image_pixels, image_tokens
+from autotune.tasks.models import auto_class, load_hf_config, max_positions
 
 if TYPE_CHECKING:
     from autotune.spec import Spec
+    from autotune.tasks.base import Task, TrainerKind
 
-# The transformers auto class that builds each task's model.
-AUTO_CLASSES = {
-    "causal-lm": "AutoModelForCausalLM",
-    "masked-lm": "AutoModelForMaskedLM",
-    "sequence-classification": "AutoModelForSequenceClassification",
-    "seq2seq-lm": "AutoModelForSeq2SeqLM",
-    "image-classification": "AutoModelForImageClassification",
-}
 
 
 @dataclass(frozen=True)
@@ -44,7 +40,7 @@ class ModelShape:
     # "eager" materialises the seq x seq attention matrix; "sdpa"/"flash_attention_2" do
     # not; "auto": not known, the memory model decides from the device.
     attn_implementation: str = "auto"
-    task: str = ""  # a key of AUTO_CLASSES; "" = from causal_lm
+    task: str = ""  # a registered task's name (autotune/tasks/); "" = from causal_lm
     # Parameters with gradients and optimizer states: LoRA's adapters; None: all of them.
     trainable_parameters: int | None = None
     # The transformers config (a dict with its model_type) and LoRA section the model is
@@ -66,21 +62,45 @@ class ModelShape:
     # An image model's input values per image (channels x height x width); its seq_len is
     # its patches (and class token). 0: not an image model.
     pixels: int = 0
-    # What trains it: "trainer", "sft", or "dpo" (a sample is a preference pair: two rows
-    # through the policy, and the reference's forward). "" = not known (a landscape).
+    # What trains it: a registered trainer's name (under DPO a sample is a preference
+    # pair: two rows through the policy, and the reference's forward). "" = not known (a
+    # landscape).
     trainer: str = ""
+    # A generating trainer's (GRPO's): tokens generated after each prompt (its seq_len),
+    # and whether the algorithm keeps a reference model beside the policy.
+    generated_len: int = 0
+    reference: bool = False
 
     @property
     def has_lm_logits(self) -> bool:
         """A vocabulary-sized output per token (causal or masked LM, an encoder-decoder's
         target), not a class head."""
-        return self.task in ("causal-lm", "masked-lm", "seq2seq-lm") if self.task else (
-            self.causal_lm)
+        return self.kind.lm_logits if self.task else self.causal_lm
+
+    @property
+    def kind(self) -> Task:
+        """Its task (the default for a shape that does not say: a landscape's)."""
+        return named_task(self.task or None)
+
+    @property
+    def trained_by(self) -> TrainerKind:
+        """Its trainer (Trainer's where the shape does not say: a landscape's)."""
+        return trainer(self.trainer or None)
 
     @property
     def preference_pairs(self) -> bool:
-        """Trained by DPO: every sample is a chosen and a rejected row."""
-        return self.trainer == "dpo"
+        """Trained on preference pairs (DPO): every sample is a chosen and a rejected row."""
+        return self.trained_by.preference_pairs
+
+    @property
+    def generates(self) -> bool:
+        """Trained on its own completions (GRPO): a step generates, then trains."""
+        return self.generated_len > 0
+
+    @property
+    def train_len(self) -> int:
+        """Tokens a row has in the training forward: a prompt and its completion."""
+        return self.seq_len + self.generated_len
 
     @property
     def ffn_size(self) -> int:
@@ -120,7 +140,6 @@ _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 _HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model")
 _HEAD_KEYS = ("num_attention_heads", "n_head")
 _FFN_KEYS = ("intermediate_size", "n_inner", "ffn_dim", "d_ff", "encoder_ffn_dim")
-_DECODER_LAYER_KEYS = ("num_decoder_layers", "decoder_layers")
 
 
 def _first(cfg: Any, keys: tuple[str, ...]) -> Any:
@@ -131,68 +150,7 @@ def _first(cfg: Any, keys: tuple[str, ...]) -> Any:
     return None
 
 
-def load_hf_config(model: dict[str, Any]):
-    """The transformers config for the spec's model section, or None for a bare factory."""
-    import transformers
-
-    if model.get("config"):
-        cfg = dict(model["config"])
-        kind = cfg.pop("model_type")
-        if kind not in transformers.CONFIG_MAPPING:
-            raise SpecError("model.config.model_type: " + not_allowed(
-                kind, sorted(transformers.CONFIG_MAPPING.keys()), "transformers.CONFIG_MAPPING"))
-        return transformers.AutoConfig.for_model(kind, **cfg)
-    if model.get("name_or_path"):
-        return transformers.AutoConfig.from_pretrained(str(Path(model["name_or_path"])
-                                                           .expanduser()))
-    return None
-
-
-def model_class(model: dict[str, Any]) -> type | None:
-    """The transformers class a spec's model section is built with (importing its
-    module); None where not known (a factory, a config transformers cannot map)."""
-    try:
-        cfg = load_hf_config(model)
-        if cfg is None:
-            return None
-        import transformers
-
-        auto = getattr(transformers, AUTO_CLASSES[model.get("task") or "causal-lm"])
-        return auto._model_mapping[type(cfg)]
-    except Exception:  # noqa: BLE001 - the spec's own checks report a broken model
-        return None
-
-
-def task_config(hf_config: Any, task: str) -> Any:
-    """`hf_config` with what training its task's head needs and an inline config can
-    leave out: an encoder-decoder's decoder start token (T5's checkpoints set it to the
-    pad token, 0; transformers 5's T5Config has none of its own)."""
-    if task == "seq2seq-lm" and getattr(hf_config, "decoder_start_token_id", None) is None:
-        hf_config.decoder_start_token_id = getattr(hf_config, "pad_token_id", None) or 0
-    return hf_config
-
-
-def image_tokens(model: Any) -> int | None:
-    """The sequence an image model's encoder runs on: its position embeddings' length
-    (patches and class token), or (image/patch)^2 + 1; None for no image model."""
-    cfg = getattr(model, "config", None)
-    for name, p in model.named_parameters():
-        if name.endswith("position_embeddings") and p.dim() == 3:
-            return int(p.shape[1])
-    size, patch = getattr(cfg, "image_size", None), getattr(cfg, "patch_size", None)
-    if isinstance(size, int) and isinstance(patch, int) and patch:
-        return (size // patch) ** 2 + 1
-    return None
-
-
-def image_pixels(cfg: Any) -> int:
-    """Input values per image (channels x height x width), from the config."""
-    size = getattr(cfg, "image_size", None)
-    h, w = (size, size) if isinstance(size, int) else tuple(size or (0, 0))[:2]
-    return int(getattr(cfg, "num_channels", 3) or 3) * int(h) * int(w)
-
-
-def count_parameters(hf_config: Any, task: str = "causal-lm",
+def count_parameters(hf_config: Any, task: str = DEFAULT_TASK,
                      lora: dict[str, Any] | None = None) -> tuple[int, str, int | None, int,
                                                                   tuple[int, int], int | None]:
     """Parameters of the model the config describes, built on the meta device (no weights
@@ -201,9 +159,9 @@ def count_parameters(hf_config: Any, task: str = "causal-lm",
     trainable parameters of its embeddings, what a quantized base quantizes, and an
     image model's sequence (`image_tokens`)."""
     import torch
-    import transformers
 
-    auto = getattr(transformers, AUTO_CLASSES[task])
+    kind = named_task(task)
+    auto = auto_class({"task": task})
     with torch.device("meta"):
         model = auto.from_config(hf_config)
         attn = getattr(model.config, "_attn_implementation", None) or "eager"
@@ -212,15 +170,15 @@ def count_parameters(hf_config: Any, task: str = "causal-lm",
         if lora is not None:
             import warnings
 
-            from autotune.trials.lora import with_lora
+            from autotune.tasks.lora import with_lora
 
             with warnings.catch_warnings():  # PEFT asks transformers 5 a renamed question
                 warnings.simplefilter("ignore", FutureWarning)
-                model = with_lora(model, lora, task)
+                model = with_lora(model, lora, kind)
             trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     n = sum(p.numel() for p in model.parameters())
     return n, str(attn), trainable, embedding_parameters(model), quantizable, (
-        image_tokens(model) if task == "image-classification" else None)
+        image_tokens(model) if kind.reads_images else None)
 
 
 def quantizable_parameters(model: Any) -> tuple[int, int]:
@@ -253,10 +211,11 @@ def _from_config(cfg: Any, num_parameters: int, seq_len: int, task: str, name: s
                  quantizable: tuple[int, int] | None = None, **kinds: Any) -> ModelShape:
     """The shape; `kinds`: an encoder-decoder's, an image model's or a trainer's fields
     (decoder_layers, target_len, pixels, trainer)."""
-    if task == "seq2seq-lm":
-        kinds.setdefault("decoder_layers", int(_first(cfg, _DECODER_LAYER_KEYS)
+    kind = named_task(task)
+    if kind.second_stack_keys:
+        kinds.setdefault("decoder_layers", int(_first(cfg, kind.second_stack_keys)
                                                or _first(cfg, _LAYER_KEYS) or 1))
-    if task == "image-classification":
+    if kind.reads_images:
         kinds.setdefault("pixels", image_pixels(cfg))
     return ModelShape(**kinds,
         num_parameters=int(num_parameters),
@@ -264,7 +223,7 @@ def _from_config(cfg: Any, num_parameters: int, seq_len: int, task: str, name: s
         hidden_size=int(_first(cfg, _HIDDEN_KEYS) or 1),
         num_attention_heads=int(_first(cfg, _HEAD_KEYS) or 1),
         vocab_size=int(getattr(cfg, "vocab_size", 0) or 0),
-        seq_len=int(seq_len), causal_lm=task == "causal-lm", task=task,
+        seq_len=int(seq_len), causal_lm=kind.causal, task=kind.name,
         intermediate_size=_first(cfg, _FFN_KEYS), name=name,
         attn_implementation=attn_implementation, trainable_parameters=trainable,
         hf_config=_config_dict(cfg), lora=lora, embedding_parameters=embeddings,
@@ -282,7 +241,7 @@ def _config_dict(cfg: Any) -> dict[str, Any] | None:
     return raw | {"model_type": cfg.model_type}
 
 
-def shape_from_model(model: Any, seq_len: int, task: str = "causal-lm",
+def shape_from_model(model: Any, seq_len: int, task: str = DEFAULT_TASK,
                      **kinds: Any) -> ModelShape | None:
     """The shape of a built model (a factory's, whose config the spec does not give), so a
     search can predict memory from its first trial on."""
@@ -291,7 +250,7 @@ def shape_from_model(model: Any, seq_len: int, task: str = "causal-lm",
         return None
     params = list(model.parameters())
     trainable = sum(p.numel() for p in params if p.requires_grad)
-    if task == "image-classification":
+    if named_task(task).reads_images:
         seq_len = image_tokens(model) or seq_len
     return _from_config(cfg, sum(p.numel() for p in params), seq_len, task,
                         str(getattr(cfg, "model_type", "model")),
@@ -300,7 +259,7 @@ def shape_from_model(model: Any, seq_len: int, task: str = "causal-lm",
                         embeddings=embedding_parameters(model), **kinds)
 
 
-def shape_from_hf_config(hf_config: Any, seq_len: int, task: str = "causal-lm",
+def shape_from_hf_config(hf_config: Any, seq_len: int, task: str = DEFAULT_TASK,
                          attn_implementation: str | None = None,
                          lora: dict[str, Any] | None = None, **kinds: Any) -> ModelShape:
     """The shape of the model `hf_config` describes; `kinds` as `_from_config` takes them
@@ -313,15 +272,6 @@ def shape_from_hf_config(hf_config: Any, seq_len: int, task: str = "causal-lm",
     return _from_config(hf_config, n_params, patches or seq_len, task, name,
                         attn_implementation or resolved, trainable, lora, embeddings,
                         quantizable, **kinds)
-
-
-def max_positions(hf_config: Any) -> int | None:
-    """The longest sequence the model's config allows, where it says."""
-    for name in ("n_positions", "max_position_embeddings", "n_ctx"):
-        value = getattr(hf_config, name, None)
-        if isinstance(value, int):
-            return value
-    return None
 
 
 @contextmanager
@@ -351,17 +301,15 @@ def model_shape(spec: Spec) -> ModelShape | None:
     if hf_config is None:
         return None
     limit = max_positions(hf_config)
-    lengths = {"seq_len": spec.data.seq_len} if model.task != "image-classification" else {}
-    if model.task == "seq2seq-lm":
-        lengths["target_len"] = spec.target_len
-    for key, n in lengths.items():
+    kind = task_of(spec)
+    for key, n in kind.lengths(spec).items():
         if limit is not None and n > limit:
             raise SpecError(f"data.{key}: {n} exceeds the model's {limit} positions")
     lora = model.lora.model_dump() if model.lora else None
     fields = ["model.task"] + (["model.attn_implementation"] if model.attn_implementation
                                else []) + (["model.lora"] if lora else [])
-    kinds = {"trainer": spec.trainer} | (
-        {"target_len": spec.target_len} if model.task == "seq2seq-lm" else {})
+    kinds = ({"trainer": spec.trainer} | kind.shape_fields(spec.target_len)
+             | trainer_of(spec).shape_fields(spec))
     with spec_field(" / ".join(fields)):
-        return shape_from_hf_config(task_config(hf_config, model.task), spec.data.seq_len,
-                                    model.task, model.attn_implementation, lora, **kinds)
+        return shape_from_hf_config(kind.prepare_config(hf_config), spec.data.seq_len,
+                                    kind.name, model.attn_implementation, lora, **kinds)

@@ -295,7 +295,8 @@ def _trace_step_cached(config_json: str, task: str, seq_len: int, mode: str,
                        checkpointing: bool, attention: str, cuda: bool) -> TracedStep | None:
     import json
 
-    from autotune.plan.shape import _LAYER_KEYS, load_hf_config
+    from autotune.plan.shape import _LAYER_KEYS
+    from autotune.tasks.models import load_hf_config
 
     try:
         hf_config = load_hf_config({"config": json.loads(config_json)})

@@ -261,16 +261,18 @@ def _build(hf_config, task: str, layers: int, mode: str, checkpointing: bool,
     import copy
 
     import torch
-    import transformers
     from torch._subclasses.fake_tensor import DataDependentOutputException
 
-    from autotune.plan.shape import _DECODER_LAYER_KEYS, _LAYER_KEYS, AUTO_CLASSES, task_config
+    from autotune.plan.shape import _LAYER_KEYS
+    from autotune.tasks import task as named_task
+    from autotune.tasks.models import auto_class
 
-    cfg = task_config(copy.deepcopy(hf_config), task)
+    kind = named_task(task)
+    cfg = kind.prepare_config(copy.deepcopy(hf_config))
     for key in _LAYER_KEYS:
         if getattr(cfg, key, None) is not None:
             setattr(cfg, key, layers)
-    for key in _DECODER_LAYER_KEYS if task == "seq2seq-lm" else ():
+    for key in kind.second_stack_keys:
         if getattr(cfg, key, None) is not None:
             setattr(cfg, key, decoder_layers or layers)
     cfg.use_cache = False
@@ -278,7 +280,7 @@ def _build(hf_config, task: str, layers: int, mode: str, checkpointing: bool,
     default = torch.get_default_dtype()
     if mode == "native16":  # built in 16 bits (a cast would swap fake parameters)
         torch.set_default_dtype(torch.bfloat16)
-    auto = getattr(transformers, AUTO_CLASSES[task])
+    auto = auto_class({"task": task})
     try:
         try:
             model = auto.from_config(cfg)
@@ -295,7 +297,7 @@ def _build(hf_config, task: str, layers: int, mode: str, checkpointing: bool,
         disable_dropout_in_model(model)
         add_fused_lm_head(model, outputs=DPO_OUTPUTS)
     if lora is not None:
-        from autotune.trials.lora import with_lora
+        from autotune.tasks.lora import with_lora
 
         model = with_lora(model, lora, task)
     if checkpointing:  # as the trials ask for it (knobs.py), under this version's name
@@ -363,23 +365,11 @@ def _inputs(hf_config, task: str, seq_len: int, batch: int, target_len: int,
             pairs: bool) -> dict[str, Any]:
     """A micro-batch's inputs as its trainer hands them to the model: token ids (both rows
     of every pair under DPO) and labels; an encoder-decoder's labels are its targets, an
-    image model's input its pixels."""
-    import torch
+    image model's input its pixels (the task's `trace_inputs`)."""
+    from autotune.tasks import task as named_task
 
-    from autotune.plan.shape import image_pixels
-
-    if task == "image-classification":
-        size = hf_config.image_size
-        h, w = (size, size) if isinstance(size, int) else tuple(size)[:2]
-        channels = image_pixels(hf_config) // (h * w)
-        return {"pixel_values": torch.randn(batch, channels, h, w),
-                "labels": torch.zeros(batch, dtype=torch.long)}
-    vocab = int(getattr(hf_config, "vocab_size", 2) or 2)
-    ids = torch.randint(0, vocab, (2 * batch if pairs else batch, seq_len))
-    if task == "seq2seq-lm":
-        return {"input_ids": ids, "labels": torch.randint(0, vocab, (batch, target_len))}
-    labels = ids if task != "sequence-classification" else torch.zeros(batch, dtype=int)
-    return {"input_ids": ids, "labels": labels}
+    return named_task(task).trace_inputs(hf_config, seq_len, batch, target_len,
+                                         2 if pairs else 1)
 
 
 # What DPOTrainer asks its chunked LM head to compute per token (TRL 1.16, no weighting).
@@ -572,15 +562,17 @@ def _trace(config_json: str, task: str, seq_len: int, mode: str, checkpointing: 
            pairs: bool = False) -> ActivationTrace:
     import json
 
-    from autotune.plan.shape import _DECODER_LAYER_KEYS, _first, load_hf_config
+    from autotune.plan.shape import _first
+    from autotune.tasks import task as named_task
+    from autotune.tasks.models import load_hf_config
 
     raw = json.loads(config_json)
     hf_config = load_hf_config({"config": raw})
     layers = next((int(raw[k]) for k in ("num_hidden_layers", "n_layer", "num_layers")
                    if k in raw), None) or int(getattr(hf_config, "num_hidden_layers", 1) or 1)
     # An encoder-decoder's decoder is a stack of its own: linear in each stack's depth.
-    decoder = (int(_first(hf_config, _DECODER_LAYER_KEYS) or layers)
-               if task == "seq2seq-lm" else None)
+    second = named_task(task).second_stack_keys
+    decoder = int(_first(hf_config, second) or layers) if second else None
     lora = json.loads(lora_json) if lora_json else None
     b1, b2 = BATCHES
     depths = [(1, 1), (2, 1)] + ([(1, 2)] if decoder else [])

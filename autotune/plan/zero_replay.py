@@ -25,6 +25,7 @@ from autotune.plan.allocator import (
     replay,
     workspace_event,
 )
+from autotune.tasks.causal_lm import CAUSAL_LM
 
 if TYPE_CHECKING:
     from autotune.config import TrialConfig
@@ -86,7 +87,7 @@ def applies(shape: ModelShape, c: TrialConfig, world_size: int = 1) -> bool:
     path, with a loss scaler's few scalars beside it, and at stage 3 its overflow check),
     and no more parameters than one bucket holds (above that the engine reduces a bucket
     within the backward, which the emulation does not)."""
-    causal = shape.task == "causal-lm" or (not shape.task and shape.causal_lm)
+    causal = shape.kind.causal if shape.task else shape.causal_lm
     stage_ok = c.zero_stage in (1, 2) or (c.zero_stage == 3 and c.offload == "none")
     return (world_size == 1 and stage_ok and c.precision in ("bf16", "fp16")
             and c.optim in EMULATED_OPTIMIZERS and not c.gradient_checkpointing
@@ -323,7 +324,7 @@ def emulated(hf_config: dict[str, Any], seq: int, batch: int, accumulation: int,
     from autotune.optimizers import optimizer
     from autotune.plan.step_trace import trace_step
 
-    step = trace_step(hf_config, "causal-lm", seq, "native16", False, attention, cuda)
+    step = trace_step(hf_config, CAUSAL_LM.name, seq, "native16", False, attention, cuda)
     if step is None:
         return None
     opt = optimizer(optim)

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from autotune import versions
 
 if TYPE_CHECKING:
-    from autotune.plan.device import DeviceSpec
+    from autotune.device import DeviceSpec
     from autotune.plan.shape import ModelShape
     from autotune.space import SpaceResult
     from autotune.spec import Spec
@@ -106,7 +106,7 @@ def near_model(spec: Spec, shape: ModelShape | None) -> dict[str, Any]:
 def row_lengths(spec: Spec) -> list[int]:
     """The token count of each of the first ROWS_READ rows, untruncated, as the trials'
     tokenizer and chat template make them."""
-    from autotune.trials.data import _encode_row, data_format, load_tokenizer, read_rows
+    from autotune.tasks.data import _encode_row, data_format, load_tokenizer, read_rows
 
     data = spec.data.model_dump()
     rows = read_rows(data["source"], ROWS_READ)

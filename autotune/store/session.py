@@ -26,7 +26,7 @@ from autotune.store.record import StoredResult
 from autotune.summary import BASELINE, RECIPE, Summary, autotune_version
 
 if TYPE_CHECKING:
-    from autotune.plan.device import DeviceSpec
+    from autotune.device import DeviceSpec
     from autotune.plan.shape import ModelShape
     from autotune.space import SpaceResult
     from autotune.spec import Spec

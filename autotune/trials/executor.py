@@ -23,14 +23,14 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from autotune.errors import ClusterError
-from autotune.plan.device import (
+from autotune.device import (
     DeviceSpec,
     local_device,
     network_link,
     node_cpus,
     nvidia_driver_present,
 )
+from autotune.errors import ClusterError
 from autotune.records import LOST, Outcome
 from autotune.trials import reaper
 from autotune.trials.launch import NodeReport, run_trial

@@ -19,7 +19,6 @@ that signal).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib
 import importlib.util
 import json
@@ -33,21 +32,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
+from autotune.trials.reaper import die_with_parent
+
 # What every trial imports; the optional ones only where installed. Importing them is
 # most of a cold trial's overhead (about 4-8 s on the development machine).
 PRELOAD = ("torch", "transformers", "transformers.trainer", "autotune.trials.worker",
            "autotune.trials.model_builder")
 PRELOAD_IF_INSTALLED = ("deepspeed", "bitsandbytes", "peft")
 START_TIMEOUT_S = 300.0
-PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent exits (a no-op elsewhere): a
-    trial never outlives what launched it, even when that was killed with SIGKILL."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 # --- the server -----------------------------------------------------------------------
@@ -208,7 +200,7 @@ def _preload() -> None:
     _answer_cpu_info(asking)
     model = os.environ.get(PRELOAD_MODEL)
     if model:
-        from autotune.plan.shape import model_class
+        from autotune.tasks.models import model_class
 
         with contextlib.suppress(Exception):  # the trial itself says what is wrong with it
             model_class(json.loads(model))

@@ -42,6 +42,7 @@ from autotune.trials.protocol import (
     read_result,
     rss_path,
 )
+from autotune.trials.reaper import die_with_parent
 
 STDERR_TAIL_CHARS = 3000
 # A trial SIGKILLed below this share of its host memory (a CPU trial's budget, a GPU
@@ -144,7 +145,7 @@ def _run_cold(request: TrialRequest, tmpdir: Path, env: dict[str, str],
             _command(tmpdir / "request.json", tmpdir / "result.json", request.world_size,
                      env["MASTER_PORT"], node),
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=tmpdir,
-            preexec_fn=forkserver.die_with_parent)
+            preexec_fn=die_with_parent)
         def waited(seconds: float) -> int | None:
             try:
                 return proc.wait(timeout=seconds)

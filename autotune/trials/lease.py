@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune.plan.device import node_cpus
+from autotune.device import node_cpus
 
 log = logging.getLogger("autotune")
 LEASE_DIR_ENV = "AUTOTUNE_LEASE_DIR"

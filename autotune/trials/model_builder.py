@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import SetupError
-from autotune.plan.shape import AUTO_CLASSES, load_hf_config, task_config
+from autotune.tasks import task
+from autotune.tasks.models import auto_class, load_hf_config
 from autotune.trials.oom import is_oom_exception
 
 RANDOM, CHECKPOINT = "random", "checkpoint"
@@ -114,18 +115,13 @@ def _disk_io(aside: Sequence[threading.Thread] = ()) -> dict[str, int]:
 def _build_model(model: dict[str, Any], quantization: dict[str, Any] | None,
                  device: Any) -> tuple[Any, dict[str, Any]]:
     import torch
-    import transformers
 
     hf_config = load_hf_config(model)
-    if hf_config is not None:
-        task_config(hf_config, model.get("task") or "causal-lm")
-    if hf_config is not None and model.get("task") == "sequence-classification":
-        hf_config.num_labels = getattr(hf_config, "num_labels", 2) or 2
-        if getattr(hf_config, "pad_token_id", None) is None:  # GPT-style: batches need one
-            hf_config.pad_token_id = getattr(hf_config, "eos_token_id", None) or 0
+    if hf_config is not None:  # what its task's head needs and a config may leave out
+        task(model.get("task")).prepare_config(hf_config)
     if model.get("factory"):
         return _from_factory(model, hf_config, device), {"weights": "factory"}
-    auto = getattr(transformers, AUTO_CLASSES[model.get("task", "causal-lm")])
+    auto = auto_class(model)
     # fp32 master weights, as Trainer's mixed precision keeps them (and the memory model
     # counts them), whatever dtype a checkpoint's config names.
     kwargs: dict[str, Any] = {"dtype": torch.float32}

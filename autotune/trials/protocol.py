@@ -82,6 +82,9 @@ def make_request(spec: Spec, config: TrialConfig, *, on_cpu: bool, shape: dict |
     spec's timed steps (confirmation measures longer)."""
     seed = spec.search.seed
     dumped = spec.model_dump(mode="json")
+    # The results store is the driver's: its URL (a team's, with a password) never goes
+    # to a trial's request file.
+    dumped["search"]["store"] = None
     if steps is not None:
         dumped["measure"]["steps"] = steps
     return TrialRequest(

@@ -14,12 +14,24 @@ Ray normally stops the reaper first.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import signal
 import subprocess
 import sys
 import time
 
 import psutil
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent exits (a no-op elsewhere): a
+    trial never outlives what launched it, even when that was killed with SIGKILL."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
 
 POLL_S = 1.0
 GRACE_S = 3.0  # Ray's own shutdown first

@@ -2,7 +2,9 @@
 
 The trial and the exporter both call these functions: what is measured is what is
 exported. Knobs that only set TrainingArguments say so in their table row; this module
-adds the settings every run shares and the DeepSpeed config that ZeRO needs.
+adds the settings every run shares and the DeepSpeed config that ZeRO needs. What a
+trainer's config class adds (SFTConfig's, DPOConfig's fields) is the trainer's
+(autotune/tasks/), composed here.
 """
 
 from __future__ import annotations
@@ -62,44 +64,16 @@ def training_arguments_kwargs(
 
 def trainer_kwargs(spec: Spec, config: TrialConfig, *, on_cpu: bool,
                    output_dir: str = OUTPUT_DIR_PLACEHOLDER) -> dict[str, Any]:
-    """The kwargs the spec's trainer takes for `config`: TrainingArguments', or those and
-    the own fields of its subclass: Seq2SeqTrainingArguments' for a seq2seq-lm model,
-    SFTConfig's under `trainer: sft`, DPOConfig's under `trainer: dpo`."""
+    """The kwargs the spec's trainer takes for `config`: TrainingArguments', and the own
+    fields of its trainer's config class (SFTConfig, DPOConfig) or of its task's
+    arguments class (Seq2SeqTrainingArguments)."""
+    from autotune.tasks import task_of, trainer_of
+
     kwargs = training_arguments_kwargs(config, seed=spec.search.seed,
                                        world_size=spec.world_size, on_cpu=on_cpu,
                                        output_dir=output_dir)
-    return kwargs | (sft_fields_for(spec, config) or dpo_fields_for(spec, config)
-                     or seq2seq_fields_for(spec) or {})
-
-
-def seq2seq_fields_for(spec: Spec) -> dict[str, Any] | None:
-    """What Seq2SeqTrainingArguments adds for a seq2seq-lm model (None for any other): no
-    generation in evaluation by default, and where it is asked for, targets as long as
-    the trials trained on."""
-    if spec.model.task != "seq2seq-lm":
-        return None
-    return {"predict_with_generate": False, "generation_max_length": spec.target_len}
-
-
-def dpo_fields_for(spec: Spec, config: TrialConfig) -> dict[str, Any] | None:
-    """What a DPOConfig adds under `trainer: dpo` (None under the others): each of a pair's
-    rows cut at data.seq_len, the reference's log-probs precomputed where the knob says,
-    no padding-free batching (TRL has it off since its DPO rewrite)."""
-    if spec.trainer != "dpo":
-        return None
-    return {"max_length": int(spec.data.seq_len), "truncation_mode": "keep_start",
-            "padding_free": False,
-            "precompute_ref_log_probs": bool(config.precompute_ref_log_probs)}
-
-
-def sft_fields_for(spec: Spec, config: TrialConfig) -> dict[str, Any] | None:
-    """`sft_fields` for the spec's data under `trainer: sft`; None under Trainer."""
-    if spec.trainer != "sft":
-        return None
-    from autotune.trials.data import resolved_format
-
-    data = spec.data.model_dump()
-    return sft_fields(config, data, resolved_format(data))
+    return kwargs | (trainer_of(spec).fields(spec, config)
+                     or task_of(spec).arguments_fields(spec) or {})
 
 
 def launch_commands(world_size: int, nodes: int, accelerate_file: str) -> list[str]:
@@ -114,20 +88,6 @@ def launch_commands(world_size: int, nodes: int, accelerate_file: str) -> list[s
                 f"--node_rank {k} --master_addr {MAIN_NODE_PLACEHOLDER} --master_port "
                 f"{MAIN_PORT} train.py ..."]
     return out
-
-
-def sft_fields(config: TrialConfig, data: dict[str, Any], fmt: str) -> dict[str, Any]:
-    """What an SFTConfig adds to the TrainingArguments kwargs (TRL's SFTTrainer tokenizes
-    and collates itself): the sequence length, padding-free batching from its knob, no
-    packing of rows into each other, and the loss on completions (prompt-completion rows)
-    or on the assistant's turns (messages) where the spec asks. `fmt`: the data's format
-    (data.resolved_format)."""
-    only = bool(data.get("completion_only_loss"))
-    return {"max_length": int(data["seq_len"]), "packing": False,
-            "padding_free": bool(config.padding_free),
-            "completion_only_loss": only and fmt == "prompt-completion",
-            "assistant_only_loss": only and fmt == "messages",
-            "dataset_text_field": data.get("text_field", "text")}
 
 
 def model_kwargs(config: TrialConfig) -> dict[str, Any]:

@@ -111,21 +111,24 @@ def _world() -> int:
 class MicroBatches:
     """The micro-batch sizes this rank trained on and their real (non-pad) tokens: a
     trial's samples per step are counted, not assumed (an unevenly split dataset once
-    overstated throughput). Counted in the training step, which sees every batch whatever
-    process loaded it. A packed micro-batch is one row of its samples' tokens, whose count
-    the position ids restarting at 0 tell. Sums over a batch on the GPU stay there until
-    the run has ended: reading one on the host each micro-batch would wait for the GPU
-    every time, removing the host/device overlap the step timer keeps and charging
-    configs with much accumulation for it."""
+    overstated throughput). Counted as the training step prepares its inputs, which it
+    does for every batch whatever process loaded it. A packed micro-batch is one row of
+    its samples' tokens, whose count the position ids restarting at 0 tell. Sums over a
+    batch on the GPU stay there until the run has ended: reading one on the host each
+    micro-batch would wait for the GPU every time, removing the host/device overlap the
+    step timer keeps and charging configs with much accumulation for it."""
 
     def __init__(self, trainer, packed: bool, count=None) -> None:
         self._sizes: list = []
         self._tokens: list = []
-        step = trainer.training_step
+        prepare = trainer._prepare_inputs
 
-        def counted(model, inputs, *args, **kwargs):
+        def counted(inputs):
+            # Counted as the step gets them: prepared (a generating trainer's completions
+            # are made here, from a batch of prompts).
+            inputs = prepare(inputs)
             ids = inputs.get("input_ids", inputs.get("labels"))
-            if count is not None:  # the kind's own (trials/tasks.py): pairs, images
+            if count is not None:  # its task's or trainer's (autotune/tasks/): pairs, images
                 size, tokens = count(inputs)
                 self._sizes.append(size)
                 self._tokens.append(tokens)
@@ -136,9 +139,9 @@ class MicroBatches:
                 self._sizes.append(ids.shape[0] if ids is not None else 0)
                 mask = inputs.get("attention_mask")
                 self._tokens.append(mask.sum() if mask is not None else ids.numel())
-            return step(model, inputs, *args, **kwargs)
+            return inputs
 
-        trainer.training_step = counted
+        trainer._prepare_inputs = counted
 
     @staticmethod
     def _ints(values: list) -> list[int]:
@@ -387,17 +390,16 @@ def flop_parameters(model) -> dict[str, int]:
 def run(request: TrialRequest, result_path: str) -> Outcome:
     started = time.time()
     import torch
-    from transformers import Trainer, set_seed
+    from transformers import set_seed
     from transformers.utils import logging as hf_logging
 
     from autotune.config import TrialConfig
+    from autotune.device import local_device
     from autotune.errors import SetupError
     from autotune.optimizers import optimizer
-    from autotune.plan.device import local_device
     from autotune.spec import Spec
-    from autotune.trials import tasks
+    from autotune.tasks import task_of, trainer_of
     from autotune.trials.build_lock import install as guard_build_locks
-    from autotune.trials.data import build_dataset
     from autotune.trials.model_builder import build_model, prepare_quantized
     from autotune.trials.oom import is_oom_exception
     from autotune.trials.runtime import (
@@ -412,6 +414,7 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
     guard_build_locks()  # DeepSpeed loads its JIT ops in every trial: see build_lock.py
     hf_logging.set_verbosity_error()
     spec = Spec.model_validate(request.spec)  # the same validation the CLI ran
+    task, trained_by = task_of(spec), trainer_of(spec)
     set_seed(request.seed)  # one seed: the same initial weights and data order everywhere
     cfg = TrialConfig.from_dict(request.config)
     world = _world()
@@ -465,7 +468,7 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
         with clock.phase("engine"):
             # Before the model: under ZeRO-3 its DeepSpeed config makes transformers build
             # the model inside zero.Init, partitioned as it is made.
-            args = _arguments(spec, kwargs)
+            args = trained_by.arguments(task, kwargs)
             if cfg.zero_stage == 3:
                 _join_deepspeed(args)
         with clock.phase("model"):
@@ -473,11 +476,17 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
                                                       model_kwargs(cfg), device, (watch,))
             if cfg.quantization != "none":
                 model = prepare_quantized(model)
-            if spec.model.lora is not None and spec.trainer != "dpo":  # DPO: TRL adds them
-                from autotune.trials.lora import with_lora
+            if spec.model.lora is not None and not trained_by.adds_adapters:
+                from autotune.tasks.lora import with_lora
 
-                model = with_lora(model, spec.model.lora.model_dump(), spec.model.task)
-            reference = tasks.reference_model(spec, cfg, device, request.seed)
+                model = with_lora(model, spec.model.lora.model_dump(), task)
+
+            def copy_of_policy():
+                """The model built again as the policy was, from the same seed."""
+                set_seed(request.seed)
+                return build_model(spec.model.model_dump(), model_kwargs(cfg), device)[0]
+
+            reference = trained_by.reference_model(spec, cfg, copy_of_policy)
         extra["model_build"] |= _held(model) | {
             "host_peak_rss_bytes": max(0, _peak_rss() - base_rss)} | (
             {"device_peak_bytes": torch.cuda.max_memory_allocated()} if cuda else {})
@@ -485,24 +494,16 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
             shape = _learned_shape(model, spec)
             watch.shape = shape  # even an OOM trial teaches the search the model's size
         with clock.phase("engine"):
-            if spec.trainer == "sft":
-                trainer, lengths = _sft_trainer(spec, model, args, samples, timer)
-            elif tasks.kind(spec):  # seq2seq, images, DPO
-                trainer, lengths = tasks.make_trainer(spec, model, args, samples, timer,
-                                                      request.seed, reference)
-            else:
-                dataset = build_dataset(spec.model_dump(), model, samples, seed=request.seed)
-                lengths = dataset.lengths
-                extra_args = {"data_collator": _packing_collator()} if cfg.padding_free else {}
-                trainer = Trainer(model=model, args=args, train_dataset=dataset,
-                                  callbacks=[timer], **extra_args)
-            counted = MicroBatches(trainer, cfg.padding_free, tasks.counter(spec, shape))
+            trainer, lengths = trained_by.make_trainer(
+                spec, task, model, args, samples, timer, request.seed, reference,
+                _packing_collator() if cfg.padding_free else None)
+            counted = MicroBatches(trainer, cfg.padding_free, trained_by.counter(task, shape))
             readings = StepReadings(trainer)
         clock.mark_engine_until(timer)  # Trainer.train() up to its first step is the engine's
         trainer.train()
         outcome = _measure(timer, spec, cfg, world, model, readings.history(world),
                            counted.tokens())
-        tasks.finish(spec, outcome, trainer)
+        trained_by.finish(spec, task, outcome, trainer)
         outcome.extra |= extra
         outcome.extra["micro_batches"] = counted.sizes()
         if lengths:  # the rows' real tokens: what padding and packing are judged on
@@ -616,40 +617,6 @@ def _join_deepspeed(args) -> None:
     deepspeed.init_distributed()
 
 
-def _arguments(spec, kwargs: dict):
-    """The spec's trainer's arguments: TrainingArguments, Seq2SeqTrainingArguments, or
-    TRL's SFTConfig or DPOConfig (trials/tasks.py)."""
-    from autotune.trials.tasks import arguments
-
-    return arguments(spec, kwargs)
-
-
-def _sft_trainer(spec, model, args, samples: int, timer):
-    """TRL's SFTTrainer on the source's own rows (it renders, tokenizes and collates
-    them), with the SFTConfig the driver built; and the rows' token lengths as it
-    tokenized them."""
-    from trl import SFTTrainer
-
-    from autotune.errors import SetupError
-    from autotune.trials.data import length_stats, load_tokenizer, sft_dataset
-
-    data = spec.data.model_dump()
-    tok = load_tokenizer(data)
-    try:
-        trainer = SFTTrainer(model=model, args=args, callbacks=[timer],
-                             train_dataset=sft_dataset(data, samples), processing_class=tok)
-    except (ValueError, KeyError) as exc:  # TRL's word on the rows or the template
-        raise SetupError("data", f"SFTTrainer refused the data: "
-                         f"{' '.join(str(exc).split())[:400]}") from exc
-    rows = trainer.train_dataset
-    masks = [c for c in ("completion_mask", "assistant_masks") if c in rows.column_names]
-    labels = rows[masks[0]] if masks and data["completion_only_loss"] else None
-    encoded = [(ids, ids if labels is None else [t if m else -100 for t, m in
-                                                zip(ids, labels[i], strict=False)])
-               for i, ids in enumerate(rows["input_ids"])]
-    return trainer, length_stats(encoded, int(data["seq_len"]))
-
-
 def _sharding_fallback(cfg: TrialConfig, wrapped_as: str) -> str | None:
     """Why the run was not sharded as the config says, where the Trainer fell back to
     something else (accelerate ignores FSDP on CPU ranks and trains with DDP)."""
@@ -679,9 +646,10 @@ def model_flops_utilisation(outcome: Outcome, shape: dict[str, Any] | None, devi
 def _learned_shape(model, spec) -> dict[str, Any] | None:
     """A factory model's shape, for the search's memory model."""
     from autotune.plan.shape import shape_from_model
+    from autotune.tasks import task_of, trainer_of
 
-    kinds = {"trainer": spec.trainer} | (
-        {"target_len": spec.target_len} if spec.model.task == "seq2seq-lm" else {})
+    kinds = ({"trainer": spec.trainer} | task_of(spec).shape_fields(spec.target_len)
+             | trainer_of(spec).shape_fields(spec))
     shape = shape_from_model(model, spec.data.seq_len, spec.model.task, **kinds)
     return shape.to_dict() if shape is not None else None
 
@@ -760,7 +728,7 @@ def _whole(p) -> int:
 
 
 def main(argv: list[str]) -> int:
-    from autotune.trials.forkserver import die_with_parent
+    from autotune.trials.reaper import die_with_parent
 
     die_with_parent()  # a rank dies with its leader or torchrun, however it dies
     request_path, result_path = argv[1], argv[2]

@@ -30,7 +30,7 @@ from autotune.tuning.strategies.seeded import Seeded, runnable, translate
 
 if TYPE_CHECKING:
     from autotune.config import TrialConfig
-    from autotune.plan.device import DeviceSpec
+    from autotune.device import DeviceSpec
     from autotune.plan.shape import ModelShape
     from autotune.records import Record
     from autotune.space import SpaceResult

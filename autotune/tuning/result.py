@@ -10,7 +10,7 @@ from autotune.errors import NoResultError
 
 if TYPE_CHECKING:
     from autotune.config import TrialConfig
-    from autotune.plan.device import DeviceSpec
+    from autotune.device import DeviceSpec
     from autotune.records import Record
     from autotune.spec import Spec
     from autotune.summary import Summary

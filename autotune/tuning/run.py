@@ -15,11 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from autotune import knobs, versions
 from autotune.dburl import shown
+from autotune.device import DeviceSpec, local_device, memory_limit
 from autotune.errors import SetupError, SpecError
 from autotune.outputs.export import write_outputs
 from autotune.plan.calibration import MemoryModel
-from autotune.plan.device import DeviceSpec, local_device, memory_limit
-from autotune.plan.recipe import available_values, recipe_rungs
 from autotune.plan.shape import ModelShape, model_shape
 from autotune.records import CONFIRM_REASON
 from autotune.space import Space, build_space, divisors, few_splits, load_space
@@ -28,6 +27,7 @@ from autotune.summary import Summary
 from autotune.trials.executor import Executor, RayExecutor
 from autotune.tuning import confirm, numerics
 from autotune.tuning.loop import Limits, drive
+from autotune.tuning.recipe import available_values, recipe_rungs
 from autotune.tuning.remembered import Remembered
 from autotune.tuning.result import SearchResult
 from autotune.tuning.strategies.base import Resume, SearchContext

@@ -20,7 +20,7 @@ from autotune.config import Family, TrialConfig
 from autotune.records import Record
 
 if TYPE_CHECKING:
-    from autotune.plan.device import DeviceSpec
+    from autotune.device import DeviceSpec
     from autotune.plan.shape import ModelShape
 
 

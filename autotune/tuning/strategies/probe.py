@@ -8,7 +8,7 @@ times that (rounded down), keeping accumulation: it lands on the largest batch o
 chain that runs, with an effective batch that shrank with it. A landscape holds only
 divisors of the target; replays use the halving chain among them instead.
 
-The recipe (plan/recipe.py) runs right after it: its family at the largest batch that fits
+The recipe (tuning/recipe.py) runs right after it: its family at the largest batch that fits
 with the target effective batch (accumulation derived), on the first of its rungs (the
 recipe, then the guide's memory levers) that the memory model says fits at all.
 

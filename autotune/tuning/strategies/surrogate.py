@@ -21,7 +21,7 @@ import numpy as np
 
 from autotune import knobs
 from autotune.config import TrialConfig
-from autotune.plan.device import DeviceSpec
+from autotune.device import DeviceSpec
 from autotune.plan.shape import ModelShape
 
 NOISE_FLOOR = 0.02  # relative run-to-run noise assumed before residuals say otherwise

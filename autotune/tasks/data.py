@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import SetupError
-from autotune.plan.shape import max_positions
+from autotune.tasks.models import max_positions
+
+if TYPE_CHECKING:
+    from autotune.tasks.base import Task
 
 FORMATS = ("text", "messages", "prompt-completion", "preference", "image")
 # Columns that say a format (a preference row's prompt may be left in its chosen and
@@ -42,12 +45,16 @@ class TokenDataset:
         return self.rows[i]
 
 
-def build_dataset(spec: dict[str, Any], model, n_samples: int, seed: int = 0) -> TokenDataset:
+def build_dataset(spec: dict[str, Any], model, n_samples: int, task: Task | None = None,
+                  seed: int = 0) -> TokenDataset:
     """`n_samples` rows of the spec's data for `model` (the source's rows repeated where it
-    has fewer)."""
+    has fewer), labelled as its task labels a row (`Task.row_labels`)."""
     import torch
 
-    data, task = spec["data"], spec["model"].get("task", "causal-lm")
+    from autotune.tasks import task as named
+
+    task = task or named(spec["model"].get("task"))
+    data = spec["data"]
     seq_len = data["seq_len"]
     limit = max_positions(getattr(model, "config", None))
     if limit is not None and seq_len > limit:
@@ -64,25 +71,11 @@ def build_dataset(spec: dict[str, Any], model, n_samples: int, seed: int = 0) ->
         encoded, seq_len))
 
 
-def _rows(ids, masks, labels, task: str, g) -> list[dict]:
-    import torch
-
-    rows = []
-    for i in range(len(ids)):
-        row = {"input_ids": ids[i], "attention_mask": masks[i]}
-        if task == "sequence-classification":
-            row["labels"] = torch.randint(0, 2, (), generator=g)
-        elif task == "masked-lm":
-            lab = ids[i].clone()
-            lab[torch.rand(len(ids[i]), generator=g) > 0.15] = IGNORE
-            lab[masks[i] == 0] = IGNORE
-            row["labels"] = lab
-        else:
-            lab = ids[i].clone() if labels is None else labels[i].clone()
-            lab[masks[i] == 0] = IGNORE
-            row["labels"] = lab
-        rows.append(row)
-    return rows
+def _rows(ids, masks, labels, task: Task, g) -> list[dict]:
+    return [{"input_ids": ids[i], "attention_mask": masks[i],
+             "labels": task.row_labels(ids[i], masks[i],
+                                       None if labels is None else labels[i], g)}
+            for i in range(len(ids))]
 
 
 # --- reading --------------------------------------------------------------------------

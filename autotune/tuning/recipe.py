@@ -20,7 +20,7 @@ from autotune import knobs
 from autotune.config import Family, TrialConfig
 
 if TYPE_CHECKING:
-    from autotune.plan.device import DeviceSpec
+    from autotune.device import DeviceSpec
 
 # The guide's memory levers in its order, each rung with checkpointing: DPO's reference
 # precomputed, 8-bit optimizer states, a 4-bit base under LoRA, then DeepSpeed ZeRO

@@ -1,0 +1,57 @@
+"""A spec's model section as transformers knows it: its config, the class its task
+builds it with, how many positions it has. Read by the spec's checks and the knob rules
+(below the physics), the memory model and the trials alike."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import SpecError, not_allowed
+
+
+def load_hf_config(model: dict[str, Any]):
+    """The transformers config for the spec's model section, or None for a bare factory."""
+    import transformers
+
+    if model.get("config"):
+        cfg = dict(model["config"])
+        kind = cfg.pop("model_type")
+        if kind not in transformers.CONFIG_MAPPING:
+            raise SpecError("model.config.model_type: " + not_allowed(
+                kind, sorted(transformers.CONFIG_MAPPING.keys()), "transformers.CONFIG_MAPPING"))
+        return transformers.AutoConfig.for_model(kind, **cfg)
+    if model.get("name_or_path"):
+        return transformers.AutoConfig.from_pretrained(str(Path(model["name_or_path"])
+                                                           .expanduser()))
+    return None
+
+
+def auto_class(model: dict[str, Any]) -> Any:
+    """transformers' Auto class the model section's task builds with."""
+    import transformers
+
+    from autotune.tasks import task
+
+    return getattr(transformers, task(model.get("task")).auto_class)
+
+
+def model_class(model: dict[str, Any]) -> type | None:
+    """The transformers class a spec's model section is built with (importing its
+    module); None where not known (a factory, a config transformers cannot map)."""
+    try:
+        cfg = load_hf_config(model)
+        if cfg is None:
+            return None
+        return auto_class(model)._model_mapping[type(cfg)]
+    except Exception:  # noqa: BLE001 - the spec's own checks report a broken model
+        return None
+
+
+def max_positions(hf_config: Any) -> int | None:
+    """The longest sequence the model's config allows, where it says."""
+    for name in ("n_positions", "max_position_embeddings", "n_ctx"):
+        value = getattr(hf_config, name, None)
+        if isinstance(value, int):
+            return value
+    return None

@@ -1,0 +1,13 @@
+"""transformers' Trainer (`trainer: trainer`, the default): Seq2SeqTrainer for an
+encoder-decoder, as its task says; the rows are the task's."""
+
+from __future__ import annotations
+
+from autotune.tasks.base import TrainerKind
+
+
+class PlainTrainer(TrainerKind):
+    name = "trainer"
+
+
+PLAIN = PlainTrainer()
