@@ -117,7 +117,7 @@ def _gib(b: int | None) -> str:
 
 def _waited(outcome) -> str:
     """Time a trial spent waiting for devices another search on the machine held."""
-    wait = outcome.extra.get("lease_wait_s") or 0
+    wait = outcome.launch.lease_wait_s or 0
     return f" (+{wait:.0f} s waiting for another search)" if wait >= 1 else ""
 
 
@@ -186,11 +186,12 @@ class SearchView:
             return
         if not record.confirming:
             self.done += 1
-        if o.ok and o.score:
+        score = record.score
+        if o.ok and score:
             if record.reason == "baseline":
-                self.baseline = max(self.baseline, o.score)
-            if self.best is None or o.score > self.best[0]:
-                self.best = (o.score, record.config.label())
+                self.baseline = max(self.baseline, score)
+            if self.best is None or score > self.best[0]:
+                self.best = (score, record.config.label())
         style = self.STYLES.get(o.status, "red")
         cells = (str(record.number), record.config.label(), record.reason,
                  f"[{style}]{o.status}[/]",

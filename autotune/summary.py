@@ -14,7 +14,7 @@ from autotune.config import TrialConfig
 from autotune.device import DeviceSpec
 from autotune.errors import AutotuneError
 from autotune.files import write_atomically
-from autotune.records import PRUNED, Record
+from autotune.records import PHASES, PRUNED, TOKENS_PER_SECOND, Record
 
 SUMMARY_FILE = "summary.json"
 # Written into the file's `search` for people reading it, derived from the trials: not
@@ -62,17 +62,6 @@ class ConfirmedConfig:
                    list(d.get("samples_per_second") or []), list(d.get("numbers") or []))
 
 
-# Where a trial's seconds go, in order (trials.worker.Phases): each outcome's "phases".
-PHASES = ("launch", "model", "engine", "warmup", "steps")
-BEFORE_FIRST_STEP = PHASES[:3]
-
-
-def before_first_step(phases: dict[str, float]) -> float | None:
-    """A trial's seconds from its launch to its first step, where it got as far as its
-    engine (an OOM in the first step included); None before that."""
-    if "engine" not in phases:
-        return None
-    return sum(phases.get(k, 0.0) for k in BEFORE_FIRST_STEP)
 BASELINE = "baseline"  # the reason of the baseline probe's trials
 RECIPE = "recipe"  # the reason of the recipe probe's trials
 
@@ -177,7 +166,7 @@ class Summary:
         ok = at_target([t for t in self.searched if t.outcome.ok], self.per_rank_target)
         if self.confirmation is not None:
             return next((t for t in ok if t.config == self.confirmation.winner), None)
-        return max(ok, key=lambda t: t.outcome.score or 0.0) if ok else None
+        return max(ok, key=lambda t: t.score or 0.0) if ok else None
 
     @property
     def per_rank_target(self) -> int | None:
@@ -209,7 +198,7 @@ class Summary:
         row = self.confirmation.row(record.config) if self.confirmation else None
         if row is not None and row.median:
             return row.median
-        return record.outcome.score
+        return record.score
 
     def samples_per_second(self, record: Record | None) -> float | None:
         """`throughput` in samples/s where the objective is real tokens/s (its trial's
@@ -223,8 +212,7 @@ class Summary:
         return value * o.samples_per_second / o.tokens_per_second
 
     def objective_is_tokens(self, record: Record | None) -> bool:
-        return record is not None and record.outcome.extra.get("objective") == (
-            "tokens_per_second")
+        return record is not None and record.objective == TOKENS_PER_SECOND
 
     @property
     def baseline(self) -> Record | None:
@@ -265,18 +253,18 @@ class Summary:
         if c is not None and c.vs_recipe is not None and c.vs_recipe.get("speedup"):
             return c.vs_recipe["speedup"]
         best, rec = self.best, self.recipe
-        if best is None or rec is None or not rec.outcome.score:
+        if best is None or rec is None or not rec.score:
             return None
-        return (best.outcome.score or 0.0) / rec.outcome.score
+        return (best.score or 0.0) / rec.score
 
     @property
     def speedup(self) -> float | None:
         if self.confirmation is not None and self.confirmation.speedup is not None:
             return self.confirmation.speedup
         best, base = self.best, self.baseline
-        if best is None or base is None or not base.outcome.score:
+        if best is None or base is None or not base.score:
             return None
-        return (best.outcome.score or 0.0) / base.outcome.score
+        return (best.score or 0.0) / base.score
 
     @property
     def ooms(self) -> int:
@@ -288,8 +276,7 @@ class Summary:
         at once: the share of what the search cost that measured speed (the rest is
         launching, building, engines, warm-up, the driver, pruned and failed trials)."""
         wall, slots = self.search.get("wall_seconds"), self.search.get("slots") or 1
-        timed = [p.get("steps", 0.0) for t in self.trials if (p := t.outcome.extra.get(
-            "phases")) is not None]
+        timed = [p.steps or 0.0 for t in self.trials if (p := t.outcome.phases).seconds()]
         if not wall or not timed:  # a summary from before trials said where time went
             return None
         return sum(timed) / (wall * slots)
@@ -298,8 +285,8 @@ class Summary:
         """Per phase (PHASES), the median seconds over the trials that reached it."""
         out = {}
         for name in PHASES:
-            seen = [p[name] for t in self.trials if name in (p := t.outcome.extra.get(
-                "phases") or {})]
+            seen = [s for t in self.trials
+                    if (s := getattr(t.outcome.phases, name)) is not None]
             if seen:
                 out[name] = statistics.median(seen)
         return out

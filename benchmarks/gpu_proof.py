@@ -243,6 +243,7 @@ def smoke_step(rehearse: bool, out: Path) -> int:
     from autotune.config import TrialConfig
     from autotune.device import local_device, node_cpus
     from autotune.files import write_atomically
+    from autotune.records import ModelBuild
     from autotune.spec import load_spec
     from autotune.trials.launch import run_trial
     from autotune.trials.protocol import make_request
@@ -267,24 +268,23 @@ def smoke_step(rehearse: bool, out: Path) -> int:
                                shape=None, memory_budget_bytes=None, timeout_s=150,
                                cpu_threads=node_cpus())
         o = run_trial(request)
-        facts, built = o.extra.get("ran_with") or {}, o.extra.get("model_build") or {}
+        facts, built = o.ran_with, o.phases.model_build or ModelBuild()
         problems = [] if o.ok else [f"{o.status}: {(o.error or '')[-300:]}"]
-        problems += [f"{k} {facts.get(k)!r}, expected {v!r}" for k, v in t["expect"].items()
-                     if facts.get(k) != v]
-        problems += [f"model_build {k} {built.get(k)!r}, expected {v!r}"
-                     for k, v in t.get("built", {}).items() if built.get(k) != v]
-        if (built.get("disk_write_bytes") or 0) > 2**20:
-            problems.append(f"the build wrote {built['disk_write_bytes']} bytes to disk")
-        if o.extra.get("launch") != "warm":
-            problems.append(f"launched {o.extra.get('launch')} "
-                            f"({o.extra.get('cold_because')}), not warm")
+        problems += [f"{k} {getattr(facts, k)!r}, expected {v!r}"
+                     for k, v in t["expect"].items() if getattr(facts, k) != v]
+        problems += [f"model_build {k} {getattr(built, k)!r}, expected {v!r}"
+                     for k, v in t.get("built", {}).items() if getattr(built, k) != v]
+        if (built.disk_write_bytes or 0) > 2**20:
+            problems.append(f"the build wrote {built.disk_write_bytes} bytes to disk")
+        if o.launch.kind != "warm":
+            problems.append(f"launched {o.launch.kind} ({o.launch.cold_because}), not warm")
         failed += bool(problems)
         rows.append({"name": t["name"], "asked": t["config"], "ranks": ranks,
                      "on": "cpu" if on_cpu else "cuda", "status": o.status,
-                     "launch": o.extra.get("launch"), "ran_with": facts,
-                     "built": {k: built.get(k) for k in ("weights", "quantized",
-                                                          "disk_write_bytes")},
-                     "phases": o.extra.get("phases"), "problems": problems})
+                     "launch": o.launch.kind, "ran_with": facts.to_dict(),
+                     "built": {"weights": built.weights, "quantized": built.quantized,
+                               "disk_write_bytes": built.disk_write_bytes},
+                     "phases": o.phases.seconds(), "problems": problems})
         print(json.dumps(rows[-1]), flush=True)
     write_atomically(out / "smoke.json", json.dumps(rows, indent=2))
     return 1 if failed else 0
@@ -413,12 +413,13 @@ def _vanilla_trial(spec: dict) -> dict:
 def bert_vanilla_step(rehearse: bool, out: Path) -> None:
     """The seeds' vanilla run on this device, as one trial; saved whole for the report."""
     from autotune.files import write_atomically
+    from autotune.records import Outcome
 
-    vanilla = _vanilla_trial(_bert_spec(rehearse, out))
+    vanilla = Outcome.from_dict(_vanilla_trial(_bert_spec(rehearse, out)))
     row = {"config": "b4x1 fp32 adamw_torch",
-           "samples_per_second": vanilla.get("samples_per_second"),
-           "peak_memory_bytes": vanilla.get("peak_memory_bytes"),
-           "mfu": (vanilla.get("extra") or {}).get("mfu"), "status": vanilla.get("status")}
+           "samples_per_second": vanilla.samples_per_second,
+           "peak_memory_bytes": vanilla.peak_memory_bytes,
+           "mfu": vanilla.measured.mfu, "status": vanilla.status}
     write_atomically(out / "bert-vanilla.json", json.dumps(row, indent=2))
     print(json.dumps(row, indent=2))
 
@@ -487,7 +488,7 @@ def search_lines(folder: Path, title: str) -> list[str]:
     peak), the speedups with their intervals, and every trial that ran with its
     predicted and measured peak memory."""
     from autotune.errors import AutotuneError
-    from autotune.summary import before_first_step, load_summary
+    from autotune.summary import load_summary
 
     try:
         summary = load_summary(folder)
@@ -509,7 +510,7 @@ def search_lines(folder: Path, title: str) -> list[str]:
         runs = len(row.samples_per_second) if row else 0
         peak = rec.outcome.peak_memory_bytes
         lines.append(f"| {role} | {rec.config.label()} | {_num(summary.samples_per_second(rec))} | "
-                     f"{runs} | {_num(rec.outcome.extra.get('mfu'), '{:.1%}')} | "
+                     f"{runs} | {_num(rec.outcome.measured.mfu, '{:.1%}')} | "
                      f"{_num(peak / 2**30 if peak else None, '{:.2f}')} |")
     vs = (c.vs_recipe or {}) if c else {}
     defaults = ("their smallest batch did not fit" if summary.defaults_do_not_fit else
@@ -526,7 +527,7 @@ def search_lines(folder: Path, title: str) -> list[str]:
         if not o.ran:
             continue
         pred, peak = o.predicted_memory_bytes, o.peak_memory_bytes
-        phases = o.extra.get("phases") or {}
+        phases = o.phases
         err = (pred - peak) / peak if o.ok and pred and peak else None
         if err is not None:
             errors.append(abs(err))
@@ -534,8 +535,8 @@ def search_lines(folder: Path, title: str) -> list[str]:
                      f"{_num(o.samples_per_second)} | "
                      f"{_num(pred / 2**30 if pred else None, '{:.2f}')} | "
                      f"{_num(peak / 2**30 if peak else None, '{:.2f}')} | "
-                     f"{_num(err, '{:+.1%}')} | {_num(phases.get('model'))} | "
-                     f"{_num(before_first_step(phases))} |")
+                     f"{_num(err, '{:+.1%}')} | {_num(phases.model)} | "
+                     f"{_num(phases.before_first_step)} |")
     if errors:
         lines += ["", f"memory: predicted against measured peak over {len(errors)} ok trials: "
                   f"median {statistics.median(errors):.1%}, max {max(errors):.1%}"]

@@ -45,7 +45,7 @@ def main() -> None:
                 if not out.ok:
                     raise SystemExit(f"{config.label()}: {out.status}: {out.error}")
                 into.append(out.samples_per_second)
-                threads.add(out.extra.get("cpu_threads"))
+                threads.add(out.measured.cpu_threads)
             print(f"repeat {i + 1}: inside {a.samples_per_second:6.1f}  alone "
                   f"{b.samples_per_second:6.1f} samples/s", flush=True)
     finally:

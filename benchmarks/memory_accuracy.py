@@ -45,6 +45,7 @@ from autotune.plan import zero_replay
 from autotune.plan.calibration import MemoryModel, leave_one_out_errors
 from autotune.plan.memory import CPU_RUNTIME_BYTES
 from autotune.plan.shape import model_shape
+from autotune.records import GpuMemory, Outcome
 from autotune.spec import load_spec
 from autotune.trials.launch import run_trial
 from autotune.trials.protocol import make_request
@@ -223,14 +224,14 @@ def measure(name: str, quick: bool, device: DeviceSpec, parallel: int,
             continue
         measured.append((cfg, out.peak_memory_bytes))
         # An fp16 step the loss scaler skipped made no optimizer states: a peak under them.
-        skips = out.extra.get("loss_scale_skips") or 0
+        skips = out.measured.loss_scale_skips or 0
         skipped = f", {skips} loss-scale skips (those steps made no update)" if skips else ""
         notes[cfg] = (f"  ({secs:.0f} s){skipped}"
-                      f"{_allocator_note(out.extra, cfg, shape, device)}")
+                      f"{_allocator_note(out, cfg, shape, device)}")
     return report(shape, device, measured, notes)
 
 
-def _allocator_note(extra: dict, cfg: TrialConfig, shape, device: DeviceSpec) -> str:
+def _allocator_note(out: Outcome, cfg: TrialConfig, shape, device: DeviceSpec) -> str:
     """On a GPU: the allocator's allocated peak, the step whose running peak first reached
     the final one (1 = the first step, before optimizer states exist), and what the
     reserved peak holds beyond the allocated one next to the size of a 16-bit model's
@@ -248,7 +249,8 @@ def _allocator_note(extra: dict, cfg: TrialConfig, shape, device: DeviceSpec) ->
     whether the excess is in the allocator or outside it (NCCL's communicator, about
     0.5 GiB, is outside it), and how much pinned host memory the offload held. And the
     reserved bytes per stream's pool at the end, beside the replay's."""
-    steps, allocated = extra.get("peaks_by_step"), extra.get("allocator_peak_allocated")
+    gpu = out.gpu_memory
+    steps, allocated = out.measured.peaks_by_step, gpu.allocator_peak_allocated
     if not steps or not allocated:
         return ""
     final = steps[-1][1]
@@ -264,36 +266,36 @@ def _allocator_note(extra: dict, cfg: TrialConfig, shape, device: DeviceSpec) ->
     against = ("" if replay is None else f"; allocator replay: allocated "
                f"{replay.peak_allocated / 2**20:.0f}, reserved "
                f"{replay.peak_reserved / 2**20:.0f} MiB{pools}")
-    outside = "".join(f", {label} {_mib(extra.get(key))}" for label, key in (
-        ("outside the allocator (NVML)", "nvml_overhead"),
-        ("pinned host peak", "pinned_host_peak")))
+    outside = "".join(f", {label} {_mib(value)}" for label, value in (
+        ("outside the allocator (NVML)", gpu.nvml_overhead),
+        ("pinned host peak", gpu.pinned_host_peak)))
     return (f"  allocated {allocated / 2**20:.0f} MiB, reserved {final / 2**20:.0f} MiB, "
             f"peak set at step {at}, reserved - allocated {(final - allocated) / 2**20:.0f} "
             f"MiB (16-bit logits {logits16 / 2**20:.0f} MiB)"
-            f"{_by_stream(extra.get('reserved_by_stream'))}{outside}{against}"
-            f"{_growth(extra)}")
+            f"{_by_stream(gpu.reserved_by_stream)}{outside}{against}"
+            f"{_growth(gpu)}")
 
 
-def _growth(extra: dict) -> str:
+def _growth(gpu: GpuMemory) -> str:
     """Where the allocator's segments were asked for (a DeepSpeed trial of the proof's
     memory step): one line each, largest first."""
-    rows = extra.get("segment_growth")
+    rows = gpu.segment_growth
     if rows is None:
         return ""
     if not isinstance(rows, list):
         return f"\n      segments grown: {rows}"
-    lost = "; the ring was full: the oldest were lost" if extra.get("history_full") else ""
-    head = f"\n      segments grown ({extra.get('history_events')} allocator events kept{lost}):"
+    lost = "; the ring was full: the oldest were lost" if gpu.history_full else ""
+    head = f"\n      segments grown ({gpu.history_events} allocator events kept{lost}):"
     return head + "".join(f"\n        {r['bytes'] / 2**20:8.0f} MiB in {r['segments']:3d} on "
                           f"{r['stream']:>14s}  {r['where']}"
                           + (f" ({r['freed'] / 2**20:.0f} MiB freed later)"
-                             if r.get("freed") else "") for r in rows) + _large(extra)
+                             if r.get("freed") else "") for r in rows) + _large(gpu)
 
 
-def _large(extra: dict) -> str:
+def _large(gpu: GpuMemory) -> str:
     """Each large segment grown: its request and what the cache held just before (the
     free blocks it would have fit in, the frees still waiting on another stream)."""
-    rows = extra.get("large_segments")
+    rows = gpu.large_segments
     if isinstance(rows, str):
         return f"\n      large segments: {rows}"
     if not isinstance(rows, list) or not rows:
@@ -302,8 +304,8 @@ def _large(extra: dict) -> str:
     def mib(values: list) -> str:
         return "[" + ", ".join(f"{v / 2**20:.1f}" for v in values) + "]"
 
-    lost = " (the ring was full: blocks of older segments unknown)" if extra.get(
-        "history_full") else ""
+    lost = (" (the ring was full: blocks of older segments unknown)" if gpu.history_full
+            else "")
     return (f"\n      large segments (free blocks on the stream just before, MiB){lost}:"
             + "".join(
                 f"\n        #{r['event']} {r['segment'] / 2**20:.0f} MiB on {r['stream']} for "

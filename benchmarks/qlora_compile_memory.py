@@ -81,7 +81,7 @@ def main() -> int:
                "peak_gib": (o.peak_memory_bytes or 0) / 2**30,
                "predicted_gib": predicted.total_bytes / 2**30,
                "components_gib": {k: v / 2**30 for k, v in predicted.components.items()},
-               "phases": o.extra.get("phases"), "ran_with": o.extra.get("ran_with"),
+               "phases": o.phases.seconds(), "ran_with": o.ran_with.to_dict(),
                "error": (o.error or "")[-400:]}
         rows.append(row)
         (args.out / "qlora_compile_memory.json").write_text(json.dumps(rows, indent=1))

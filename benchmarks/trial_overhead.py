@@ -19,36 +19,36 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.summary import PHASES, before_first_step  # noqa: E402
+from autotune.records import PHASES, Record  # noqa: E402
 
 
-def phase_table(trials: list[dict]) -> list[str]:
+def phase_table(trials: list[Record]) -> list[str]:
     lines = []
     for name in PHASES:
-        seen = [t["outcome"]["extra"]["phases"][name] for t in trials
-                if name in t["outcome"]["extra"].get("phases", {})]
+        seen = [s for t in trials if (s := getattr(t.outcome.phases, name)) is not None]
         if seen:
             lines.append(f"  {name:8s} median {statistics.median(seen):6.2f} s   max "
                          f"{max(seen):6.2f} s   ({len(seen)} trials)")
     for label, quantized in (("4-bit base", True), ("the rest", False)):
-        first = [before_first_step(p) for t in trials
-                 if (p := t["outcome"]["extra"].get("phases")) and "warmup" in p
-                 and (t["config"].get("quantization", "none") != "none") == quantized]
+        first = [p.before_first_step for t in trials
+                 if (p := t.outcome.phases).warmup is not None
+                 and p.before_first_step is not None
+                 and (t.config.quantization != "none") == quantized]
         if first:
             lines.append(f"  before the first step, {label}: median "
                          f"{statistics.median(first):.2f} s, max {max(first):.2f} s")
     return lines
 
 
-def legacy(trials: list[dict]) -> list[str]:
+def legacy(trials: list[Record]) -> list[str]:
     beyond_steps, beyond_warmup = [], []
     for t in trials:
-        o = t["outcome"]
-        if o["status"] != "ok" or not o.get("timed_seconds"):
+        o = t.outcome
+        if not o.ok or not o.timed_seconds:
             continue
-        w = float(o["extra"].get("warmup_seconds") or 0.0)
-        beyond_steps.append(o["wall_seconds"] - o["timed_seconds"])
-        beyond_warmup.append(o["wall_seconds"] - o["timed_seconds"] - w)
+        w = o.measured.warmup_seconds or 0.0
+        beyond_steps.append((o.wall_seconds or 0.0) - o.timed_seconds)
+        beyond_warmup.append((o.wall_seconds or 0.0) - o.timed_seconds - w)
     return [f"  {label:24s} median {statistics.median(xs):6.2f} s   range "
             f"{min(xs):.2f}-{max(xs):.2f} s   ({len(xs)} trials)"
             for label, xs in (("wall - timed steps", beyond_steps),
@@ -57,12 +57,13 @@ def legacy(trials: list[dict]) -> list[str]:
 
 def report(path: str) -> list[str]:
     summary = json.loads(Path(path).read_text())
-    search, trials = summary.get("search", {}), summary.get("trials", [])
+    search = summary.get("search", {})
+    trials = [Record.from_dict(t) for t in summary.get("trials", [])]
     eff = search.get("efficiency")
     lines = [f"{path}: {search.get('trials_run')} trials, {search.get('wall_seconds', 0):.0f} s"
              " wall" + (f", efficiency {eff:.2f}" if eff is not None else "")]
-    ran = [t for t in trials if t["outcome"]["status"] != "pruned"]
-    if any("phases" in t["outcome"]["extra"] for t in ran):
+    ran = [t for t in trials if t.outcome.ran]
+    if any(t.outcome.phases.seconds() for t in ran):
         return lines + phase_table(ran)
     return lines + legacy(ran)
 

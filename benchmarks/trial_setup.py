@@ -119,11 +119,11 @@ def trial(size: str, variant: str) -> dict:
     request = make_request(spec, config, on_cpu=not local_device().is_cuda, shape=None,
                            memory_budget_bytes=None, timeout_s=1200, cpu_threads=node_cpus())
     out = run_trial(request)
-    built = out.extra.get("model_build") or {}
+    built = out.phases.model_build
     return {"status": out.status, "error": (out.error or "")[-300:],
-            "phases": out.extra.get("phases", {}), "launch": out.extra.get("launch"),
-            "peak_rss_bytes": built.get("host_peak_rss_bytes"),
-            "written_bytes": built.get("disk_write_bytes")}
+            "phases": out.phases.seconds(), "launch": out.launch.kind,
+            "peak_rss_bytes": built.host_peak_rss_bytes if built else None,
+            "written_bytes": built.disk_write_bytes if built else None}
 
 
 def _gib(n: float | None) -> str:

@@ -22,6 +22,7 @@ import yaml
 
 from autotune.config import TrialConfig
 from autotune.errors import ClusterError
+from autotune.records import Outcome
 from autotune.space import build_space
 from autotune.spec import load_spec
 from autotune.summary import load_summary
@@ -179,11 +180,11 @@ def test_two_trials_overlap_on_two_nodes_one_slot_each(open_cluster, tiny_spec, 
         executor.close()
     a, b = (done[t] for t in tickets)
     assert a.ok and b.ok, (a.error, b.error)
-    assert a.extra["node"] != b.extra["node"]  # never two trials in one slot
+    assert a.launch.node != b.launch.node  # never two trials in one slot
     assert len(list(meet.iterdir())) == 2
-    assert a.extra["started_at"] < b.extra["ended_at"] and b.extra["started_at"] < (
-        a.extra["ended_at"])  # in flight at the same time
-    assert a.extra["cpu_threads"] == b.extra["cpu_threads"] == 1  # each its node's cores
+    assert a.launch.started_at < b.launch.ended_at and b.launch.started_at < (
+        a.launch.ended_at)  # in flight at the same time
+    assert a.measured.cpu_threads == b.measured.cpu_threads == 1  # each its node's cores
 
 
 def test_the_device_is_found_on_a_worker_node_and_trials_run_there_via_ray_client(
@@ -218,7 +219,7 @@ def test_the_device_is_found_on_a_worker_node_and_trials_run_there_via_ray_clien
     assert set(attempts) == {f"ray://127.0.0.1:{cluster.client_port}"}
     assert 2 <= len(attempts) <= CLIENT_INIT_ATTEMPTS
     assert out.ok, out.error
-    assert out.extra["node"] in workers and out.extra["cpu_threads"] == 2
+    assert out.launch.node in workers and out.measured.cpu_threads == 2
 
 
 def _fail_first_client_init(monkeypatch) -> list[str]:
@@ -410,7 +411,7 @@ def test_a_trial_the_host_kills_well_under_its_budget_is_run_again_not_an_oom(ti
     out = _stalling_trial_hit_by(tiny_spec, tmp_path, kill_the_trial, budget=4 * 2**30)
     assert killed, "no trial was found to kill"
     assert out.ok, out.error
-    failures = out.extra["infrastructure_failures"]
+    failures = out.launch.infrastructure_failures
     assert len(failures) == 1 and "the host ran out of memory" in failures[0], failures
     assert "GiB of its 4.00 GiB budget" in failures[0]
 
@@ -425,7 +426,7 @@ def test_a_sigkill_near_the_budget_stays_the_configs_oom():
     assert _host_pressure(killed, 2**30, 4 * 2**30).status == "lost"
     # A GPU trial with nothing known of its host memory: an OOM of the host, not the GPU.
     gpu = _host_pressure(Outcome(OOM, error="killed"), None, 4 * 2**30, on_gpu=True)
-    assert gpu.status == OOM and gpu.extra["host_memory"]
+    assert gpu.status == OOM and gpu.failure.host_memory
     assert gpu.error.startswith("killed by SIGKILL, the host's OOM killer's signal")
 
 
@@ -473,7 +474,7 @@ def test_a_gpu_trial_the_host_kills_is_lost_under_its_share_and_a_host_oom_at_it
         assert out.status == "lost", (out.status, out.error)
         assert "of its" in out.error and "share of the host's RAM" in out.error, out.error
         return
-    assert out.status == "oom" and out.extra.get("host_memory"), (out.status, out.extra)
+    assert out.status == "oom" and out.failure.host_memory, (out.status, out.failure)
     assert out.error.startswith("host memory ran out"), out.error
     model = MemoryModel(ModelShape(num_parameters=10**6, hidden_size=32, num_layers=2,
                                    num_attention_heads=2, vocab_size=512, seq_len=32),
@@ -559,15 +560,15 @@ class TestOnTwoNodes:
         finally:
             executor.close()
         assert out.ok, out.error
-        placed = out.extra["rank_nodes"]  # node rank -> the Ray node its ranks ran on
+        placed = out.launch.rank_nodes  # node rank -> the Ray node its ranks ran on
         assert sorted(placed) == [0, 1] and set(placed.values()) == node_ids
-        by_rank = out.extra["micro_batches_by_rank"]
+        by_rank = out.measured.micro_batches_by_rank
         assert sorted(by_rank) == [0, 1]
         steps = 3  # 1 warm-up + 2 timed: every micro-batch full, gas of them per step
         assert all(sizes == [2] * (4 * steps) for sizes in by_rank.values()), by_rank
         # Throughput counts both nodes' samples: b x gas x world per timed step.
         assert out.samples_per_second * out.timed_seconds == pytest.approx(2 * 4 * 2 * 2)
-        assert out.extra["nodes"] == 2
+        assert out.launch.nodes == 2
         assert all(g["state"] == "REMOVED" for g in groups.values()), groups
         left = _left_after(15)
         assert not left, [p.cmdline() for p in left]
@@ -596,10 +597,10 @@ class TestOnTwoNodes:
         out = _cli_search(two_nodes, tiny_spec, tmp_path, timeout=900)
         summary = json.loads((out / "summary.json").read_text())
         assert summary["device"]["nodes"] == 2 and summary["device"]["count"] == 2
-        ran = [t["outcome"] for t in summary["trials"] if t["outcome"]["status"] == "ok"]
+        ran = [o for t in summary["trials"] if (o := Outcome.from_dict(t["outcome"])).ok]
         assert ran, [t["outcome"]["error"] for t in summary["trials"]]
         for outcome in ran:  # one rank on each node
-            assert len(set(outcome["extra"]["rank_nodes"].values())) == 2, outcome["extra"]
+            assert len(set(outcome.launch.rank_nodes.values())) == 2, outcome.launch
         accelerate = yaml.safe_load((out / "accelerate_config.yaml").read_text())
         assert accelerate["num_machines"] == 2 and accelerate["num_processes"] == 2
         assert accelerate["machine_rank"] == 0 and accelerate["main_process_ip"]
@@ -643,9 +644,9 @@ def test_killing_a_node_mid_trial_leaves_nothing_and_the_trial_is_lost_then_retr
         groups = ray.util.placement_group_table()
     finally:
         executor.close()
-    assert replaced, ("the worker node was not killed", out.status, out.error, out.extra)
+    assert replaced, ("the worker node was not killed", out.status, out.error, out.launch)
     assert not left, [p.cmdline() for p in left]  # every rank, on both nodes, gone
-    failures = out.extra.get("infrastructure_failures", [])
+    failures = out.launch.infrastructure_failures or []
     assert len(failures) == 1 and "Ray lost a node of the trial" in failures[0], (
         out.status, out.error, failures)
     assert out.ok, out.error  # the retry on the replacement node measured the config

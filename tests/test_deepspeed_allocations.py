@@ -14,6 +14,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import deepspeed_allocations as da  # noqa: E402
 
 from autotune.plan import zero_replay  # noqa: E402
+from autotune.records import GpuMemory, Measurement, Outcome  # noqa: E402
 
 BUCKET = 2_000_000  # above the small model's 1.05M parameters: one fill per backward
 PARAMETERS = 1_063_680  # of da.SMALL_GPT2 (GPT-2, 4 layers of 128, vocabulary 2048)
@@ -173,23 +174,25 @@ def test_the_gpu_note_prints_the_zero_replay_and_what_lies_outside_the_allocator
     spec.loader.exec_module(bench)
     shape = model_shape(load_spec(bench.spec_for(4, 128, 4, 256, 8192, 16)))
     config = TrialConfig.of(8, 2, precision="bf16", zero_stage=2, offload="optimizer")
-    extra = {"peaks_by_step": [[900 << 20, 1000 << 20], [950 << 20, 1100 << 20]],
-             "allocator_peak_allocated": 950 << 20, "nvml_overhead": 600 << 20,
-             "pinned_host_peak": 48 << 20,
-             "reserved_by_stream": {"0x5a1f00": 80 << 20, "default": 1020 << 20},
-             "history_events": 5210,
-             "segment_growth": [{"stream": "default", "bytes": 954 << 20, "segments": 1,
-                                 "where": "deepspeed/runtime/zero/stage_1_and_2.py:3266 "
-                                          "setup_buckets"}],
-             "large_segments": [{"event": 812, "segment": 1572 << 20, "request": 1646821376,
-                                 "stream": "default", "largest_free": 1572 << 20,
-                                 "fits": [1572 << 20], "pending": [],
-                                 "after": "transformers/trainer.py:2090 training_step",
-                                 "occupied": [{"segment": 1572 << 20, "blocks": [
-                                     [1 << 30, "deepspeed/runtime/zero/stage_1_and_2.py:3266 "
-                                               "setup_buckets", False],
-                                     [2 << 20, "a smaller block", True]]}]}]}
-    note = bench._allocator_note(extra, config, shape, named_device("H100-80GB"))
+    gpu = {"allocator_peak_allocated": 950 << 20, "nvml_overhead": 600 << 20,
+           "pinned_host_peak": 48 << 20,
+           "reserved_by_stream": {"0x5a1f00": 80 << 20, "default": 1020 << 20},
+           "history_events": 5210,
+           "segment_growth": [{"stream": "default", "bytes": 954 << 20, "segments": 1,
+                               "where": "deepspeed/runtime/zero/stage_1_and_2.py:3266 "
+                                        "setup_buckets"}],
+           "large_segments": [{"event": 812, "segment": 1572 << 20, "request": 1646821376,
+                               "stream": "default", "largest_free": 1572 << 20,
+                               "fits": [1572 << 20], "pending": [],
+                               "after": "transformers/trainer.py:2090 training_step",
+                               "occupied": [{"segment": 1572 << 20, "blocks": [
+                                   [1 << 30, "deepspeed/runtime/zero/stage_1_and_2.py:3266 "
+                                             "setup_buckets", False],
+                                   [2 << 20, "a smaller block", True]]}]}]}
+    out = Outcome("ok", measured=Measurement(peaks_by_step=[[900 << 20, 1000 << 20],
+                                                             [950 << 20, 1100 << 20]]),
+                  gpu_memory=GpuMemory(**gpu))
+    note = bench._allocator_note(out, config, shape, named_device("H100-80GB"))
     assert "allocator replay: allocated" in note
     assert "(by stream at the end: default " in note and " + reduction stream " in note
     assert "outside the allocator (NVML) 600 MiB" in note

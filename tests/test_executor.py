@@ -27,7 +27,7 @@ def test_trial_through_ray_gets_its_share_of_the_cores_and_busy_cores_are_not_it
     try:
         out = executor.run(TrialConfig(4, 4))
         assert out.status == "ok", out.error
-        assert out.extra["cpu_threads"] == node_cpus()
+        assert out.measured.cpu_threads == node_cpus()
         proc, log = _holder(tmp_path, "other-search", hold=120.0, want=ALL_CORES)
         _wait_for(log, "got")
         executor.timeout_s = 2  # the trial's own limit, which bounds its wait

@@ -218,9 +218,9 @@ def test_each_family_and_a_local_checkpoint_train_a_quantized_lora_trial(tmp_pat
         out = run_trial(trial_request(spec, TrialConfig.of(4, 2, quantization="nf4"),
                                       timeout_s=240))
         assert out.status == "ok", (family, out.error)
-        assert out.extra["lengths"]["loss_tokens"] < 1.0  # the assistant's turns only
+        assert out.measured.lengths.loss_tokens < 1.0  # the assistant's turns only
         # On a CPU bitsandbytes' CPU library is the right one: timed, and said
-        assert out.extra["ran_with"]["bitsandbytes"] == "libbitsandbytes_cpu.so"
+        assert out.ran_with.bitsandbytes == "libbitsandbytes_cpu.so"
     folder = tmp_path / "checkpoint"
     raw = dict(QWEN2)
     AutoModelForCausalLM.from_config(AutoConfig.for_model(raw.pop("model_type"), **raw)

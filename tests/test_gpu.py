@@ -42,21 +42,21 @@ def test_mixed_precision_and_fused_trials_run(tmp_path, precision, optim):
     out = run_trial(trial_request(_spec(tmp_path), TrialConfig.of(4, 4, precision=precision,
                                                                   optim=optim), timeout_s=600))
     assert out.ok, out.error
-    assert out.peak_memory_bytes and out.extra.get("allocator_peak_reserved")
+    assert out.peak_memory_bytes and out.gpu_memory.allocator_peak_reserved
     # The running peaks after each step end where the trial's own figures do.
-    steps = out.extra["peaks_by_step"]
+    steps = out.measured.peaks_by_step
     assert len(steps) == len(out.step_seconds)
-    assert steps[-1] == [out.extra["allocator_peak_allocated"],
-                         out.extra["allocator_peak_reserved"]]
+    assert steps[-1] == [out.gpu_memory.allocator_peak_allocated,
+                         out.gpu_memory.allocator_peak_reserved]
     assert all(a <= r for a, r in steps)
     # nvidia-ml-py is a dependency: on a GPU the process's NVML figure must be there.
-    assert isinstance(out.extra["nvml_overhead"], int), out.extra["nvml_overhead"]
+    assert isinstance(out.gpu_memory.nvml_overhead, int), out.gpu_memory.nvml_overhead
     # The cache's segments at the end, per stream's pool: the model's own stream holds them.
-    held = out.extra["reserved_by_stream"]
+    held = out.gpu_memory.reserved_by_stream
     assert held.get("default"), held
-    assert 0 < sum(held.values()) <= out.extra["allocator_peak_reserved"]
+    assert 0 < sum(held.values()) <= out.gpu_memory.allocator_peak_reserved
     if dev.peak_flops.get(precision):
-        assert 0 < out.extra["mfu"] < 1
+        assert 0 < out.measured.mfu < 1
 
 
 def test_deepspeed_zero2_trial_on_gpu(tmp_path, monkeypatch):
@@ -65,7 +65,7 @@ def test_deepspeed_zero2_trial_on_gpu(tmp_path, monkeypatch):
                                   timeout_s=600))
     assert out.ok, out.error
     # Where the allocator's segments came from: DeepSpeed's gradient buckets among them.
-    grown = out.extra["segment_growth"]
+    grown = out.gpu_memory.segment_growth
     assert isinstance(grown, list) and grown, grown
     assert any(r["where"].startswith("deepspeed/") for r in grown), grown
 

@@ -12,7 +12,7 @@ import torch
 
 from autotune.config import TrialConfig
 from autotune.device import DeviceSpec, named_device
-from autotune.records import CONFIRM_REASON, Outcome, Record
+from autotune.records import CONFIRM_REASON, Measurement, Outcome, Record
 from autotune.space import Space, build_space
 from autotune.spec import load_spec
 from autotune.trials.launch import _classify
@@ -76,15 +76,15 @@ def test_fingerprint_covers_device_space_model_and_versions(monkeypatch):
 
 def _rec(n, precision, losses, batch=4, reason="model", sps=10.0):
     cfg = TrialConfig.of(batch, 16 // batch, precision=precision)
-    return Record(cfg, Outcome("ok", samples_per_second=sps, extra={"losses": losses}),
-                  reason, n)
+    return Record(cfg, Outcome("ok", samples_per_second=sps,
+                               measured=Measurement(losses=losses)), reason, n)
 
 
 def test_a_precision_whose_losses_drift_is_rejected_with_the_figures():
     history = [_rec(0, "fp32", [6.0, 5.5, 5.0, 4.6])]
     close = _rec(1, "bf16", [6.01, 5.52, 5.03, 4.6])
     numerics.review(close, history, 16, 1, 0.05)
-    assert close.outcome.ok and close.outcome.extra["loss_drift"] == pytest.approx(0.06 / 4
+    assert close.outcome.ok and close.outcome.measured.loss_drift == pytest.approx(0.06 / 4
                                                                                    / 5.275)
     far = _rec(2, "bf16", [6.0, 6.4, 7.0, 7.3])  # diverges: past the reference's steps
     numerics.review(far, history, 16, 1, 0.05)
@@ -336,12 +336,12 @@ def test_a_loss_logged_summed_over_micro_batches_is_compared_at_its_scale():
     summed = _rec(1, "bf16", [1.2656, 2.9688, 3.3516, 1.8125, 1.6016, 1.3945], batch=8,
                   sps=12.0)
     numerics.review(summed, history, 16, 1, 0.05)
-    assert summed.outcome.ok and summed.outcome.extra["loss_accumulation_scale"] == 2
+    assert summed.outcome.ok and summed.outcome.measured.loss_accumulation_scale == 2
     # Twice the loss where the accumulation is the same is no logging quirk.
     doubled = _rec(2, "bf16", [2 * x for x in fp32], batch=16)
     numerics.review(doubled, history, 16, 1, 0.05)
     assert doubled.outcome.status == "nan"
-    assert "loss_accumulation_scale" not in doubled.outcome.extra
+    assert doubled.outcome.measured.loss_accumulation_scale is None
     # The report tells the user: the exported run sums its gradients too.
     from autotune.outputs.report import headline
     from autotune.summary import Summary
@@ -374,16 +374,16 @@ def test_a_loss_logged_summed_over_micro_batches_is_compared_at_its_scale():
 def test_an_accumulation_near_the_references_is_not_read_as_a_summed_loss():
     """From a review: a 5/4 accumulation ratio is within 25% of 1, so an ordinary loss
     would have been read as logged 1.25x and rejected."""
-    ref = Record(TrialConfig.of(5, 4), Outcome("ok", extra={"losses": [6.0, 5.5, 5.0]}),
-                 "model", 0)
+    ref = Record(TrialConfig.of(5, 4),
+                 Outcome("ok", measured=Measurement(losses=[6.0, 5.5, 5.0])), "model", 0)
     same = Record(TrialConfig.of(4, 5, precision="bf16"),
-                  Outcome("ok", extra={"losses": [6.0, 5.5, 5.0]}), "model", 1)
+                  Outcome("ok", measured=Measurement(losses=[6.0, 5.5, 5.0])), "model", 1)
     assert numerics.accumulation_scale(same, ref) == 1
     numerics.review(same, [ref], 20, 1, 0.05)
     assert same.outcome.ok
     # A reference that logged its two micro-batches summed, against a trial of one.
-    summed = Record(TrialConfig.of(4, 2), Outcome("ok", extra={"losses": [1.26, 1.5]}),
-                    "model", 2)
+    summed = Record(TrialConfig.of(4, 2),
+                    Outcome("ok", measured=Measurement(losses=[1.26, 1.5])), "model", 2)
     whole = Record(TrialConfig.of(8, 1, precision="bf16"),
-                   Outcome("ok", extra={"losses": [0.64, 0.74]}), "model", 3)
+                   Outcome("ok", measured=Measurement(losses=[0.64, 0.74])), "model", 3)
     assert numerics.accumulation_scale(whole, summed) == 0.5

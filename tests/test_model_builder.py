@@ -247,10 +247,10 @@ def test_random_weights_run_as_fast_as_the_checkpoints(tmp_path, tiny_spec):
             request.cpu_threads = 1  # one core: less exposed to what else runs
             out = run_trial(request)
             assert out.status == "ok", out.error
-            assert out.extra["model_build"]["weights"] == weights
+            assert out.phases.model_build.weights == weights
             rates[weights].append(out.samples_per_second)
             if weights == "checkpoint":
-                reads.append(out.extra["model_build"]["disk_read_bytes"])
+                reads.append(out.phases.model_build.disk_read_bytes)
     ratios = [a / b for a, b in zip(rates["random"], rates["checkpoint"], strict=True)]
     assert 0.75 < statistics.median(ratios) < 1.33, rates
     assert reads[0] > size / 4 and max(reads[1:]) < 2**20, (size, reads)
@@ -263,10 +263,10 @@ def test_a_zero3_rank_holds_its_partitions_only(tiny_spec):
                                              "intermediate_size": 352}}
     out = run_trial(trial_request(tiny_spec, TrialConfig.of(2, 4, zero_stage=3)))
     assert out.status == "ok", out.error
-    built = out.extra["model_build"]
-    assert built["partitioned"] and out.extra["wrapped_as"] == "DeepSpeedEngine"
+    built = out.phases.model_build
+    assert built.partitioned and out.ran_with.wrapped_as == "DeepSpeedEngine"
     # each of two ranks holds half of every parameter (DeepSpeed pads a partition a little)
-    assert built["held_parameter_bytes"] < 0.55 * built["parameter_bytes"]
-    phases = out.extra["phases"]
+    assert built.held_parameter_bytes < 0.55 * built.parameter_bytes
+    phases = out.phases.seconds()
     assert set(phases) == {"launch", "model", "engine", "warmup", "steps"}
     assert phases["steps"] == pytest.approx(out.timed_seconds, rel=0.05)

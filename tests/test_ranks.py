@@ -34,17 +34,17 @@ def test_two_rank_trial_trains_b_gas_world_samples_per_step(tiny_spec, zero_stag
     spec = _two_ranks(tiny_spec)
     out = run_trial(trial_request(spec, TrialConfig.of(2, 4, zero_stage=zero_stage)))
     assert out.status == "ok", out.error
-    assert out.extra["launch"] == launch
-    assert out.extra["wrapped_as"] == ("DeepSpeedEngine" if zero_stage else
+    assert out.launch.kind == launch
+    assert out.ran_with.wrapped_as == ("DeepSpeedEngine" if zero_stage else
                                        "DistributedDataParallel")
     steps = 3  # 1 warm-up + 2 timed
-    by_rank = out.extra["micro_batches_by_rank"]
+    by_rank = out.measured.micro_batches_by_rank
     assert sorted(by_rank) == [0, 1]
     for sizes in by_rank.values():  # every micro-batch full, gas of them per step
         assert sizes == [2] * (4 * steps)
     # Throughput counts all ranks' samples: b x gas x world per timed step.
     assert out.samples_per_second * out.timed_seconds == pytest.approx(2 * 4 * 2 * 2)
-    peaks = out.extra["peak_memory_by_rank"]
+    peaks = out.measured.peak_memory_by_rank
     assert out.peak_memory_bytes == max(peaks.values()) > 0
 
 
@@ -95,7 +95,7 @@ def test_a_rank_the_host_kills_ends_the_trial_as_the_hosts_failure(tiny_spec, tm
     assert killed, "no rank was found to kill"
     assert out.status == "lost", (out.status, out.error)
     assert out.wall_seconds < 60  # taken down by the leader, not by the time limit
-    assert out.extra["launch"] == launch
+    assert out.launch.kind == launch
     servers = [p for p in psutil.Process().children()
                if "autotune.trials.forkserver" in " ".join(p.cmdline())]
     assert not [c for p in servers for c in p.children(recursive=True)]

@@ -12,7 +12,6 @@ import re
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import pytest
 from rich.console import Console
@@ -30,7 +29,7 @@ from autotune.outputs.report import (
     write_report,
 )
 from autotune.outputs.report_plots import PANELS, pareto_front, shown_knobs
-from autotune.records import Outcome, Record
+from autotune.records import TOKENS_PER_SECOND, Measurement, Outcome, Phases, Record
 from autotune.summary import Summary, load_summary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,14 +49,15 @@ def _config(batch: int, precision: str = "fp32", optim: str = "adamw_torch",
 
 def _outcome(status: str, sps: float | None = None, peak: int | None = None,
              predicted: int | None = None, error: str | None = None,
-             seq_len: int = 128, **extra: Any) -> Outcome:
+             seq_len: int = 128, mfu: float | None = None) -> Outcome:
     ran = status not in ("pruned",)
     return Outcome(status, samples_per_second=sps,
                    tokens_per_second=sps * seq_len if sps is not None else None,
                    peak_memory_bytes=peak, step_seconds=[64 / sps] * 5 if sps else [],
                    wall_seconds=14.5 if ran else None,
                    timed_seconds=5 * 64 / sps if sps else None,
-                   predicted_memory_bytes=predicted, error=error, extra=extra)
+                   predicted_memory_bytes=predicted, error=error,
+                   measured=Measurement(mfu=mfu))
 
 
 def _trial(number: int, config: TrialConfig, outcome: Outcome, reason: str) -> Record:
@@ -149,7 +149,7 @@ def test_normal_report_has_every_plot_and_facts(tmp_path: Path) -> None:
     for panel in PANELS:
         assert f'id="{panel.div_id}"' in page
     assert "1.85×" in page  # 760 / 410
-    assert "41.0%" in page  # MFU from outcome.extra
+    assert "41.0%" in page  # MFU from outcome.measured
     assert "&lt;script&gt;alert(1)" in page and "<script>alert(1)" not in page
     assert "TrainingArguments(**json.load(open(&quot;training_args.json&quot;))" in page
     assert "--deepspeed" not in page  # no ds_config exported for this winner
@@ -481,7 +481,7 @@ def test_the_confirmation_header_is_in_the_unit_its_runs_measured() -> None:
     assert confirm_columns(summary)[4] == "median samples/s"
     summary.model = summary.model | {"trainer": "dpo"}
     assert confirm_columns(summary)[6] == "pairs/s of each repeat"
-    summary.best.outcome.extra["objective"] = "tokens_per_second"
+    summary.best.objective = TOKENS_PER_SECOND
     assert confirm_columns(summary)[4] == "median real tokens/s"
 
 
@@ -489,9 +489,7 @@ def test_seconds_before_the_first_step_count_launch_model_and_engine():
     """One place for it (the proof's table and benchmarks/trial_overhead.py read it): a
     trial that never got to its engine has no such figure; a missing launch (a cold start
     records none) counts as nothing."""
-    from autotune.summary import before_first_step
-
-    assert before_first_step({"launch": 0.5, "model": 2.0}) is None
-    assert before_first_step({"launch": 0.5, "model": 2.0, "engine": 1.0,
-                              "warmup": 3.0, "steps": 9.0}) == 3.5
-    assert before_first_step({"model": 2.0, "engine": 1.0}) == 3.0
+    assert Phases(launch=0.5, model=2.0).before_first_step is None
+    assert Phases(launch=0.5, model=2.0, engine=1.0, warmup=3.0,
+                  steps=9.0).before_first_step == 3.5
+    assert Phases(model=2.0, engine=1.0).before_first_step == 3.0

@@ -6,6 +6,7 @@ bitsandbytes from making a CUDA context and tries a fork before it serves."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -14,6 +15,7 @@ import torch
 from autotune import knobs
 from autotune.config import TrialConfig
 from autotune.device import DeviceSpec, named_device, peak_flops_of
+from autotune.records import RanWith
 from autotune.trials import forkserver
 from autotune.trials.runtime import (
     contradiction,
@@ -58,14 +60,15 @@ def test_tf32_that_transformers_set_is_readable_once_settled(restored_tf32):
 
 
 def test_a_label_the_run_contradicts_gets_no_figure():
-    ran = {"tf32": True, "compiled": True, "liger": False}
+    ran = RanWith(tf32=True, compiled=True, liger=False)
     assert "tf32's figure" in contradiction("fp32", False, True, ran, cuda=True)
     assert contradiction("fp32", False, True, ran, cuda=False) is None  # no TF32 on a CPU
     assert contradiction("bf16", False, True, ran, cuda=True) is None
     assert "did not take effect" in contradiction("tf32", False, False,
-                                                  {"tf32": False}, cuda=True)
+                                                  RanWith(tf32=False), cuda=True)
     assert "Liger" in contradiction("bf16", True, False, ran, cuda=True)
-    assert "torch_compile" in contradiction("bf16", False, True, ran | {"compiled": False},
+    assert "torch_compile" in contradiction("bf16", False, True,
+                                            dataclasses.replace(ran, compiled=False),
                                             cuda=True)
 
 
@@ -272,19 +275,18 @@ def test_compiled_zero1_trials_run_compiled_cold_then_warm_under_one_limit(
     cold, warm = (run_trial(trial_request(tiny_spec, config, timeout_s=300)) for _ in "ab")
     for out in (cold, warm):
         assert out.status == "ok", out.error
-        facts = out.extra["ran_with"]
-        assert facts["wrapped_as"] == "DeepSpeedEngine" and facts["compiled"], facts
-        assert facts["compiled_graphs"] > 0 and out.extra["recompiled_steps"] == 0
-        assert out.extra["time_limit"]["compile_not_counted_s"] == pytest.approx(
-            out.extra["compile"]["seconds"], abs=0.01)
-    assert cold.extra["compile"]["cache"] == "cold", cold.extra["compile"]
-    assert warm.extra["compile"]["cache"] == "warm", warm.extra["compile"]
-    assert cold.extra["compile"]["seconds"] > warm.extra["compile"]["seconds"]
-    limits = [{k: v for k, v in o.extra["time_limit"].items() if k != "compile_not_counted_s"}
-              for o in (cold, warm)]
-    assert limits[0] == limits[1] == {"seconds": 300, "compile_allowance_s": 300}
+        facts = out.ran_with
+        assert facts.wrapped_as == "DeepSpeedEngine" and facts.compiled, facts
+        assert facts.compiled_graphs > 0 and out.compile.recompiled_steps == 0
+        assert out.launch.compile_not_counted_s == pytest.approx(out.compile.seconds,
+                                                                 abs=0.01)
+    assert cold.compile.cache == "cold", cold.compile
+    assert warm.compile.cache == "warm", warm.compile
+    assert cold.compile.seconds > warm.compile.seconds
+    limits = [(o.launch.time_limit_s, o.launch.compile_allowance_s) for o in (cold, warm)]
+    assert limits[0] == limits[1] == (300, 300)
     # The warm-up paid the compile, not the timed steps (charged once to the long run).
-    assert cold.extra["compile_seconds"] > 10 * cold.median_step
+    assert cold.compile.charged_seconds > 10 * cold.median_step
 
 
 def test_a_compiled_trials_limit_does_not_count_its_compilation(tmp_path):
@@ -424,7 +426,7 @@ def test_mfu_is_palms_appendix_b_on_gpt2_124m_a_llama_and_an_moe():
     )
 
     from autotune.device import KNOWN_DEVICES
-    from autotune.records import Outcome
+    from autotune.records import Measurement, Outcome
     from autotune.trials.worker import _flops_per_token, flop_parameters, model_flops_utilisation
 
     def flops(model, layers, heads, hidden, seq, head_dim=None):
@@ -457,7 +459,7 @@ def test_mfu_is_palms_appendix_b_on_gpt2_124m_a_llama_and_an_moe():
         p.requires_grad_(False)
     assert flops(llama, L, 32, h, T)[1] == 4 * n + 12 * L * 32 * 128 * T
     h100 = DeviceSpec("H100", "cuda", 80 * 2**30, (9, 0), 1, KNOWN_DEVICES["H100-80GB"][2])
-    run = Outcome("ok", tokens_per_second=2e4, extra=counted)
+    run = Outcome("ok", tokens_per_second=2e4, measured=Measurement(**counted))
     shape = {"num_layers": L, "num_attention_heads": 32, "hidden_size": h, "seq_len": T}
     assert model_flops_utilisation(run, shape, h100, "bf16", 1) == pytest.approx(
         (6 * n + 12 * L * 32 * 128 * T) * 2e4 / 989e12)
@@ -526,7 +528,7 @@ def test_nothing_is_read_from_the_device_per_step_inside_the_timed_window(
     out = worker.run(trial_request(tiny_spec, TrialConfig(4, 4)), str(tmp_path / "r.json"))
     assert out.status == "ok", out.error
     assert loop_reads == []
-    assert len(out.extra["losses"]) == 4 and all(0 < x < 10 for x in out.extra["losses"])
+    assert len(out.measured.losses) == 4 and all(0 < x < 10 for x in out.measured.losses)
 
 
 def test_the_fork_check_touches_only_the_devices_a_trial_is_given(monkeypatch):

@@ -13,6 +13,7 @@ import optuna
 import pytest
 import yaml
 
+from autotune.records import Outcome
 from tests.conftest import study_names, trial_processes
 
 pytestmark = pytest.mark.slow
@@ -289,13 +290,12 @@ def test_two_searches_on_one_machine_take_turns(tmp_path):
     assert all(p.returncode == 0 for p in procs), texts
     spans = []
     for out in outs:
-        ran = [t["outcome"] for t in _trials(out) if t["outcome"]["status"] == "ok"]
-        assert ran and all(o["extra"]["cpu_threads"] == node_cpus() for o in ran)
-        spans.append([(o["extra"]["started_at"], o["extra"]["ended_at"], o["extra"])
-                      for o in ran])
+        ran = [o for t in _trials(out) if (o := Outcome.from_dict(t["outcome"])).ok]
+        assert ran and all(o.measured.cpu_threads == node_cpus() for o in ran)
+        spans.append([(o.launch.started_at, o.launch.ended_at, o.launch) for o in ran])
     overlaps = [(a, b) for a in spans[0] for b in spans[1] if a[0] < b[1] and b[0] < a[1]]
     assert not overlaps, overlaps
-    waits = [x["lease_wait_s"] for s in spans for _, _, x in s]
+    waits = [x.lease_wait_s for s in spans for _, _, x in s]
     assert max(waits) > 0.5, waits  # they did contend: one waited for the other
     if max(waits) >= 1:  # and the waiting search's progress says why its trial took longer
         assert any("waiting for another search" in t for t in texts), texts

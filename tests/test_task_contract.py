@@ -14,8 +14,9 @@ from autotune.config import TrialConfig
 from autotune.device import named_device
 from autotune.plan.memory import Physics
 from autotune.plan.shape import model_shape
+from autotune.records import SAMPLES_PER_SECOND, TOKENS_PER_SECOND
 from autotune.spec import load_spec
-from autotune.tasks import TASKS, TRAINERS
+from autotune.tasks import TASKS, TRAINERS, objective_of
 
 DATA = Path(__file__).resolve().parents[1] / "examples" / "data"
 TOKENIZER = str(DATA / "chat-tokenizer")
@@ -74,6 +75,21 @@ def test_every_task_and_trainer_is_covered():
     assert {task for task, trainer in pairs if trainer == "trainer"} == set(TASKS)
 
 
+def test_the_driver_picks_the_objective_from_the_spec(tmp_path):
+    """What a search maximises is the driver's choice, made from the spec before any
+    trial runs: real (non-pad) tokens/s on real rows of text, where padding and packing
+    make tokens differ from samples; samples/s on synthetic rows, for images (as many
+    patches in each, real images too) and for a generating trainer's completions (each
+    forced to full length)."""
+    samples, tokens = SAMPLES_PER_SECOND, TOKENS_PER_SECOND
+    want = {("causal-lm", "trainer"): samples, ("seq2seq-lm", "trainer"): samples,
+            ("image-classification", "trainer"): samples, ("causal-lm", "sft"): tokens,
+            ("causal-lm", "dpo"): tokens, ("causal-lm", "grpo"): samples}
+    assert {pair: objective_of(load_spec(_spec(*pair, tmp_path))) for pair in want} == want
+    real = load_spec(_spec("causal-lm", "sft", tmp_path))
+    assert TASKS["image-classification"].objective(real) == SAMPLES_PER_SECOND
+
+
 @pytest.mark.parametrize(("task", "trainer"), _pairs())
 def test_each_task_and_trainer_builds_traces_trains_and_exports(task, trainer, tmp_path):
     import transformers
@@ -97,7 +113,7 @@ def test_each_task_and_trainer_builds_traces_trains_and_exports(task, trainer, t
     # 3) One real step on this CPU, in this process: ok, its micro-batches counted.
     out = run(trial_request(spec, TrialConfig.of(1, 2)), str(tmp_path / "result.json"))
     assert out.status == "ok", out.error
-    assert out.extra["micro_batches"] == [1, 1]
+    assert out.measured.micro_batches == [1, 1]
     assert out.samples_per_second and out.peak_memory_bytes is not None
     # 4) The winner's files: its trainer's config loads in the class that trains it.
     exported = export_config(config, tmp_path / "x", on_cpu=True,

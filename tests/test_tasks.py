@@ -22,8 +22,10 @@ from autotune.device import DeviceSpec
 from autotune.errors import SetupError, SpecError
 from autotune.plan.memory import Physics
 from autotune.plan.shape import model_shape
+from autotune.records import SAMPLES_PER_SECOND
 from autotune.space import build_space
 from autotune.spec import DEFAULT_TARGET_LEN, load_spec
+from autotune.tasks import objective_of
 from autotune.tasks.models import load_hf_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -346,19 +348,21 @@ def test_held_out_specs_of_each_kind_train_and_are_predicted(tmp_path):
     predicted uncalibrated within the CPU's spread (RSS, not tensors: see README)."""
     bart, shape = _trial(seq2seq_spec(tmp_path, BART) | {"data": {"seq_len": 64,
                                                                   "target_len": 16}})
-    assert bart.extra["micro_batches"] == [4] * 6
+    assert bart.measured.micro_batches == [4] * 6
     assert bart.tokens_per_second == pytest.approx(bart.samples_per_second * (64 + 16))
-    vit, _ = _trial(image_spec(tmp_path, VIT_2, lora={}) | {"data": {
-        "source": str(image_folder(tmp_path)), "processor": str(tmp_path / "processor")}})
+    images = image_spec(tmp_path, VIT_2, lora={}) | {"data": {
+        "source": str(image_folder(tmp_path)), "processor": str(tmp_path / "processor")}}
+    vit, _ = _trial(images)
     assert vit.tokens_per_second == pytest.approx(vit.samples_per_second * 65)  # patches
-    assert 0 < vit.extra["trainable_parameters"] < vit.extra["num_parameters"]
-    assert "objective" not in vit.extra  # images/s: every image has as many patches
+    assert 0 < vit.measured.trainable_parameters < vit.measured.num_parameters
+    # images/s, on real images too: every image has as many patches
+    assert objective_of(load_spec(images)) == SAMPLES_PER_SECOND
     copy, dpo = _trial(dpo_spec(tmp_path, lora=False, rows="preference-chat.jsonl"))
     pre, _ = _trial(dpo_spec(tmp_path, lora=False, rows="preference-chat.jsonl"),
                     precompute_ref_log_probs=True)
-    assert copy.extra["micro_batches"] == [4] * 6  # pairs, not rows
-    assert "precompute_ref_seconds" not in copy.extra
-    assert pre.extra["precompute_charged_seconds"] > 0
+    assert copy.measured.micro_batches == [4] * 6  # pairs, not rows
+    assert copy.precompute.ref_seconds is None
+    assert pre.precompute.charged_seconds > 0
     for out, s, c in ((bart, shape, TrialConfig.of(4, 2)), (copy, dpo, TrialConfig.of(4, 2))):
         predicted = Physics(s, CPU).physics(c).total_bytes
         assert 0.5 < predicted / out.peak_memory_bytes < 2.0, (predicted, out.peak_memory_bytes)

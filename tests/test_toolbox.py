@@ -18,8 +18,10 @@ from autotune.device import DeviceSpec, local_device
 from autotune.optimizers import optimizer
 from autotune.plan.calibration import MemoryModel
 from autotune.plan.shape import model_shape
+from autotune.records import TOKENS_PER_SECOND
 from autotune.space import build_space
 from autotune.spec import load_spec
+from autotune.tasks import objective_of
 from autotune.trials.launch import run_trial
 from autotune.trials.trainargs import deepspeed_config
 from tests.conftest import TINY_SPEC, trial_request
@@ -163,7 +165,7 @@ def test_compile_saves_fewer_activations_for_the_backward_on_this_cpu():
 def test_attention_kernel_reaches_the_model(tmp_path, attn):
     out = _run(_spec(tmp_path), attn_implementation=attn)
     assert out.status == "ok", out.error
-    assert out.extra["attn_implementation"] == attn
+    assert out.ran_with.attn_implementation == attn
 
 
 @pytest.mark.slow
@@ -177,7 +179,7 @@ def test_optional_optimizers_train(tmp_path, optim):
 def test_lora_trial_trains_only_the_adapters(tmp_path):
     out = _run(_spec(tmp_path, model={"lora": {"r": 4, "target_modules": ["c_attn"]}}))
     assert out.status == "ok", out.error
-    assert out.extra["trainable_parameters"] == 2 * 4 * (32 + 96)
+    assert out.measured.trainable_parameters == 2 * 4 * (32 + 96)
 
 
 @pytest.mark.slow
@@ -190,12 +192,12 @@ def test_fsdp_on_two_gloo_ranks_is_never_measured_as_something_else(tmp_path, mo
     On a GPU the same trial must be wrapped in FSDP."""
     spec = _spec(tmp_path, hardware={"gpus_per_trial": 2})
     out = run_trial(trial_request(spec, TrialConfig.of(2, 4, fsdp=mode), timeout_s=300))
-    assert sorted(out.extra["peak_memory_by_rank"]) == [0, 1]  # both ranks trained
+    assert sorted(out.measured.peak_memory_by_rank) == [0, 1]  # both ranks trained
     if torch.cuda.is_available():
         assert out.status == "ok", out.error
-        assert "FSDP" in out.extra["wrapped_as"] or "FullySharded" in out.extra["wrapped_as"]
+        assert "FSDP" in out.ran_with.wrapped_as or "FullySharded" in out.ran_with.wrapped_as
     else:
-        assert out.status == "error" and out.extra["wrapped_as"] == "DistributedDataParallel"
+        assert out.status == "error" and out.ran_with.wrapped_as == "DistributedDataParallel"
         assert f"fsdp={mode} did not take effect" in out.error
 
 
@@ -209,10 +211,11 @@ def test_packing_on_jsonl_counts_real_tokens_with_dataloader_workers(tmp_path):
     spec["model"]["config"] |= {"vocab_size": 64, "n_positions": 32}
     padded = _run(spec, dataloader_num_workers=2)
     packed = _run(spec, padding_free=True, dataloader_num_workers=2)
+    objective = objective_of(load_spec(spec))  # the driver's: real tokens/s on real rows
+    assert objective == TOKENS_PER_SECOND
     for out in (padded, packed):
         assert out.status == "ok", out.error
-        assert out.extra["objective"] == "tokens_per_second"
-        assert out.score == out.tokens_per_second
+        assert out.score_for(objective) == out.tokens_per_second
         # The texts are 5-9 words: most of each 16-token row is padding, not counted.
         assert out.tokens_per_second < 0.7 * out.samples_per_second * 16
-    assert packed.extra["micro_batches"] == [4] * 12  # 4 samples in each packed row
+    assert packed.measured.micro_batches == [4] * 12  # 4 samples in each packed row

@@ -14,6 +14,7 @@ from autotune.device import DeviceSpec, named_device
 from autotune.plan.memory import Physics
 from autotune.plan.shape import shape_from_hf_config
 from autotune.plan.trace import _cuda_dropout, _LiveBytes, _peak, trace_activations
+from autotune.records import GpuMemory, Measurement, Outcome
 from autotune.tasks.models import load_hf_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -163,7 +164,8 @@ def test_the_gpu_benchmark_sets_the_replay_beside_the_allocators_peaks():
     bench = _bench()
     shape = shape_from_hf_config(load_hf_config({"config": GPT2}), S)
     c = TrialConfig.of(4, 4, precision="bf16")
-    extra = {"allocator_peak_allocated": 30 * 2**20,
-             "peaks_by_step": [[20 * 2**20, 32 * 2**20], [30 * 2**20, 40 * 2**20]]}
-    note = bench._allocator_note(extra, c, shape, named_device("H100"))
+    out = Outcome("ok", measured=Measurement(peaks_by_step=[[20 * 2**20, 32 * 2**20],
+                                                             [30 * 2**20, 40 * 2**20]]),
+                  gpu_memory=GpuMemory(allocator_peak_allocated=30 * 2**20))
+    note = bench._allocator_note(out, c, shape, named_device("H100"))
     assert "reserved 40 MiB, peak set at step 2" in note and "allocator replay" in note

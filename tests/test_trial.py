@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autotune.config import TrialConfig
+from autotune.records import RanWith
 from autotune.trials.launch import run_trial
 from tests.conftest import trial_request
 
@@ -31,16 +32,15 @@ def test_ok_trial_measures_throughput_and_memory(tiny_spec):
     assert out.peak_memory_bytes > 0
     assert out.wall_seconds > out.timed_seconds
     # where its seconds went, and what it really ran with
-    phases = out.extra["phases"]
+    phases = out.phases.seconds()
     assert list(phases) == ["launch", "model", "engine", "warmup", "steps"]
     assert phases["steps"] == pytest.approx(out.timed_seconds, abs=1e-3)
     assert sum(phases.values()) < out.wall_seconds
-    assert out.extra["ran_with"] == {
-        "tf32": False, "compiled": False, "compile_mode": None, "compiled_graphs": 0,
-        "liger": False,
+    assert out.ran_with == RanWith(
+        tf32=False, compiled=False, compile_mode=None, compiled_graphs=0, liger=False,
         # One rank on a CPU: Trainer wraps the model in nothing (no DDP, engine or FSDP).
-        "attn_implementation": "sdpa", "wrapped_as": "GPT2LMHeadModel"}
-    assert out.extra["model_build"]["weights"] == "random"
+        attn_implementation="sdpa", wrapped_as="GPT2LMHeadModel")
+    assert out.phases.model_build.weights == "random"
 
 
 def test_budget_exceeded_is_oom(tiny_spec):
@@ -80,7 +80,7 @@ def test_trials_record_their_losses_from_one_seed(tiny_spec):
     two splits of the batch log the same losses (what the numerics check relies on)."""
     a, b = _run(_spec(tiny_spec), TrialConfig(4, 4)), _run(_spec(tiny_spec), TrialConfig(8, 2))
     assert a.ok and b.ok
-    assert a.extra["losses"] == pytest.approx(b.extra["losses"], rel=1e-3)
+    assert a.measured.losses == pytest.approx(b.measured.losses, rel=1e-3)
 
 
 def test_a_classifier_logs_its_loss_summed_over_micro_batches_and_is_still_reviewed(
@@ -101,12 +101,12 @@ def test_a_classifier_logs_its_loss_summed_over_micro_batches_and_is_still_revie
     tiny_spec["target_batch_size"] = 8
     whole, split = _run(tiny_spec, TrialConfig(8, 1)), _run(tiny_spec, TrialConfig(4, 2))
     assert whole.ok and split.ok, (whole.error, split.error)
-    ratio = split.extra["losses"][0] / whole.extra["losses"][0]
+    ratio = split.measured.losses[0] / whole.measured.losses[0]
     assert ratio == pytest.approx(2, rel=0.01)  # transformers' behaviour, if it changes
     ref = Record(TrialConfig(8, 1), whole, "baseline", 0)
     rec = Record(TrialConfig.of(4, 2, precision="bf16"), split, "model", 1)
     numerics.review(rec, [ref], 8, 1, 0.05)
-    assert rec.outcome.ok and rec.outcome.extra["loss_accumulation_scale"] == 2
+    assert rec.outcome.ok and rec.outcome.measured.loss_accumulation_scale == 2
 
 
 def test_model_error_keeps_the_tail(tiny_spec):
@@ -114,19 +114,19 @@ def test_model_error_keeps_the_tail(tiny_spec):
     out = _run(_spec(tiny_spec), TrialConfig(4, 4))
     assert out.status == "error"
     assert "data.seq_len: 128 exceeds" in out.error
-    assert out.extra["setup_field"] == "data.seq_len"  # no config avoids it
+    assert out.failure.setup_field == "data.seq_len"  # no config avoids it
 
 
 def test_mfu_needs_a_known_peak_and_shape_and_never_fails_a_trial():
     """On an H100 every trial without a shape (no `shape=` passed, a factory model) once
     crashed after training while computing MFU; the GPU's peak table is faked here."""
     from autotune.device import KNOWN_DEVICES, DeviceSpec
-    from autotune.records import Outcome
+    from autotune.records import Measurement, Outcome
     from autotune.trials.worker import model_flops_utilisation
 
     h100 = DeviceSpec("H100", "cuda", 80 * 2**30, (9, 0), 1, KNOWN_DEVICES["H100-80GB"][2])
-    result = Outcome("ok", tokens_per_second=1e5, extra={"flop_parameters": 124_000_000,
-                                                          "flop_trainable_parameters": 124e6})
+    result = Outcome("ok", tokens_per_second=1e5, measured=Measurement(
+        flop_parameters=124_000_000, flop_trainable_parameters=124_000_000))
     shape = {"num_layers": 12, "hidden_size": 768, "seq_len": 1024}
     mfu = model_flops_utilisation(result, shape, h100, "bf16", 1)
     assert mfu == pytest.approx((6 * 124e6 + 12 * 12 * 768 * 1024) * 1e5 / 989e12)
@@ -144,7 +144,7 @@ def test_warm_launcher_outlives_the_thread_that_started_it(tiny_spec):
     for _ in range(2):
         with ThreadPoolExecutor(1) as pool:
             out = pool.submit(_run, _spec(tiny_spec), TrialConfig(4, 4)).result()
-        assert out.status == "ok" and out.extra["launch"] == "warm", out.error
+        assert out.status == "ok" and out.launch.kind == "warm", out.error
 
 
 def test_warm_launcher_dies_with_what_launched_it():
@@ -191,7 +191,7 @@ def test_trials_run_at_once_from_several_threads_each_get_a_warm_launcher(tiny_s
     with ThreadPoolExecutor(2) as pool:
         (a, a0, a1), (b, b0, b1) = pool.map(one, range(2))
     for out in (a, b):
-        assert out.status == "ok" and out.extra["launch"] == "warm", out.error
+        assert out.status == "ok" and out.launch.kind == "warm", out.error
     assert max(a0, b0) < min(a1, b1)  # they overlapped
     assert len(forkserver._IDLE) == 2  # each held a launcher of its own, now idle
 
@@ -223,7 +223,7 @@ def test_a_launcher_whose_imports_made_a_cuda_context_is_refused_and_trials_go_c
             "from tests.conftest import trial_request\n"
             "spec = json.loads(sys.argv[1])\n"
             "outs = [run_trial(trial_request(spec, TrialConfig(4, 4))) for _ in range(2)]\n"
-            "print(json.dumps([[o.status, o.extra.get('launch'), o.extra.get('cold_because'),"
+            "print(json.dumps([[o.status, o.launch.kind, o.launch.cold_because,"
             " o.error] for o in outs]))\n")
     env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{root}")
     done = subprocess.run([sys.executable, "-c", code, json.dumps(_spec(tiny_spec))],
@@ -330,13 +330,14 @@ def test_a_recompile_is_paid_once_and_one_every_step_is_no_speed():
 def test_compile_is_charged_once_against_the_long_run():
     """The objective of a compiled trial is its throughput over the whole run, its
     compilation paid once in it; the projected run time holds it exactly once."""
-    from autotune.records import Outcome
+    from autotune.records import SAMPLES_PER_SECOND, Compile, Outcome
 
     # The spec's run: 900 steps of 64 samples, 576 s at 100 samples/s.
     steady = Outcome("ok", samples_per_second=100.0,
-                     extra={"compile_seconds": 60.0, "run_seconds": 576.0})
-    assert steady.score == pytest.approx(100.0 * 576 / 636)
-    assert Outcome("ok", samples_per_second=100.0, extra={"compile_seconds": 60.0}).score == (
+                     compile=Compile(charged_seconds=60.0, run_seconds=576.0))
+    assert steady.score_for(SAMPLES_PER_SECOND) == pytest.approx(100.0 * 576 / 636)
+    assert Outcome("ok", samples_per_second=100.0, compile=Compile(
+        charged_seconds=60.0)).score_for(SAMPLES_PER_SECOND) == (
         100.0)  # no long run given: nothing to amortise against
     from autotune.outputs.report import projected_seconds
     from autotune.records import Record

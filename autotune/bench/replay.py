@@ -8,7 +8,7 @@ a search with that many GPUs would take.
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 import heapq
 from pathlib import Path
 
@@ -34,7 +34,7 @@ class ReplayExecutor(Executor):
         if found is None:
             return Outcome(ERROR, wall_seconds=0.0,
                            error=f"{config.label()} is not in landscape {self.landscape.name}")
-        outcome = dataclasses.replace(found, extra=dict(found.extra))
+        outcome = copy.deepcopy(found)  # the search writes to what it is told
         if not outcome.ok:
             outcome.error = outcome.error or f"{outcome.status} (replayed)"
         return outcome

@@ -88,7 +88,7 @@ def _title(summary: Summary) -> str:
         return f"{model} on device"
     name, count, nodes, each = device.name, device.count, device.nodes, device.per_node
     if not device.is_cuda:  # the machine a CPU search ran on: its cores, its bf16
-        threads = max((t.outcome.extra.get("cpu_threads") or 0 for t in summary.trials),
+        threads = max((t.outcome.measured.cpu_threads or 0 for t in summary.trials),
                       default=0)
         name = (f"{threads} CPU core{'s' * (threads > 1)}" if threads else "CPU") + (
             " with native bf16" if device.native_bf16 else "")
@@ -155,31 +155,31 @@ WEIGHTS = {"random": "random, of the model's exact shape, made on the device by 
 def _weights_fact(summary: Summary) -> Fact | None:
     """Which weights the trials trained, and an MoE model's routing (which decides its
     step time and memory)."""
-    built = next((t.outcome.extra["model_build"] for t in summary.trials
-                  if t.outcome.extra.get("model_build")), None)
-    if not built:
+    built = next((b for t in summary.trials if (b := t.outcome.phases.model_build)
+                   and b.known), None)
+    if built is None:
         return None
-    weights = built.get("weights", "random")
+    weights = built.weights or "random"
     detail = WEIGHTS.get(weights, weights)
-    if built.get("routing"):
-        detail += f" · experts' routing: {built['routing']}"
+    if built.routing:
+        detail += f" · experts' routing: {built.routing}"
     return Fact("Weights", weights, detail)
 
 
 def _data_fact(summary: Summary) -> Fact | None:
     """Real data's rows: the length distribution padding and packing are judged on."""
-    lengths = next((t.outcome.extra["lengths"] for t in summary.trials
-                    if t.outcome.extra.get("lengths")), None)
-    if not lengths:
+    lengths = next((n for t in summary.trials if (n := t.outcome.measured.lengths)
+                    and n.known), None)
+    if lengths is None:
         return None
-    seq = int(lengths["seq_len"])
+    seq = int(lengths.seq_len or 0)
     cut = ("source and target lengths" if task(summary.model.get("task")).has_target
            else "seq_len")
-    return Fact("Rows", f"{lengths['p50']:.0f} tokens (median)",
-                f"of {cut} {seq}: p90 {lengths['p90']:.0f}, max {lengths['max']:.0f}, "
-                f"min {lengths['min']:.0f}; {lengths['padding']:.0%} of a padded batch is "
-                f"padding, {lengths['truncated']:.0%} of rows truncated; the loss sees "
-                f"{lengths['loss_tokens']:.0%} of the real tokens · the objective is real "
+    return Fact("Rows", f"{lengths.p50:.0f} tokens (median)",
+                f"of {cut} {seq}: p90 {lengths.p90:.0f}, max {lengths.max:.0f}, "
+                f"min {lengths.min:.0f}; {lengths.padding:.0%} of a padded batch is "
+                f"padding, {lengths.truncated:.0%} of rows truncated; the loss sees "
+                f"{lengths.loss_tokens:.0%} of the real tokens · the objective is real "
                 "(non-pad) tokens/s")
 
 
@@ -188,11 +188,12 @@ def _best_fact(summary: Summary) -> Fact:
     if best is None:
         return Fact("Best config", "none", summary.no_winner_why
                     or "no trial succeeded: see the errors in the table")
-    compiled = known(best.outcome.extra.get("compile_seconds"))
+    compiled = known(best.outcome.compile.charged_seconds)
     paid = f" · compile {compiled:.0f} s, paid once" if compiled is not None else ""
     c = best.config
     # The review saw some trial log its loss at its accumulation's ratio: the model sums.
-    sums = any("loss_accumulation_scale" in t.outcome.extra for t in summary.trials)
+    sums = any(t.outcome.measured.loss_accumulation_scale is not None
+               for t in summary.trials)
     ga = c.gradient_accumulation_steps
     summed = (f" · this model's loss and gradients are summed over the {ga} micro-batches, "
               "not averaged (Trainer leaves them undivided where a model takes loss kwargs "
@@ -237,7 +238,7 @@ def _mfu_fact(summary: Summary, best: Record | None) -> Fact:
     if best is None:
         return Fact("MFU", DASH, "no winner" if summary.no_winner_why else
                     "no successful trial")
-    mfu = best.outcome.extra.get("mfu")
+    mfu = best.outcome.measured.mfu
     return Fact("MFU", fmt_pct(mfu), "model FLOPs utilisation" if known(mfu) is not None
                 else "not known for this device (no peak FLOP/s)")
 

@@ -135,7 +135,7 @@ class MemoryModel(Physics):
         trial's host running out (offloaded states) says nothing of the GPU's memory."""
         if record.outcome.ok:
             self.observe(record.config, record.outcome.peak_memory_bytes)
-        elif record.outcome.is_oom and not record.outcome.extra.get("host_memory"):
+        elif record.outcome.is_oom and not record.outcome.failure.host_memory:
             self.observe_oom(record.config, limit_bytes)
 
     def predict(self, c: TrialConfig) -> MemoryEstimate:

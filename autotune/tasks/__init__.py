@@ -34,7 +34,7 @@ DEFAULT_TASK = CAUSAL_LM.name  # a model section without `task`, a shape without
 DEFAULT_TRAINER = PLAIN.name
 
 __all__ = ["DEFAULT_TASK", "DEFAULT_TRAINER", "TASKS", "TRAINERS", "Task", "TrainerKind",
-           "task", "task_of", "trainer", "trainer_of"]
+           "objective_of", "task", "task_of", "trainer", "trainer_of"]
 
 
 def task(name: str | None) -> Task:
@@ -59,6 +59,12 @@ def task_of(spec: Spec) -> Task:
 
 def trainer_of(spec: Spec) -> TrainerKind:
     return trainer(spec.trainer)
+
+
+def objective_of(spec: Spec) -> str:
+    """What a search of the spec maximises (Record.objective), its task's and trainer's
+    word: samples/s, or real tokens/s on real data."""
+    return trainer_of(spec).objective(spec, task_of(spec))
 
 
 def task_for_model_type(model_type: str) -> Task:

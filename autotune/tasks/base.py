@@ -124,8 +124,16 @@ class Task:
         (rows and their attention mask)."""
         return None
 
+    def objective(self, spec: Spec) -> str:
+        """What a search of it maximises, the driver's choice (a trial measures both):
+        real (non-pad) tokens/s on real data, where padding and packing make them differ
+        from samples; samples/s on synthetic rows, every one seq_len tokens."""
+        from autotune.records import SAMPLES_PER_SECOND, TOKENS_PER_SECOND
+
+        return TOKENS_PER_SECOND if spec.data.source != "synthetic" else SAMPLES_PER_SECOND
+
     def finish(self, outcome: Outcome) -> None:
-        """What the task changes of a measured outcome (its objective)."""
+        """What the task adds to a measured outcome (none has anything yet)."""
 
 
 class TrainerKind:
@@ -190,6 +198,14 @@ class TrainerKind:
     def counter(self, task: Task,
                 shape: dict[str, Any] | None) -> Callable[[dict], tuple] | None:
         return task.counter(shape)
+
+    def objective(self, spec: Spec, task: Task) -> str:
+        """What a search under it maximises: its task's, but a generating trainer's
+        samples are completions forced to full length (padding decides nothing): their
+        rate."""
+        from autotune.records import SAMPLES_PER_SECOND
+
+        return SAMPLES_PER_SECOND if self.generates else task.objective(spec)
 
     def finish(self, spec: Spec, task: Task, outcome: Outcome, trainer: Any) -> None:
         task.finish(outcome)

@@ -121,8 +121,9 @@ class DPO(TrainerKind):
         typical = statistics.median(batches)
         share = typical * spec.measure.steps * trainer.args.gradient_accumulation_steps
         slower = outcome.timed_seconds / (outcome.timed_seconds + share)
-        outcome.extra |= {"precompute_ref_seconds": sum(batches),
-                          "precompute_charged_seconds": share}
+        from autotune.records import Precompute
+
+        outcome.precompute = Precompute(ref_seconds=sum(batches), charged_seconds=share)
         outcome.timed_seconds += share
         for name in ("samples_per_second", "tokens_per_second"):
             value = getattr(outcome, name)

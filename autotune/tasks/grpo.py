@@ -150,14 +150,14 @@ class GRPO(TrainerKind):
         warmup = spec.measure.warmup_steps
         timed = [per_step.get(i, 0.0) for i in range(warmup, len(outcome.step_seconds))]
         steps = outcome.step_seconds[warmup:]
-        outcome.extra["generation_seconds"] = timed
-        outcome.extra["training_seconds"] = [max(0.0, s - g) for s, g in
-                                             zip(steps, timed, strict=False)]
-        if sum(steps):
-            outcome.extra["generation_share"] = sum(timed) / sum(steps)
+        from autotune.records import Generation
+
         lengths = getattr(trainer, "completion_lengths", None)
-        if lengths:
-            outcome.extra["completion_length"] = min(lengths)
+        outcome.generation = Generation(
+            seconds=timed, training_seconds=[max(0.0, s - g) for s, g in
+                                             zip(steps, timed, strict=False)],
+            share=sum(timed) / sum(steps) if sum(steps) else None,
+            completion_length=min(lengths) if lengths else None)
 
     def usage(self, exported: str, with_lora: bool) -> str:
         return ("from trl import GRPOConfig, GRPOTrainer\nargs = GRPOConfig(**"

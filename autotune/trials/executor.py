@@ -97,7 +97,7 @@ def _trial_task(request: dict) -> dict:
     import ray
 
     outcome = run_trial(TrialRequest.from_dict(request))
-    outcome.extra["node"] = ray.get_runtime_context().get_node_id()
+    outcome.launch.node = ray.get_runtime_context().get_node_id()
     return outcome.to_dict()
 
 
@@ -506,9 +506,9 @@ class RayExecutor(Executor):
         self._end(flight)
         reports = [flight.reports[k] for k in sorted(flight.reports)]
         outcome = merge_nodes(flight.request, reports)
-        outcome.extra["rank_nodes"] = {r.node_rank: r.node for r in reports}
+        outcome.launch.rank_nodes = {r.node_rank: r.node for r in reports}
         if flight.failures:
-            outcome.extra["infrastructure_failures"] = flight.failures
+            outcome.launch.infrastructure_failures = flight.failures
         done.append((flight.ticket, outcome))
 
     def submit(self, config: TrialConfig, *, training_args: dict | None = None,
@@ -562,7 +562,7 @@ class RayExecutor(Executor):
                 self._infrastructure(flight, outcome.error or "lost", done)
                 continue
             if flight.failures:  # recorded as what they were, beside the config's figure
-                outcome.extra["infrastructure_failures"] = flight.failures
+                outcome.launch.infrastructure_failures = flight.failures
             done.append((flight.ticket, outcome))
         now = time.time()
         for flight in {id(f): f for f in self._refs.values()}.values():

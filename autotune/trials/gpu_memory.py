@@ -13,6 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from autotune.records import GpuMemory
+
 # Allocation events the allocator's history keeps: a ring, whose oldest go first, and the
 # first segments with them (a trial's `history_full` says so).
 HISTORY_ENTRIES = 400_000
@@ -60,7 +62,7 @@ def reserved_by_stream(segments: list[dict[str, Any]], device: int) -> dict[str,
 
 
 def gpu_memory(index: int, history: bool = False, name: str = "",
-               before: set[int] | None = None) -> tuple[int | None, dict[str, Any]]:
+               before: set[int] | None = None) -> tuple[int | None, GpuMemory]:
     """Allocator peak plus what the allocator does not see (CUDA context, cuBLAS
     workspaces, NCCL buffers), which NVML reports for the process. The GPU, or the MIG
     instance, is found in NVML by its UUID: torch's index differs from NVML's when
@@ -74,16 +76,16 @@ def gpu_memory(index: int, history: bool = False, name: str = "",
     import torch
 
     reserved_peak = torch.cuda.max_memory_reserved()
-    extra: dict[str, Any] = {"allocator_peak_reserved": reserved_peak,
+    figures: dict[str, Any] = {"allocator_peak_reserved": reserved_peak,
                              "allocator_peak_allocated": torch.cuda.max_memory_allocated()}
     # Pinned host memory (offloaded optimizer states and their staging buffers, in the
     # pinned allocator's power-of-two blocks): host RAM, never in the peak, recorded so a
     # GPU run can set it beside what NVML reports.
     try:
-        extra["pinned_host_peak"] = int(torch.cuda.host_memory_stats()["allocated_bytes.peak"])
+        figures["pinned_host_peak"] = int(torch.cuda.host_memory_stats()["allocated_bytes.peak"])
     except Exception as exc:  # noqa: BLE001 - older torch: the device figures stand
-        extra["pinned_host_peak"] = f"unavailable: {type(exc).__name__}"[:100]
-    extra |= _segments(index, history, name)
+        figures["pinned_host_peak"] = f"unavailable: {type(exc).__name__}"[:100]
+    figures |= _segments(index, history, name)
     try:
         import pynvml
 
@@ -92,11 +94,11 @@ def gpu_memory(index: int, history: bool = False, name: str = "",
         used, found = process_memory(pynvml, handle, os.getpid(), before)
         overhead = max(0, used - torch.cuda.memory_reserved())
     except Exception as exc:  # noqa: BLE001 - unknown, said so, never the allocator's alone
-        extra["nvml_overhead"] = f"unavailable: {type(exc).__name__}: {exc}"[:300]
-        return None, extra
-    extra["nvml_overhead"] = overhead
-    extra["nvml_process"] = found
-    return reserved_peak + overhead, extra
+        figures["nvml_overhead"] = f"unavailable: {type(exc).__name__}: {exc}"[:300]
+        return None, GpuMemory.from_dict(figures)
+    figures["nvml_overhead"] = overhead
+    figures["nvml_process"] = found
+    return reserved_peak + overhead, GpuMemory.from_dict(figures)
 
 
 def nvml_handle(nvml: Any, uuid: str) -> Any:
@@ -195,29 +197,29 @@ def _segments(index: int, history: bool, name: str = "") -> dict[str, Any]:
     from (the history then stops). Figures beside the peak, never the trial's failure."""
     import torch
 
-    extra: dict[str, Any] = {}
+    figures: dict[str, Any] = {}
     try:  # DeepSpeed reduces and offloads on a stream of its own
         snapshot = (torch.cuda.memory._snapshot() if history
                     else {"segments": torch.cuda.memory_snapshot()})
-        extra["reserved_by_stream"] = reserved_by_stream(snapshot["segments"], index)
+        figures["reserved_by_stream"] = reserved_by_stream(snapshot["segments"], index)
         if history:
             traces = snapshot["device_traces"][index]
-            extra |= {"segment_growth": segment_growth(traces),
+            figures |= {"segment_growth": segment_growth(traces),
                       "large_segments": _guarded(large_segments, traces),
                       "history_events": len(traces),
                       # a full ring has dropped its oldest events: the first segments' among them
                       "history_full": len(traces) >= HISTORY_ENTRIES}
             folder = os.environ.get("AUTOTUNE_MEMORY_TRACES")
             if folder:
-                extra["trace_file"] = _guarded(
+                figures["trace_file"] = _guarded(
                     lambda t: str(save_trace(t, Path(folder), name or str(os.getpid()))), traces)
     except Exception as exc:  # noqa: BLE001
         said = f"unavailable: {type(exc).__name__}: {exc}"[:200]
-        extra = {"reserved_by_stream": said} | ({"segment_growth": said} if history else {})
+        figures = {"reserved_by_stream": said} | ({"segment_growth": said} if history else {})
     finally:
         if history:
             torch.cuda.memory._record_memory_history(enabled=None)
-    return extra
+    return figures
 
 
 def save_trace(traces: list[dict[str, Any]], folder: Path, name: str) -> Path:

@@ -204,7 +204,7 @@ def run_trial(request: TrialRequest) -> Outcome:
             outcome = _run_trial(request)
     except LeaseTimeout as exc:
         return Outcome(LOST, error=str(exc))
-    outcome.extra["lease_wait_s"] = round(waited, 3)
+    outcome.launch.lease_wait_s = round(waited, 3)
     return outcome
 
 
@@ -317,13 +317,13 @@ def _run_trial(request: TrialRequest) -> Outcome:
                                                           request.world_size),
                                      host_share, on_gpu=not request.on_cpu)
     outcome.wall_seconds = time.time() - started
-    outcome.extra["launch"] = "warm" if ran.warm else "cold"
-    outcome.extra["time_limit"] = {"seconds": request.timeout_s,
-                                   "compile_allowance_s": request.compile_allowance_s(),
-                                   "compile_not_counted_s": round(
-                                       _not_counted(request, ran.compiled_s), 3)}
+    launched = outcome.launch
+    launched.kind = "warm" if ran.warm else "cold"
+    launched.time_limit_s = request.timeout_s
+    launched.compile_allowance_s = request.compile_allowance_s()
+    launched.compile_not_counted_s = round(_not_counted(request, ran.compiled_s), 3)
     if ran.cold_because:
-        outcome.extra["cold_because"] = ran.cold_because
+        launched.cold_because = ran.cold_because
     return outcome
 
 
@@ -398,8 +398,8 @@ def merge_nodes(request: TrialRequest, nodes: list[NodeReport]) -> Outcome:
     if code < 0 and not timed_out and len(ranks) < request.world_size:
         ranks = {}  # a rank killed first: the others' errors follow from it
     outcome = _classify(code, timed_out, ranks, tail, request.timeout_s, request.world_size)
-    outcome.extra["launch"] = ",".join(sorted({n.launch for n in nodes}))
-    outcome.extra["nodes"] = len(nodes)
+    outcome.launch.kind = ",".join(sorted({n.launch for n in nodes}))
+    outcome.launch.nodes = len(nodes)
     return outcome
 
 
@@ -445,7 +445,7 @@ def _host_pressure(outcome: Outcome, grown: int | None, share: int | None, *,
     kind = "budget" if not on_gpu else "share of the host's RAM"
     if grown is None or not share or grown >= HOST_PRESSURE_FRACTION * share:
         if on_gpu:
-            outcome.extra["host_memory"] = True
+            outcome.failure.host_memory = True
             said = (f"host memory ran out (SIGKILL) while the trial held {grown / 2**30:.2f}"
                     f" GiB of its {share / 2**30:.2f} GiB {kind}" if grown is not None and share
                     else "killed by SIGKILL, the host's OOM killer's signal: host memory")
@@ -486,9 +486,10 @@ def merge_ranks(ranks: dict[int, Outcome], world_size: int) -> Outcome | None:
     else:
         outcome = ranks[0]
     if world_size > 1:
-        outcome.extra["peak_memory_by_rank"] = {r: o.peak_memory_bytes for r, o in ranks.items()}
-        outcome.extra["micro_batches_by_rank"] = {
-            r: o.extra.get("micro_batches") for r, o in ranks.items()}
+        outcome.measured.peak_memory_by_rank = {r: o.peak_memory_bytes
+                                                for r, o in ranks.items()}
+        outcome.measured.micro_batches_by_rank = {r: o.measured.micro_batches
+                                                  for r, o in ranks.items()}
     outcome.peak_memory_bytes = max(peaks) if peaks else None
     return outcome
 

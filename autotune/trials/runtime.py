@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from autotune.records import RanWith
+
 
 def tf32_state() -> bool | None:
     """Whether float32 matmuls on CUDA run as TF32, read through the API that set it
@@ -71,40 +73,40 @@ def compiled_in_place(module) -> bool:
     return any(getattr(m, "_compiled_call_impl", None) is not None for m in module.modules())
 
 
-def ran_with(trainer, tf32: bool | None, graphs: int | None = None) -> dict[str, Any]:
-    """The facts of a trial's run, for its outcome (`extra["ran_with"]`); `graphs`: the
+def ran_with(trainer, tf32: bool | None, graphs: int | None = None) -> RanWith:
+    """The facts of a trial's run, for its outcome (`Outcome.ran_with`); `graphs`: the
     graphs torch.compile compiled in the run, the evidence that compiled code ran."""
     wrapped = trainer.model_wrapped
     compiled = any(type(m).__name__ == "OptimizedModule" or compiled_in_place(m)
                    for m in (wrapped, trainer.model))
     model = unwrapped(trainer.model)
-    return {"tf32": tf32, "compiled": compiled,
-            "compile_mode": (getattr(trainer.args, "torch_compile_mode", None) or "default")
-            if compiled else None,
-            "compiled_graphs": graphs,
-            "liger": liger_applied(model),
-            "attn_implementation": getattr(getattr(model, "config", None),
-                                           "_attn_implementation", None),
-            "wrapped_as": type(unwrapped(wrapped)).__name__}
+    return RanWith(
+        tf32=tf32, compiled=compiled,
+        compile_mode=(getattr(trainer.args, "torch_compile_mode", None) or "default")
+        if compiled else None,
+        compiled_graphs=graphs, liger=liger_applied(model),
+        attn_implementation=getattr(getattr(model, "config", None), "_attn_implementation",
+                                    None),
+        wrapped_as=type(unwrapped(wrapped)).__name__)
 
 
-def contradiction(precision: str, use_liger: bool, torch_compile: bool, facts: dict[str, Any],
+def contradiction(precision: str, use_liger: bool, torch_compile: bool, facts: RanWith,
                   cuda: bool) -> str | None:
     """Why the run's facts contradict its config's label, or None: fp32 that ran TF32
     matmuls, tf32 that did not, Liger or compile asked for and not applied (compile
     applied as a wrapper or in place, and at least one graph compiled)."""
-    if cuda and facts.get("tf32") is not None:
-        if precision == "fp32" and facts["tf32"]:
+    if cuda and facts.tf32 is not None:
+        if precision == "fp32" and facts.tf32:
             return ("precision fp32 ran its matmuls in TF32 (transformers and accelerate turn "
                     "TF32 on for compiled runs without mixed precision): this is tf32's "
                     "figure, not fp32's")
-        if precision == "tf32" and not facts["tf32"]:
+        if precision == "tf32" and not facts.tf32:
             return "precision tf32 ran its matmuls in full fp32: TF32 did not take effect"
-    if use_liger and not facts.get("liger"):
+    if use_liger and not facts.liger:
         return "use_liger_kernel did not take effect: no module of the model is Liger's"
-    if torch_compile and not facts.get("compiled"):
+    if torch_compile and not facts.compiled:
         return "torch_compile did not take effect: the trained module was not compiled"
-    if torch_compile and facts.get("compiled_graphs") == 0:
+    if torch_compile and facts.compiled_graphs == 0:
         return ("torch_compile did not take effect: the module was compiled but torch.compile "
                 "compiled no graph of it, so every step ran eagerly")
     return None

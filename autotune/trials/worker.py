@@ -12,6 +12,7 @@ collective until the time limit.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import resource
@@ -24,7 +25,20 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from autotune.records import ERROR, LOST, NAN, OK, OOM, Outcome
+from autotune.records import (
+    ERROR,
+    LOST,
+    NAN,
+    OK,
+    OOM,
+    Compile,
+    Failure,
+    Lengths,
+    Measurement,
+    ModelBuild,
+    Outcome,
+    Phases,
+)
 from autotune.trials.compile_clock import CompileClock, cache_state
 from autotune.trials.gpu_memory import allocator_peaks, gpu_memory, nvml_pids, record_history
 from autotune.trials.protocol import (
@@ -410,7 +424,7 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
     )
     from autotune.trials.trainargs import model_kwargs
 
-    clock = Phases()
+    clock = PhaseClock()
     guard_build_locks()  # DeepSpeed loads its JIT ops in every trial: see build_lock.py
     hf_logging.set_verbosity_error()
     spec = Spec.model_validate(request.spec)  # the same validation the CLI ran
@@ -433,7 +447,7 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
     unfit = bitsandbytes_unfit(bnb, cuda)
     if unfit:
         return Outcome(ERROR, wall_seconds=time.time() - started, error=unfit,
-                       extra={"bitsandbytes": bnb})
+                       diagnostics={"bitsandbytes": bnb})
     budget = request.memory_budget_bytes
     base_rss = _rss()
     shape = request.shape
@@ -457,7 +471,7 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
     # against its time limit (trials/compile_clock.py).
     compiling = CompileClock(compile_clock_path(result_path)).start() if (
         cfg.torch_compile) else None
-    extra: dict[str, Any] = {}
+    built: ModelBuild | None = None  # how the model was built, once it was
     try:
         n_steps = spec.measure.warmup_steps + spec.measure.steps
         # Every rank gets b x gas micro-batch samples per step, for exactly n_steps steps.
@@ -472,8 +486,9 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
             if cfg.zero_stage == 3:
                 _join_deepspeed(args)
         with clock.phase("model"):
-            model, extra["model_build"] = build_model(spec.model.model_dump(),
-                                                      model_kwargs(cfg), device, (watch,))
+            model, how = build_model(spec.model.model_dump(), model_kwargs(cfg), device,
+                                     (watch,))
+            built = ModelBuild.from_dict(how)
             if cfg.quantization != "none":
                 model = prepare_quantized(model)
             if spec.model.lora is not None and not trained_by.adds_adapters:
@@ -487,9 +502,10 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
                 return build_model(spec.model.model_dump(), model_kwargs(cfg), device)[0]
 
             reference = trained_by.reference_model(spec, cfg, copy_of_policy)
-        extra["model_build"] |= _held(model) | {
-            "host_peak_rss_bytes": max(0, _peak_rss() - base_rss)} | (
-            {"device_peak_bytes": torch.cuda.max_memory_allocated()} if cuda else {})
+        built.held_parameter_bytes, built.parameter_bytes = _held(model)
+        built.host_peak_rss_bytes = max(0, _peak_rss() - base_rss)
+        if cuda:
+            built.device_peak_bytes = torch.cuda.max_memory_allocated()
         if shape is None:
             shape = _learned_shape(model, spec)
             watch.shape = shape  # even an OOM trial teaches the search the model's size
@@ -504,42 +520,42 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
         outcome = _measure(timer, spec, cfg, world, model, readings.history(world),
                            counted.tokens())
         trained_by.finish(spec, task, outcome, trainer)
-        outcome.extra |= extra
-        outcome.extra["micro_batches"] = counted.sizes()
+        outcome.measured.micro_batches = counted.sizes()
         if lengths:  # the rows' real tokens: what padding and packing are judged on
-            outcome.extra["lengths"] = lengths
+            outcome.measured.lengths = Lengths.from_dict(lengths)
         if timer.peaks:  # running (allocated, reserved) peak bytes after each step
-            outcome.extra["peaks_by_step"] = timer.peaks
+            outcome.measured.peaks_by_step = [list(p) for p in timer.peaks]
         # What the run really was: the Trainer's wrapper (DDP, FSDP, a DeepSpeed engine:
         # the proof that a sharding knob took effect), TF32, Liger, compile.
         facts = ran_with(trainer, timer.tf32, compiled_graphs())
         if bnb is not None:  # the native library its 4-bit or 8-bit ops ran in
-            facts["bitsandbytes"] = Path(bnb["path"]).name if bnb["path"] else bnb["library"]
-        outcome.extra["ran_with"] = facts
-        outcome.extra["wrapped_as"] = facts["wrapped_as"]
-        fallback = _sharding_fallback(cfg, facts["wrapped_as"]) or contradiction(
+            facts.bitsandbytes = Path(bnb["path"]).name if bnb["path"] else bnb["library"]
+        outcome.ran_with = facts
+        fallback = _sharding_fallback(cfg, facts.wrapped_as or "") or contradiction(
             cfg.precision, cfg.use_liger_kernel, cfg.torch_compile, facts, cuda)
         if fallback:  # measured, but not the config asked for: never a figure for it
-            outcome = Outcome(ERROR, error=fallback, extra=outcome.extra)
+            outcome = Outcome(ERROR, error=fallback, **outcome.parts())
     except SetupError as exc:  # no config avoids it: the search stops on it
-        outcome = Outcome(ERROR, error=str(exc), extra=extra | {
-            "setup_field": exc.field, "setup_message": exc.message})
+        outcome = Outcome(ERROR, error=str(exc),
+                          failure=Failure(setup_field=exc.field, setup_message=exc.message))
     except Exception as exc:  # noqa: BLE001 - every failure becomes an outcome
         tail = "".join(traceback.format_exception(exc)).splitlines()[-ERROR_TAIL_LINES:]
-        outcome = Outcome(OOM if is_oom_exception(exc) else ERROR, error="\n".join(tail),
-                          extra=extra)
+        outcome = Outcome(OOM if is_oom_exception(exc) else ERROR, error="\n".join(tail))
     watch.stop()
     if compiling is not None:  # torch's own compile seconds, and Inductor's caches' state
         compiling.stop()
-        outcome.extra["compile"] = {"seconds": round(compiling.seconds, 3)} | cache_state()
+        outcome.compile = dataclasses.replace(outcome.compile,
+                                              seconds=round(compiling.seconds, 3),
+                                              **cache_state())
     outcome.shape = shape
     outcome.wall_seconds = time.time() - started
-    outcome.extra |= {"started_at": started, "ended_at": time.time(),
-                      "phases": clock.seconds(timer, spec.measure.warmup_steps)}
+    outcome.launch.started_at, outcome.launch.ended_at = started, time.time()
+    outcome.phases = clock.seconds(timer, spec.measure.warmup_steps)
+    outcome.phases.model_build = built
     if cuda:
-        peak, more = gpu_memory(torch.cuda.current_device(), history, cfg.label(), gpu_pids)
+        peak, outcome.gpu_memory = gpu_memory(torch.cuda.current_device(), history,
+                                              cfg.label(), gpu_pids)
         outcome.peak_memory_bytes = peak
-        outcome.extra |= more
     else:
         outcome.peak_memory_bytes = max(0, _peak_rss() - base_rss)
     if budget and (outcome.peak_memory_bytes or 0) > budget and outcome.ok:
@@ -549,7 +565,7 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
     if outcome.ok:
         mfu = model_flops_utilisation(outcome, shape, local_device(), cfg.precision, world)
         if mfu is not None:
-            outcome.extra["mfu"] = mfu
+            outcome.measured.mfu = mfu
     return outcome
 
 
@@ -565,12 +581,13 @@ def allocator_cap(budget: int, total: int, cfg: TrialConfig, world: int) -> floa
     return max(0.0, min(1.0, (budget - gpu_runtime_bytes(cfg, world)) / total))
 
 
-class Phases:
-    """Where a trial's seconds went: `launch` (from the launcher's start of the process to
-    its imports done), `model` (built, quantized, adapters added), `engine` (the
-    TrainingArguments, data, Trainer, and train() up to its first step: the optimizer and
-    DeepSpeed's engine), `warmup` (the untimed steps, compilation included) and `steps`
-    (the timed window). Only the phases the trial reached are given."""
+class PhaseClock:
+    """Times where a trial's seconds go (records.Phases): `launch` (from the launcher's
+    start of the process to its imports done), `model` (built, quantized, adapters
+    added), `engine` (the TrainingArguments, data, Trainer, and train() up to its first
+    step: the optimizer and DeepSpeed's engine), `warmup` (the untimed steps, compilation
+    included) and `steps` (the timed window). Only the phases the trial reached are
+    given."""
 
     def __init__(self) -> None:
         self.ready = time.time()
@@ -590,7 +607,7 @@ class Phases:
         optimizer and any DeepSpeed engine are made) is the engine's too."""
         self._engine_from = time.perf_counter()
 
-    def seconds(self, timer, warmup: int) -> dict[str, float]:
+    def seconds(self, timer, warmup: int) -> Phases:
         out: dict[str, float] = {}
         spawned = os.environ.get(SPAWNED_AT)
         if spawned:
@@ -603,7 +620,7 @@ class Phases:
             out["warmup"] = marks[warmup] - marks[0]
         if len(marks) > warmup + 1:
             out["steps"] = marks[-1] - marks[warmup]
-        return {k: round(v, 4) for k, v in out.items()}
+        return Phases(**{k: round(v, 4) for k, v in out.items()})
 
 
 def _join_deepspeed(args) -> None:
@@ -635,11 +652,12 @@ def model_flops_utilisation(outcome: Outcome, shape: dict[str, Any] | None, devi
     device's peak or the model's shape (a factory model without a config) is unknown: a
     missing figure, never a failed trial."""
     peak = device.peak_flops.get(precision)
-    n = outcome.extra.get("flop_parameters")
+    n = outcome.measured.flop_parameters
     if (not peak or not shape or "num_layers" not in shape or not outcome.tokens_per_second
             or n is None):
         return None
-    trainable = outcome.extra.get("flop_trainable_parameters", n)
+    trainable = outcome.measured.flop_trainable_parameters
+    trainable = n if trainable is None else trainable
     return _flops_per_token(n, trainable, shape) * outcome.tokens_per_second / (peak * world)
 
 
@@ -672,7 +690,7 @@ def _measure(timer, spec, cfg, world, model, history: list[dict[str, Any]],
             f"({recompile_seconds:.1f} s): the graph's shapes or guards change from step to "
             "step, so every step pays a compile; this measures compilation, not training "
             "speed"), step_seconds=durations, timed_seconds=window,
-            extra={"recompiled_steps": len(again)})
+            compile=Compile(recompiled_steps=len(again)))
     window -= recompile_seconds  # a recompile is paid once, like the first compile
     gas = cfg.gradient_accumulation_steps
     per_step = cfg.per_device_train_batch_size * gas * world
@@ -680,28 +698,25 @@ def _measure(timer, spec, cfg, world, model, history: list[dict[str, Any]],
     # Real (non-pad) tokens of the timed steps, this rank's times the ranks.
     real_tokens_per_s = sum(tokens[warmup * gas:]) * world / window
     bad, skips = numerics(history, cfg.precision)
-    extra = {"num_parameters": _parameters(model), "cpu_threads": torch.get_num_threads(),
-             "trainable_parameters": _parameters(model, trainable=True),
-             **flop_parameters(model),
-             "attn_implementation": getattr(getattr(model, "config", None),
-                                            "_attn_implementation", None),
-             "warmup_seconds": sum(durations[:warmup]), "loss_scale_skips": skips,
-             "losses": [e["loss"] for e in history if "loss" in e]}
+    measured = Measurement(
+        num_parameters=_parameters(model), cpu_threads=torch.get_num_threads(),
+        trainable_parameters=_parameters(model, trainable=True), **flop_parameters(model),
+        warmup_seconds=sum(durations[:warmup]), loss_scale_skips=skips,
+        losses=[e["loss"] for e in history if "loss" in e])
+    compiled = Compile()
     if cfg.torch_compile:  # the warm-up pays compilation; a long run pays it once
-        extra["compile_seconds"] = max(0.0, sum(durations[:warmup])
-                                       - warmup * statistics.median(timed)) + recompile_seconds
-        extra["recompiled_steps"] = len(again)
+        compiled.charged_seconds = max(0.0, sum(durations[:warmup]) - warmup
+                                       * statistics.median(timed)) + recompile_seconds
+        compiled.recompiled_steps = len(again)
         if spec.run.steps:  # charged once against the long run: the objective amortises it
-            extra["run_seconds"] = spec.run.steps * window / len(timed)
-    if spec.data.source != "synthetic":  # padding and packing: real tokens are the goal
-        extra["objective"] = "tokens_per_second"
+            compiled.run_seconds = spec.run.steps * window / len(timed)
     return Outcome(
         NAN if bad else OK, error=bad, samples_per_second=samples_per_s,
         tokens_per_second=real_tokens_per_s, step_seconds=durations,
-        timed_seconds=window, extra=extra)
+        timed_seconds=window, measured=measured, compile=compiled)
 
 
-def _held(model) -> dict[str, int]:
+def _held(model) -> tuple[int, int]:
     """The bytes of parameters this rank holds after the build, and the model's whole: a
     ZeRO-3 rank holds its partitions only (`ds_tensor`, the parameter itself emptied)."""
     held = whole = 0
@@ -710,7 +725,7 @@ def _held(model) -> dict[str, int]:
         part = getattr(p, "ds_tensor", None)
         held += part.numel() * part.element_size() if part is not None else p.numel() * size
         whole += (getattr(p, "ds_numel", 0) or p.numel()) * size
-    return {"held_parameter_bytes": held, "parameter_bytes": whole}
+    return held, whole
 
 
 def _parameters(model, trainable: bool = False) -> int:
@@ -739,7 +754,7 @@ def main(argv: list[str]) -> int:
     world, rank = _world(), int(os.environ.get("RANK", "0"))
     path = rank_result_path(result_path, rank, world)
     outcome = run(request, path)
-    outcome.extra["rank"] = rank
+    outcome.launch.rank = rank
     write_result(path, outcome)
     return 0 if world == 1 or outcome.ok else 1
 

@@ -40,14 +40,14 @@ def contenders(history: Sequence[Record], per_rank: int) -> list[tuple[str, Reco
     baseline's chain below its top is the reference, never a contender)."""
     searched = [r for r in history if not r.confirming]
     ok = sorted((r for r in searched if r.outcome.ok),
-                key=lambda r: -(r.outcome.score or 0.0))
+                key=lambda r: -(r.score or 0.0))
     eligible = at_target(ok, per_rank)
     if not eligible:
         return []
     best = eligible[0]
-    floor = (best.outcome.score or 0.0) * (1 - RUNNER_UP_WITHIN)
+    floor = (best.score or 0.0) * (1 - RUNNER_UP_WITHIN)
     out = [("best", best)] + [("runner-up", r) for r in eligible[1:MAX_RUNNER_UPS + 1]
-                              if (r.outcome.score or 0.0) >= floor]
+                              if (r.score or 0.0) >= floor]
     for role in (RECIPE, BASELINE):
         ref = reference(searched, role)
         if ref is None:
@@ -176,8 +176,7 @@ def summarise(history: Sequence[Record], repeats: int, steps: int, per_rank: int
     for role, r in picked:
         config = confirmed_config(history, role, r)
         runs = confirmation_runs(history, config)
-        figures = [t.outcome.score for t in runs
-                   if t.outcome.ok and t.outcome.score]
+        figures = [t.score for t in runs if t.outcome.ok and t.score]
         rows.append(ConfirmedConfig(role, config, r.number if config == r.config else None,
                                     figures, [t.number for t in runs]))
     measured = [row for row in rows if row.samples_per_second]

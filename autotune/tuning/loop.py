@@ -116,7 +116,7 @@ def drive(
                 number, proposal = in_flight.pop(ticket)
                 costs.append(outcome.wall_seconds or 0.0)
                 if review is not None:
-                    review(Record(proposal.config, outcome, proposal.reason, number), history)
+                    review(log.record(proposal, outcome, number), history)
                 record(log.finish(number, proposal, outcome))
                 asking = True  # new evidence: the strategy may have more to ask
             log.heartbeat()

@@ -37,7 +37,7 @@ _T95 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23, 2.20, 2.18)
 def reference(history: Sequence[Record], target: int, world_size: int) -> Record | None:
     """The first successful trial at the full effective batch in the most exact precision
     measured (a baseline that auto_find_batch_size shrank sees other batches)."""
-    full = [r for r in history if r.outcome.ok and r.outcome.extra.get("losses")
+    full = [r for r in history if r.outcome.ok and r.outcome.measured.losses
             and r.config.samples_per_rank * world_size == target]
     for precision in REFERENCE_PRECISIONS:
         found = next((r for r in full if r.config.precision == precision), None)
@@ -89,7 +89,7 @@ def accumulation_scale(record: Record, ref: Record) -> float:
     step 1 (1.27 against 0.62) and were rejected for it."""
     ratio = (record.config.gradient_accumulation_steps
              / max(1, ref.config.gradient_accumulation_steps))
-    first, ref_first = record.outcome.extra["losses"][0], ref.outcome.extra["losses"][0]
+    first, ref_first = record.outcome.measured.losses[0], ref.outcome.measured.losses[0]
     if ratio == 1 or not ref_first or not first / ref_first > 0:
         return 1.0
     seen = math.log(first / ref_first)
@@ -105,19 +105,19 @@ def review(record: Record, history: Sequence[Record], target: int, world_size: i
     ref = reference(history, target, world_size)
     if not o.ok or ref is None or ref.config.precision == record.config.precision:
         return
-    if record.config.samples_per_rank * world_size != target or not o.extra.get("losses"):
+    losses, ref_losses = o.measured.losses, ref.outcome.measured.losses
+    if record.config.samples_per_rank * world_size != target or not losses or not ref_losses:
         return
-    ref_losses = ref.outcome.extra["losses"]
     scale = accumulation_scale(record, ref)
-    d = drift([x / scale for x in o.extra["losses"]], ref_losses, tolerance)
-    o.extra["loss_drift"], o.extra["loss_drift_noise"] = d.mean, d.noise
+    d = drift([x / scale for x in losses], ref_losses, tolerance)
+    o.measured.loss_drift, o.measured.loss_drift_noise = d.mean, d.noise
     if scale != 1:
-        o.extra["loss_accumulation_scale"] = scale
+        o.measured.loss_accumulation_scale = scale
     if not d.past(tolerance):
         return
     o.status = NAN
     prec, n = ref.config.precision, ref.number
-    steps = min(len(o.extra["losses"]), len(ref_losses))  # the steps compared
+    steps = min(len(losses), len(ref_losses))  # the steps compared
     if d.outside is not None:
         step, loss = d.outside
         seen = ref_losses[:steps]

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.config import BATCH
 from autotune.records import OK, Outcome, Record
 from autotune.summary import BASELINE, Confirmation, ConfirmedConfig
+from autotune.tasks import objective_of
 from autotune.tuning.confirm import ConfirmStrategy
 from autotune.tuning.loop import Limits, drive
 from autotune.tuning.study import StudyLog
@@ -159,7 +160,7 @@ def run_checks(summary: Summary, spec: Spec, ctx: SearchContext, executor: Execu
     configs = [*ctx.candidates, *(r.config for _, r in picked)]
     keys = [BATCH, *configs[0].family.to_dict()]
     choices = {k: sorted({c.to_dict()[k] for c in configs}, key=repr) for k in keys}
-    log = StudyLog.in_memory(choices, ctx.memory_limit_bytes)
+    log = StudyLog.in_memory(choices, ctx.memory_limit_bytes, objective=objective_of(spec))
     runs: list[Record] = []
     drive(confirmer, executor, log, Limits(deadline=deadline), history=runs,
           on_start=on_start, on_record=on_record)
@@ -170,7 +171,7 @@ def run_checks(summary: Summary, spec: Spec, ctx: SearchContext, executor: Execu
         ran = next((r for r in runs if r.config == row.config), None)
         if ran is not None:
             check.status, check.error = ran.outcome.status, ran.outcome.error
-            check.measured = ran.outcome.score if ran.outcome.ok else None
+            check.measured = ran.score if ran.outcome.ok else None
         checks.append(check)
     return checks
 

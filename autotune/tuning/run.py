@@ -24,6 +24,7 @@ from autotune.records import CONFIRM_REASON
 from autotune.space import Space, build_space, divisors, few_splits, load_space
 from autotune.spec import Spec, load_spec, parse_duration
 from autotune.summary import Summary
+from autotune.tasks import objective_of
 from autotune.trials.executor import Executor, RayExecutor
 from autotune.tuning import confirm, numerics
 from autotune.tuning.loop import Limits, drive
@@ -126,7 +127,8 @@ def _search(spec: Spec, shape: ModelShape | None, space_file: Space, device: Dev
     key = fingerprint(spec, device, space.space)
     study_name = spec.search.study_name or f"autotune-{key[:12]}"
     log = StudyLog.open(storage, study_name, key, space.space.choices(), limit,
-                        sampler_for(spec.search.sampler, spec.search.seed))
+                        sampler_for(spec.search.sampler, spec.search.seed),
+                        objective=objective_of(spec))
     log.recover_abandoned()
     ctx = SearchContext(space.candidates, device, spec.world_size, spec.target_batch_size,
                         limit, shape, spec.search.seed)
@@ -190,10 +192,10 @@ def _stop_on_setup_error(record: Record) -> None:
     """A failure to load what every config shares (model, data, tokenizer) stops the
     search at once, naming the field; unless a knob that changes how the model is built
     is off its baseline, when the config may be at fault and the search goes on."""
-    field = record.outcome.extra.get("setup_field")
-    if field and all(getattr(record.config, k.name) == k.baseline
-                     for k in knobs.table() if k.affects_model):
-        raise SetupError(field, str(record.outcome.extra.get("setup_message", "")))
+    failure = record.outcome.failure
+    if failure.setup_field and all(getattr(record.config, k.name) == k.baseline
+                                   for k in knobs.table() if k.affects_model):
+        raise SetupError(failure.setup_field, failure.setup_message or "")
 
 
 def summarise(spec: Spec, device: DeviceSpec, limit: int, shape: ModelShape | None,

@@ -27,7 +27,7 @@ from optuna.trial import FrozenTrial, TrialState, create_trial
 from autotune.config import TrialConfig
 from autotune.dburl import driver_url, shown
 from autotune.errors import AutotuneError, SpecError
-from autotune.records import LOST, OK, OOM, PRUNED, Outcome, Record
+from autotune.records import LOST, OK, OOM, PRUNED, SAMPLES_PER_SECOND, Outcome, Record
 from autotune.tuning.strategies.base import Proposal
 
 FINGERPRINT_KEY = "spec_fingerprint"
@@ -79,8 +79,10 @@ class StudyLog:
     """The search's view of its Optuna study."""
 
     def __init__(self, study: optuna.Study, choices: dict[str, list], limit_bytes: int, *,
-                 shared: bool = True) -> None:
+                 shared: bool = True, objective: str = SAMPLES_PER_SECOND) -> None:
         self.study, self.choices, self.shared = study, choices, shared
+        # What its records are scored by: the driver's choice (autotune.tasks.objective_of)
+        self.objective = objective
         self.limit_bytes = limit_bytes  # a trial's constraint is its peak against it
         self.storage = study._storage  # noqa: SLF001 - trial attrs need the storage itself
         self.study_id = self.storage.get_study_id_from_name(study.study_name)
@@ -92,7 +94,8 @@ class StudyLog:
     # --- opening ------------------------------------------------------------------------
     @classmethod
     def open(cls, storage: str, study_name: str, fingerprint: str, choices: dict[str, list],
-             limit_bytes: int, sampler: optuna.samplers.BaseSampler | None = None) -> StudyLog:
+             limit_bytes: int, sampler: optuna.samplers.BaseSampler | None = None,
+             objective: str = SAMPLES_PER_SECOND) -> StudyLog:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         study = _create_or_load(storage, study_name, sampler)
         known = study.user_attrs.get(FINGERPRINT_KEY)
@@ -103,15 +106,22 @@ class StudyLog:
                             "made for a different model, data, target, space, device or "
                             "library versions; choose another study_name or output folder to "
                             "start afresh")
-        return cls(study, choices, limit_bytes)
+        return cls(study, choices, limit_bytes, objective=objective)
 
     @classmethod
     def in_memory(cls, choices: dict[str, list], limit_bytes: int,
-                  sampler: optuna.samplers.BaseSampler | None = None) -> StudyLog:
-        """A study that lives as long as the process (landscape replays)."""
+                  sampler: optuna.samplers.BaseSampler | None = None,
+                  objective: str = SAMPLES_PER_SECOND) -> StudyLog:
+        """A study that lives as long as the process (landscape replays: samples/s, a
+        remembered result's check)."""
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         return cls(optuna.create_study(direction="maximize", sampler=sampler), choices,
-                   limit_bytes, shared=False)
+                   limit_bytes, shared=False, objective=objective)
+
+    def record(self, proposal: Proposal, outcome: Outcome,
+               number: int | None = None) -> Record:
+        """A proposal's outcome as a record of this study, scored by its objective."""
+        return Record(proposal.config, outcome, proposal.reason, number, self.objective)
 
     # --- reading ------------------------------------------------------------------------
     def _trials(self, states: Iterable[TrialState] | None = None) -> list[FrozenTrial]:
@@ -125,14 +135,15 @@ class StudyLog:
         out = []
         for t in sorted(self._trials(done), key=lambda t: t.number):
             a = t.user_attrs
+            if t.number <= after or "outcome" not in a or SKIPPED_KEY in a \
+                    or ABANDONED_KEY in a:
+                continue
+            record = Record.from_dict(a | {"number": t.number})
             # A setup failure (the data, the tokenizer) says nothing of its config: once the
             # spec is fixed, the config runs again.
             # Nor does a trial the infrastructure lost.
-            outcome = a.get("outcome") or {}
-            setup = outcome.get("extra", {}).get("setup_field")
-            if t.number > after and "outcome" in a and SKIPPED_KEY not in a \
-                    and ABANDONED_KEY not in a and not setup and outcome["status"] != LOST:
-                out.append(Record.from_dict(a | {"number": t.number}))
+            if not record.outcome.failure.setup_field and record.outcome.status != LOST:
+                out.append(record)
         return out
 
     def abandoned(self) -> list[tuple[TrialConfig, str]]:
@@ -206,13 +217,13 @@ class StudyLog:
     def finish(self, number: int, proposal: Proposal, outcome: Outcome) -> Record:
         if outcome.predicted_memory_bytes is None:
             outcome.predicted_memory_bytes = proposal.predicted_memory_bytes
+        record = self.record(proposal, outcome, number)
         value, constraint = None, None
         if outcome.status == OK:
-            value = float(outcome.score or 0.0)
+            value = float(record.score or 0.0)
             constraint = (outcome.peak_memory_bytes or 0) / self.limit_bytes - 1.0
         elif outcome.status == OOM:
             value, constraint = 0.0, 1.0
-        record = Record(proposal.config, outcome, proposal.reason, number)
         self._set(number, _record_attrs(record))
         if constraint is not None:
             self._set(number, {CONSTRAINT_KEY: constraint}, system=True)
@@ -225,8 +236,7 @@ class StudyLog:
         outcome = Outcome(PRUNED, predicted_memory_bytes=proposal.predicted_memory_bytes,
                           error=f"not run: {proposal.why or proposal.reason}",
                           wall_seconds=0.0)
-        attrs = self._attrs(proposal) | _record_attrs(
-            Record(proposal.config, outcome, proposal.reason))
+        attrs = self._attrs(proposal) | _record_attrs(self.record(proposal, outcome))
         if proposal.trial_number is not None:
             number = proposal.trial_number
             self._set(number, attrs)
@@ -236,16 +246,17 @@ class StudyLog:
             trial_id = self.storage.create_new_trial(self.study_id, create_trial(
                 state=TrialState.PRUNED, params=params, distributions=dists, user_attrs=attrs))
             number = self.storage.get_trial_number_from_id(trial_id)
-        return Record(proposal.config, outcome, proposal.reason, number)
+        return self.record(proposal, outcome, number)
 
-    def skip(self, number: int, why: str, known: Outcome | None = None) -> None:
-        """A sampler's proposal that is no trial: told what is known of it."""
+    def skip(self, number: int, why: str, known: Record | None = None) -> None:
+        """A sampler's proposal that is no trial: told what is known of it (the record of
+        the config it repeats)."""
         self._set(number, {SKIPPED_KEY: why})
         self._numbers.discard(number)
-        if known is not None and known.ok:
+        if known is not None and known.outcome.ok:
             self._set(number, {CONSTRAINT_KEY: 0.0}, system=True)
             self.study.tell(number, float(known.score or 0.0))
-        elif known is not None and known.status in (OOM, PRUNED):
+        elif known is not None and known.outcome.status in (OOM, PRUNED):
             self._set(number, {CONSTRAINT_KEY: 1.0}, system=True)
             self.study.tell(number, 0.0)
         else:

@@ -55,16 +55,16 @@ class DeepSpeedStyleStrategy(Strategy):
             pending: Sequence[TrialConfig] = ()) -> Proposal | None:
         if pending:
             return None  # a plan of steps, each decided by the one before
-        by_config = {r.config: r.outcome for r in history}
+        by_config = {r.config: r for r in history}
         previous_best = 0.0
         for stage in self.stages:
             configs = self._stage_configs(stage)
             stage_best = max((by_config[c].score or 0.0 for c in configs
-                              if c in by_config and by_config[c].ok), default=0.0)
+                              if c in by_config and by_config[c].outcome.ok), default=0.0)
             for c in configs:
                 if c not in by_config:
                     return Proposal(c, f"zero{stage}")
-                if not by_config[c].ok:
+                if not by_config[c].outcome.ok:
                     break  # out of memory (or failed): larger micro-batches will be too
             if previous_best and stage_best <= previous_best:
                 return None  # a higher stage that is no faster: stop, as the autotuner does

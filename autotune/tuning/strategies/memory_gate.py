@@ -50,7 +50,7 @@ class MemoryGate:
             if r.outcome.is_oom:
                 b = r.config.per_device_train_batch_size
                 self.oom_at[r.config.family] = min(b, self.oom_at.get(r.config.family, b))
-                if not r.outcome.extra.get("host_memory"):
+                if not r.outcome.failure.host_memory:
                     self._ooms.append(r.config)
             if self.model is not None:
                 self.model.learn(r, self.ctx.memory_limit_bytes)

@@ -76,7 +76,7 @@ class SamplerStrategy(Strategy):
                 self.log.skip(trial.number, "excluded by the device rules")
             elif config in seen:  # answer from the record, as a user's objective would
                 self.log.skip(trial.number, f"repeat of trial {seen[config].number}",
-                              seen[config].outcome)
+                              seen[config])
             elif config in pending:
                 self.log.skip(trial.number, "already in flight")
             else:

@@ -85,8 +85,8 @@ class AutotuneStrategy(Strategy):
             return proposal
         ran = {r.config for r in history if r.outcome.ran} | set(pending)
         pruned = {r.config for r in history if not r.outcome.ran}
-        ok = [(r.config, r.outcome.score) for r in history
-              if r.outcome.ok and r.outcome.score and self.throughput.knows(r.config)]
+        ok = [(r.config, r.score) for r in history
+              if r.outcome.ok and r.score and self.throughput.knows(r.config)]
         best = max((math.log(s) for _, s in ok), default=None)
         if len(ran) != self._fitted_on:
             # New evidence: refit, rescore, and walk the candidates from the top again.
@@ -182,8 +182,8 @@ class AutotuneStrategy(Strategy):
         """Each candidate's predicted trial seconds if it runs (fixed overhead plus the
         timed work, which goes as 1 / samples/s; fitted to the trials so far, equal costs
         before) and if it runs out of memory (the OOMs' median, else the fixed part)."""
-        ran = [(r.outcome.wall_seconds, r.outcome.score) for r in history
-               if r.outcome.ok and r.outcome.wall_seconds and r.outcome.score]
+        ran = [(r.outcome.wall_seconds, r.score) for r in history
+               if r.outcome.ok and r.outcome.wall_seconds and r.score]
         ooms = [r.outcome.wall_seconds for r in history
                 if r.outcome.is_oom and r.outcome.wall_seconds]
         if len(ran) < 2:
@@ -216,11 +216,11 @@ class AutotuneStrategy(Strategy):
         """Before stopping: up to NEAR_TIES neighbours of the best measured config. The
         model cannot tell configs within noise of each other apart, and the best among
         them differs from its neighbours by one knob: a new best starts its own look."""
-        ok = [(n, r) for n, r in enumerate(history) if r.outcome.ok and r.outcome.score
+        ok = [(n, r) for n, r in enumerate(history) if r.outcome.ok and r.score
               and r.config in self.throughput.row]
         if not ok:
             return None
-        at, incumbent = max(ok, key=lambda nr: nr[1].outcome.score or 0.0)
+        at, incumbent = max(ok, key=lambda nr: nr[1].score or 0.0)
         if sum(1 for r in history[at + 1:] if r.reason == NEAR_TIE_REASON) >= NEAR_TIES:
             return None
         dead = self._dead_levels(history)
