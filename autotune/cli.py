@@ -307,6 +307,8 @@ def init(
     lora: Annotated[bool, typer.Option("--lora", help="train LoRA adapters")] = False,
     qlora: Annotated[bool, typer.Option("--qlora", help="LoRA on a base the search may "
                                         "quantize to 4 bits")] = False,
+    grpo: Annotated[bool, typer.Option("--grpo", help="trained by TRL's GRPOTrainer on your "
+                                       "prompts (reinforcement learning)")] = False,
     output: Annotated[Path, typer.Option(help="the spec to write")] = Path("model.yaml"),
 ) -> None:
     """Write a commented spec for a model, from its config alone (no weights)."""
@@ -314,8 +316,8 @@ def init(
 
     try:
         planned = spec_init.plan(model, seq_len=seq_len, target_batch=target_batch,
-                                 device=device, lora=lora, qlora=qlora,
-                                 output=f"runs/{output.stem}")
+                                 device=device, lora=lora, qlora=qlora, grpo=grpo,
+                                 output=f"runs/{output.stem}", spec_dir=output.parent)
         spec_init.write(output, spec_init.render(planned))
     except AutotuneError as exc:
         _fail(exc)

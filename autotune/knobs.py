@@ -666,7 +666,7 @@ CONTINUOUS_BATCHING = Knob(
     "continuous_batching", (False, True), False, "continuous batching", "paged", kind=bool,
     tag=lambda on: "paged" if on else "", applies=_generation_applies, scope="trainer: grpo",
     sets="GRPOConfig's use_transformers_continuous_batching (grpo_config.json)",
-    speed=Speed(sd=0.2))
+    speed=Speed(sd=0.2), recipe=lambda d, real: [False])
 
 VLLM_MODES = ("none", "colocate-0.3", "colocate-0.5", "colocate-0.3-sleep")
 
@@ -688,7 +688,11 @@ VLLM = Knob(
              lambda c, d: c.vllm != "none" and c.continuous_batching),
     ),
     speed=Speed(lambda v, d, w: math.log(3.0) if v != "none" and d.is_cuda else 0.0,
-                sd=0.5))
+                sd=0.5),
+    # TRL's advice for GRPO: generate with vLLM, colocated by default at its default share
+    # (huggingface.co/docs/trl/speeding_up_training, vllm_integration); where it cannot
+    # run, model.generate as TRL defaults to.
+    recipe=lambda d, real: ["colocate-0.3", "none"])
 
 
 # --- the table -------------------------------------------------------------------------

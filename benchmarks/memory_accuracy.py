@@ -452,7 +452,8 @@ def main() -> None:
     ap.add_argument("--families", action="store_true", help="Llama, Qwen2, Mistral and "
                     "Gemma shapes on CPU, full fine-tuning and QLoRA")
     ap.add_argument("--tasks", action="store_true", help="seq2seq (T5, BART), images (two "
-                    "ViT shapes) and DPO (LoRA and full) on CPU")
+                    "ViT shapes), DPO (LoRA and full) and GRPO (two shapes) on CPU")
+    ap.add_argument("--only", help="with --tasks: the groups whose names hold this")
     ap.add_argument("--proof", action="store_true", help="the GPU proof's few trials")
     ap.add_argument("--holdout", type=int, nargs="?", const=1, choices=(1, 2, 3),
                     help="a round of ZeRO rows no file had: with --from FILE,FILE predicted "
@@ -471,7 +472,7 @@ def main() -> None:
         families()
         return
     if args.tasks:
-        tasks()
+        tasks(args.only)
         return
     device = local_device()
     if device.is_cuda:
@@ -581,8 +582,26 @@ def preference_file(seq: int) -> Path:
     return path
 
 
+def prompts_file(seq: int) -> Path:
+    """Prompts in the chat tokenizer's words that all reach `seq` tokens (cut there), so
+    every generation batch is as wide as the memory model assumes."""
+    import json
+    import random
+
+    from examples.data.make_chat import WORDS
+
+    rng = random.Random(5)
+    path = Path("/tmp/autotune-memacc-prompts.jsonl")
+    rows = [{"prompt": " ".join(rng.choice(WORDS) for _ in range(seq)) + " ?"}
+            for _ in range(64)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+QWEN2 = LLAMA | {"model_type": "qwen2", "vocab_size": 8192}
 TASK_GROUPS = ("t5 seq2seq", "bart seq2seq (held out)", "vit images",
-               "vit 128px/8 images (held out)", "dpo lora", "dpo full (held out)")
+               "vit 128px/8 images (held out)", "dpo lora", "dpo full (held out)",
+               "grpo qwen2", "grpo llama beta (held out)")
 
 
 def task_spec(name: str):
@@ -601,6 +620,10 @@ def task_specs() -> dict[str, dict]:
     plain = [c(4), c(8), c(16), c(16, ck=True), c(8, "bf16"), c(8, o="adamw_bnb_8bit")]
     pairs = [c(2), c(4), c(8), c(8, ck=True), c(4, "bf16")]
     seq2seq = {"seq_len": 256, "target_len": 64}
+    completions = [c(2), c(4), c(8), c(16), c(16, ck=True), c(8, "bf16"),
+                   c(8, generation_cache="static")]
+    grpo = {"num_generations": 4, "max_completion_length": 64}
+    grpo_data = {"source": str(prompts_file(64)), "tokenizer": str(TOKENIZER), "seq_len": 64}
     dpo = {"source": str(preference_file(128)), "tokenizer": str(TOKENIZER), "seq_len": 128}
     return {
         "t5 seq2seq": ({"model": {"config": T5, "task": "seq2seq-lm"}, "data": seq2seq}, plain),
@@ -613,15 +636,22 @@ def task_specs() -> dict[str, dict]:
                       "data": dpo}, pairs),
         "dpo full (held out)": ({"model": {"config": LLAMA}, "trainer": "dpo", "data": dpo},
                                 pairs + [c(b, precompute_ref_log_probs=True) for b in (2, 8)]),
+        # GRPO: 4 completions of 64 tokens after each 64-token prompt, 16 a step; the
+        # held-out shape keeps a reference model (beta > 0).
+        "grpo qwen2": ({"model": {"config": QWEN2}, "trainer": "grpo", "data": grpo_data,
+                        "grpo": grpo}, completions),
+        "grpo llama beta (held out)": ({"model": {"config": LLAMA}, "trainer": "grpo",
+                                        "data": grpo_data, "grpo": grpo | {"beta": 0.04}},
+                                       completions),
     }
 
 
-def tasks() -> None:
+def tasks(only: str | None = None) -> None:
     """Per kind of training on CPU: measured against physics and leave-one-out calibrated,
     the error per group and over all (`--from` this output re-predicts it)."""
     device = local_device()
     overall = []
-    for name in TASK_GROUPS:
+    for name in (g for g in TASK_GROUPS if not only or only in g):
         print(name, flush=True)
         spec = task_spec(name)
         errors = measure(name, False, device, 1, task_specs()[name][1], spec=spec)

@@ -6,7 +6,7 @@ print what happened.
 
     python train_task_from_exports.py KIND EXPORT_DIR CONFIG_JSON OUT [ROWS TOKENIZER]
 
-KIND: seq2seq, image or dpo; CONFIG_JSON: the model's inline config.
+KIND: seq2seq, image, dpo or grpo; CONFIG_JSON: the model's inline config.
 """
 
 from __future__ import annotations
@@ -85,8 +85,31 @@ def dpo(export: Path, raw: dict, out: str, rows: str, tokenizer: str):
                       processing_class=tok, peft_config=peft), args
 
 
+def grpo(export: Path, raw: dict, out: str, rows: str, tokenizer: str):
+    """GRPOConfig from grpo_config.json, as the docs say to use it; the model saved to a
+    folder first where the reference is TRL's to load (beta > 0 without LoRA)."""
+    import datasets
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    args = GRPOConfig(**json.loads((export / "grpo_config.json").read_text())
+                      | {"output_dir": out} | STEPS)
+    model = _model("AutoModelForCausalLM", raw)
+    if args.beta:
+        model.save_pretrained(Path(out) / "policy")
+        model = str(Path(out) / "policy")
+    tok = AutoTokenizer.from_pretrained(tokenizer)
+    prompts = datasets.load_dataset("json", data_files=rows)["train"]
+
+    def length(completions, **kwargs):
+        return [float(len(str(c))) for c in completions]
+
+    return GRPOTrainer(model=model, reward_funcs=length, args=args, train_dataset=prompts,
+                       processing_class=tok), args
+
+
 def main(kind: str, export_dir: str, config: str, out: str, *data: str) -> None:
-    make = {"seq2seq": seq2seq, "image": image, "dpo": dpo}[kind]
+    make = {"seq2seq": seq2seq, "image": image, "dpo": dpo, "grpo": grpo}[kind]
     trainer, args = make(Path(export_dir), json.loads(config), out, *data)
     trainer.train()
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)

@@ -248,25 +248,29 @@ def _speedup_fact(summary: Summary, base: Record | None) -> Fact:
     each with its interval where the confirmation gives one."""
     c = summary.confirmation
     parts, notes = [], []
+    kind = trainer(summary.model.get("trainer"))
+    defaults = kind.defaults_name  # what a user who sets nothing gets: Trainer's, GRPOConfig's
+    short = defaults.replace("'s defaults", " defaults")
     if summary.defaults_do_not_fit:
         pruned = next((t.outcome.error for t in summary.searched if t.reason == BASELINE
                        and not t.outcome.ran), None)
         why = (pruned.removeprefix("not run: ") if pruned
                else "their smallest batch ran out of memory")
-        notes.append(f"Trainer's defaults do not fit this device ({why}): the speedup is "
+        notes.append(f"{defaults} do not fit this device ({why}): the speedup is "
                      "stated against the recipe alone")
     elif base is None:
         notes.append("no baseline trial succeeded")
     else:
         ratio = (summary.speedup, c.speedup_low, c.speedup_high) if c else (
             summary.speedup, None, None)
-        parts.append(_ratio_text(ratio, "Trainer defaults"))
+        parts.append(_ratio_text(ratio, short))
         notes.append(_how(c, ratio, "the baseline", c is not None and c.baseline_won,
-                          "no config it tried beat Trainer's defaults"))
+                          f"no config it tried beat {defaults}"))
         effective = base.config.samples_per_rank * summary.world_size
         shrunk = (f", effective batch {effective} not {summary.target_batch_size}"
                   if effective != summary.target_batch_size else "")
-        notes.append(f"baseline: Trainer defaults with auto_find_batch_size, "
+        found = " with auto_find_batch_size" if kind.auto_find_batch_size else ""
+        notes.append(f"baseline: {short}{found}, "
                      f"{base.config.label()}{shrunk}: "
                      f"{fmt_num(summary.samples_per_second(base))} {units(summary)[0]}/s")
     recipe = summary.recipe
@@ -361,11 +365,22 @@ def _where_time_went(summary: Summary) -> str:
 # --- the trials table -------------------------------------------------------------------
 
 # tokens/s is left out: it is samples/s × seq_len for every trial (the headline has it).
-def columns(shown: list[knobs.Knob] | None = None) -> tuple[str, ...]:
-    """Table headers; `shown`: the knob columns (shown_knobs of the trials), default all."""
+GENERATION = "gen share"  # a generating trainer's share of a step spent generating
+
+
+def generates(trials: list[Record]) -> bool:
+    """Whether the trials generated (GRPO): their generation share gets a column."""
+    return any(t.outcome.generation.share is not None for t in trials)
+
+
+def columns(shown: list[knobs.Knob] | None = None, generated: bool = False
+            ) -> tuple[str, ...]:
+    """Table headers; `shown`: the knob columns (shown_knobs of the trials), default all;
+    `generated`: a column for the share of the step spent generating."""
     shown = list(knobs.table()) if shown is None else shown
     return ("#", "batch", "accum", *(k.column for k in shown), "status", "samples/s",
-            "peak mem", "predicted", "step s", "reason", "error")
+            "peak mem", "predicted", "step s", *([GENERATION] if generated else []),
+            "reason", "error")
 
 
 def _knob_cell(value: Any) -> tuple[str, Any]:
@@ -374,7 +389,8 @@ def _knob_cell(value: Any) -> tuple[str, Any]:
     return str(value), value
 
 
-def trial_row(t: Record, shown: list[knobs.Knob] | None = None) -> list[tuple[str, Any]]:
+def trial_row(t: Record, shown: list[knobs.Knob] | None = None, generated: bool = False
+              ) -> list[tuple[str, Any]]:
     """(shown text, sort key) per column; the key is None for a missing figure."""
     c, o = t.config, t.outcome
     shown = list(knobs.table()) if shown is None else shown
@@ -387,7 +403,9 @@ def trial_row(t: Record, shown: list[knobs.Knob] | None = None) -> list[tuple[st
             (fmt_num(sps), known(sps)),
             (fmt_bytes(o.peak_memory_bytes), known(o.peak_memory_bytes)),
             (fmt_bytes(o.predicted_memory_bytes), known(o.predicted_memory_bytes)),
-            (fmt_num(o.median_step, 3), o.median_step), (t.reason, t.reason),
+            (fmt_num(o.median_step, 3), o.median_step),
+            *([(fmt_pct(o.generation.share), known(o.generation.share))] if generated else []),
+            (t.reason, t.reason),
             # A pruned config's error only repeats its reason ("not run: " and the reason).
             ("", "") if not o.ran else (error_tail(o.error), error_tail(o.error))]
 
@@ -468,10 +486,11 @@ def render_markdown(summary: Summary) -> str:
     trials = summary.trials
     lines += ["", f"## Trials ({len(trials)})", ""]
     if trials:
-        shown = shown_knobs(trials)
-        cols = columns(shown)
+        shown, generated = shown_knobs(trials), generates(trials)
+        cols = columns(shown, generated)
         lines += ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
-        lines += ["| " + " | ".join(_md_cell(text) for text, _ in trial_row(t, shown)) + " |"
+        lines += ["| " + " | ".join(_md_cell(text) for text, _ in
+                                    trial_row(t, shown, generated)) + " |"
                   for t in ranked(trials)]
     else:
         lines.append("No trial ran.")
@@ -651,7 +670,7 @@ document.querySelectorAll("table.sortable th").forEach((th, col) => {
 PLOT_CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": [
     "select2d", "lasso2d", "zoomIn2d", "zoomOut2d", "autoScale2d", "toggleSpikelines",
     "hoverClosestCartesian", "hoverCompareCartesian"]}
-NUMERIC = {"#", "batch", "accum", "samples/s", "peak mem", "predicted", "step s"}
+NUMERIC = {"#", "batch", "accum", "samples/s", "peak mem", "predicted", "step s", GENERATION}
 
 
 def _numeric(column: str) -> bool:
@@ -738,14 +757,15 @@ def _html_table(summary: Summary, trials: list[Record]) -> str:
     if not trials:
         return "<h2>Trials (0)</h2><p class=\"note\">No trial ran.</p>"
     best_number = summary.best.number if summary.best else None
-    shown = shown_knobs(trials)
-    cols = columns(shown)
+    shown, generated = shown_knobs(trials), generates(trials)
+    cols = columns(shown, generated)
     head = "".join(f"<th>{esc(c)}</th>" for c in cols)
     rows = []
     for t in ranked(trials):
         cls = ' class="best"' if t.number == best_number and t.outcome.ok else ""
         cells = "".join(_html_cell(name, text, key)
-                        for name, (text, key) in zip(cols, trial_row(t, shown), strict=True))
+                        for name, (text, key) in zip(cols, trial_row(t, shown, generated),
+                                                     strict=True))
         rows.append(f"<tr{cls}>{cells}</tr>")
     return (f"<h2>Trials ({len(trials)}) <span class=\"note\">· click a column to sort"
             f"</span></h2><div class=\"tablewrap\"><table class=\"sortable\" id=\"trials\">"

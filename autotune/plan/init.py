@@ -9,6 +9,7 @@ are out, and which configs the memory model expects to fit.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,17 +117,26 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 # An encoder-decoder's source and target tokens where --seq-len does not say: a
 # summary's article and its summary, as T5 was trained (512 positions).
 SEQ2SEQ_LENGTHS = (512, 128)
+# A GRPO spec's placeholders (hub-id-shaped, so the spec loads and plans before they are
+# replaced) and lengths: a prompt cap and completions as TRL's GRPO guides run them.
+GRPO_PROMPTS = "your-org/your-prompts"
+GRPO_TOKENIZER = "your-org/your-tokenizer"
+GRPO_PROMPT_LEN, GRPO_COMPLETION = 512, 256
 
 
 def preset_names() -> list[str]:
     return [f"{kind}-{size}" for kind, sizes in PRESETS.items() for size in sizes]
 
 
-def model_section(model: str) -> tuple[dict[str, Any], str]:
-    """The spec's model section for MODEL, and how it was read."""
+def model_section(model: str, spec_dir: Path | None = None) -> tuple[dict[str, Any], str]:
+    """The spec's model section for MODEL, and how it was read. A folder given relative
+    stays relative, to the spec's folder (`spec_dir`) where its paths are read from: a
+    spec that moves with its model folder still finds it."""
     path = Path(model).expanduser()
     if (path / "config.json").is_file():
-        return {"name_or_path": str(path.resolve())}, f"the model folder {path}"
+        where = str(path) if path.is_absolute() or spec_dir is None else os.path.relpath(
+            path.resolve(), spec_dir.resolve())
+        return {"name_or_path": where}, f"the model folder {path}"
     m = re.fullmatch(r"([a-z0-9]+?)(?:[-:_](\S+))?", model.lower())
     if m and m.group(1) in PRESETS:
         kind, sizes = m.group(1), PRESETS[m.group(1)]
@@ -166,15 +176,18 @@ DEFAULT_SEQ_LEN = 1024
 
 def plan(model: str, *, seq_len: int | None = None, target_batch: int = 32,
          device: str | None = None, lora: bool = False, qlora: bool = False,
-         output: str = "runs/autotune") -> InitPlan:
+         grpo: bool = False, output: str = "runs/autotune",
+         spec_dir: Path | None = None) -> InitPlan:
     """The spec for MODEL and what it found, reading the model's config only. `qlora`:
-    LoRA adapters, whose default space searches a 4-bit base beside the full one."""
+    LoRA adapters, whose default space searches a 4-bit base beside the full one. `grpo`:
+    trained by TRL's GRPOTrainer on the user's prompts (placeholders to replace: the
+    prompts, and a tokenizer where MODEL is a shape). `spec_dir`: where the spec goes."""
     from autotune.device import local_device, named_device
     from autotune.plan.estimate import estimate
     from autotune.plan.shape import model_shape
     from autotune.spec import load_spec
 
-    section, source = model_section(model)
+    section, source = model_section(model, spec_dir)
     kind = task(section.get("task"))
     if seq_len is None:  # 1024, or fewer where the model has fewer positions
         seq_len = _default_seq_len(section)
@@ -187,7 +200,14 @@ def plan(model: str, *, seq_len: int | None = None, target_batch: int = 32,
         data["target_len"] = min(SEQ2SEQ_LENGTHS[1], seq_len)
     if kind.reads_images:  # its sequence is its patches, from its config
         data = {}
-    spec: dict[str, Any] = {"model": section, "data": data,
+    extra: dict[str, Any] = {}
+    if grpo:  # a prompt cap, completions and the algorithm TRL defaults to, halved
+        data = {"source": GRPO_PROMPTS, "tokenizer": section.get("name_or_path", GRPO_TOKENIZER),
+                "seq_len": min(seq_len, GRPO_PROMPT_LEN)}
+        extra = {"trainer": "grpo", "grpo": {"num_generations": 4,
+                                             "max_completion_length": GRPO_COMPLETION,
+                                             "beta": 0.0, "reward": "length"}}
+    spec: dict[str, Any] = {"model": section, "data": data, **extra,
                             "target_batch_size": target_batch,
                             "hardware": {"gpus_per_trial": 1},
                             "search": {"space": "default", "n_trials": 40, "timeout": "30m"},
@@ -239,9 +259,18 @@ def render(p: InitPlan) -> str:
                    "shape, random weights." + ("\nlora: train adapters; the default space "
                                                "then searches a 4-bit base (QLoRA) too."
                                                if "lora" in p.spec["model"] else "")),
-             block("data", task(p.spec["model"].get("task")).data_comment),
+             block("data", GRPO_DATA_COMMENT if "grpo" in p.spec
+                   else task(p.spec["model"].get("task")).data_comment),
+             *([block("trainer", "TRL's GRPOTrainer: each step generates completions of "
+                      "its prompts, scores them and trains on them."),
+                block("grpo", "The algorithm: yours, never searched. num_generations "
+                      "completions of each prompt, each up to max_completion_length\ntokens "
+                      "(the trials force them to it: the worst case); beta > 0 keeps a "
+                      "reference model; reward: length\n(for timing) or "
+                      "package.module:function.")] if "grpo" in p.spec else []),
              block("target_batch_size", "The effective batch per optimizer step: every "
-                   "config trains exactly this."),
+                   "config trains exactly this" + (" (completions: a multiple of "
+                   "grpo.num_generations)." if "grpo" in p.spec else ".")),
              block("hardware", "Ranks per trial (data parallel); memory_budget caps a "
                    "trial's memory."),
              block("search", "The space (autotune/search_spaces/default.yaml), trials and "
@@ -250,6 +279,11 @@ def render(p: InitPlan) -> str:
              block("run", "Your long run: its wall time is projected in the report."),
              block("output", "Where the winner's files and the report go.")]
     return "\n".join(parts)
+
+
+GRPO_DATA_COMMENT = ("REPLACE the placeholders: source, your prompts (a .jsonl with a prompt "
+                     "column, text or chat messages,\nor a hub dataset id); tokenizer, your "
+                     "model's (its folder or hub id). seq_len caps a prompt's tokens.")
 
 
 def write(path: Path, text: str) -> None:

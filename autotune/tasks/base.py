@@ -150,12 +150,22 @@ class TrainerKind:
     generates: ClassVar[bool] = False  # completions generated in every step (RL)
     # A fake step can imitate its step (plan/trace.py); where not, the formulas stand
     traced: ClassVar[bool] = True
+    # Its step's loss on the same weights and data is comparable across configs, so a
+    # precision that drifts from the reference's is caught (tuning/numerics.py); not where
+    # the loss is of completions sampled anew by each config's policy
+    comparable_loss: ClassVar[bool] = True
     # The section of a space file that applies under it (space.py's SECTIONS)
     space_section: ClassVar[str | None] = None
     # Knobs whose values other than the baseline's it cannot take, and why
     refuses: ClassVar[dict[str, str]] = {}
     # What its knob reads only it has (None: every trainer's)
     units: ClassVar[tuple[str, str, str] | None] = None
+    # What a user who sets nothing gets (the search's baseline): the knob values its
+    # config class defaults to beside Trainer's, whether it takes auto_find_batch_size
+    # (without, its defaults run at the target's batch alone), and its name in the report
+    defaults: ClassVar[dict[str, Any]] = {}
+    auto_find_batch_size: ClassVar[bool] = True
+    defaults_name: ClassVar[str] = "Trainer's defaults"
 
     def check(self, spec: Spec) -> str | None:
         """Why the spec cannot run under this trainer, one line naming the field; None."""

@@ -41,6 +41,9 @@ class GRPO(TrainerKind):
     export_file = "grpo_config.json"
     generates = True
     traced = False  # a step generates, then trains through TRL's chunked head: formulas
+    # Its loss is of completions each config's policy samples anew (near 0 on-policy with
+    # beta 0): no drift check, only non-finite losses and gradients (the worker's).
+    comparable_loss = False
     adds_adapters = True  # TRL adds LoRA's adapters (peft_config): its reference is the base
     adapters_note = ("given to GRPOTrainer: where grpo.beta > 0 its reference is the base "
                      "with the adapters off")
@@ -48,6 +51,11 @@ class GRPO(TrainerKind):
     units = ("completions", "tokens", "a sample is a completion: its prompt's tokens and its "
              "generated ones, every completion forced to grpo.max_completion_length")
     refuses = {"padding_free": "GRPOTrainer pads its completions itself"}
+    # GRPOConfig's own defaults: bf16 and gradient checkpointing on; auto_find_batch_size
+    # refused (a smaller batch would break up a prompt's group of completions).
+    defaults = {"precision": "bf16", "gradient_checkpointing": True}
+    auto_find_batch_size = False
+    defaults_name = "GRPOConfig's defaults"
 
     def check(self, spec: Spec) -> str | None:
         said = trl_check(spec, self, "GRPOTrainer")
@@ -114,7 +122,7 @@ class GRPO(TrainerKind):
             from autotune.tasks.lora import lora_config_kwargs
 
             peft = LoraConfig(**lora_config_kwargs(spec.model.lora.model_dump(), task))
-        rows, lengths = prompt_rows(data, tok, samples)
+        rows, _ = prompt_rows(data, tok, samples)
         try:
             with _reference_as(reference):
                 trainer = _grpo_class()(model=model, reward_funcs=[reward_function(
@@ -123,7 +131,9 @@ class GRPO(TrainerKind):
         except (ValueError, KeyError) as exc:  # TRL's word on the rows or the template
             raise SetupError("data", f"GRPOTrainer refused the data: "
                              f"{' '.join(str(exc).split())[:400]}") from exc
-        return trainer, lengths
+        # No rows' lengths: padding does not decide a step's work here (every completion
+        # is forced to full length), so the objective stays completions per second.
+        return trainer, None
 
     def reference_model(self, spec: Spec, config: TrialConfig,
                         build: Callable[[], Any]) -> Any:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune import knobs, versions
+from autotune.config import Family
 from autotune.dburl import shown
 from autotune.device import DeviceSpec, local_device, memory_limit
 from autotune.errors import SetupError, SpecError
@@ -24,7 +25,7 @@ from autotune.records import CONFIRM_REASON
 from autotune.space import Space, build_space, divisors, few_splits, load_space
 from autotune.spec import Spec, load_spec, parse_duration
 from autotune.summary import Summary
-from autotune.tasks import objective_of
+from autotune.tasks import objective_of, trainer_of
 from autotune.trials.executor import Executor, RayExecutor
 from autotune.tuning import confirm, numerics
 from autotune.tuning.loop import Limits, drive
@@ -130,9 +131,12 @@ def _search(spec: Spec, shape: ModelShape | None, space_file: Space, device: Dev
                         sampler_for(spec.search.sampler, spec.search.seed),
                         objective=objective_of(spec))
     log.recover_abandoned()
+    trained_by = trainer_of(spec)
     ctx = SearchContext(space.candidates, device, spec.world_size, spec.target_batch_size,
-                        limit, shape, spec.search.seed)
-    ctx.baseline_chain = baseline_chain(ctx)
+                        limit, shape, spec.search.seed,
+                        baseline_family=Family.baseline().replace(**trained_by.defaults))
+    chain = baseline_chain(ctx)  # auto_find_batch_size's, where the trainer takes it
+    ctx.baseline_chain = chain if trained_by.auto_find_batch_size else chain[:1]
     ctx.recipe_chains = recipe_chains(ctx, recipe_rungs(
         device, available_values(spec), world_size=spec.world_size,
         real_data=spec.data.source != "synthetic"), divisors(spec.per_rank_batch))
@@ -168,7 +172,8 @@ def _search(spec: Spec, shape: ModelShape | None, space_file: Space, device: Dev
 
     try:
         drive(strategy, executor, log, limits, history=history, on_start=on_start,
-              on_record=recorded, review=review)
+              on_record=recorded,
+              review=review if trainer_of(spec).comparable_loss else None)
         picked = confirm.contenders(history, spec.per_rank_batch) if repeats else []
         if picked:
             confirmer = confirm.ConfirmStrategy(ctx, spec, output / "confirm", picked, repeats,
