@@ -98,7 +98,18 @@ class Family:
         return dict(self.items)
 
     def config(self, batch: int, target: int, world_size: int = 1) -> TrialConfig:
-        return TrialConfig(batch, accumulation(target, batch, world_size), self)
+        """At `batch` per rank, the accumulation that keeps the effective batch at
+        `target` over the data-parallel ranks."""
+        return TrialConfig(batch, accumulation(target, batch, self.data_parallel(world_size)),
+                           self)
+
+    def data_parallel(self, world_size: int) -> int:
+        """The ranks of `world_size` that each take a batch of their own: a sequence split
+        (Ulysses' or context parallelism's) over k ranks gives those k one batch. Where
+        the split does not divide the ranks (a rule rules it out), all of them."""
+        split = self.__dict__.get("sequence_parallel", 1) * self.__dict__.get(
+            "context_parallel", 1)
+        return world_size // split if world_size % split == 0 else world_size
 
     def label(self) -> str:
         return " ".join(t for k in knobs.table()

@@ -45,9 +45,15 @@ class Rule:
     # The reason as it stands on this machine, where it says more than `reason` (which
     # the knob references print): a package's own import error.
     explain: Callable[[], str] | None = None
+    # Where it holds only for some numbers of a trial's ranks (DDP's on several): the
+    # ranks it holds at. Without them (a recipe, a replay) it holds as for any.
+    ranks: Callable[[int], bool] | None = None
 
-    def check(self, config: TrialConfig, device: DeviceSpec) -> tuple[str, str] | None:
+    def check(self, config: TrialConfig, device: DeviceSpec,
+              world_size: int | None = None) -> tuple[str, str] | None:
         if not self.excludes(config, device):
+            return None
+        if self.ranks is not None and world_size is not None and not self.ranks(world_size):
             return None
         fields = config.to_dict() | {"device": device.name,
                                      "cc": device.compute_capability or "CPU"}
@@ -695,12 +701,313 @@ VLLM = Knob(
     recipe=lambda d, real: ["colocate-0.3", "none"])
 
 
+# --- long context (issue 54): the sequence split across ranks, tiled compute, -----------
+# --- how activations are kept ----------------------------------------------------------
+
+def _long_context_trainer(spec: Spec, what: str) -> str | None:
+    """Why a lever the trial applies to transformers' Trainer's own step (its loss, its
+    training step, its accelerator's ParallelismConfig) cannot apply under the spec's
+    trainer; TRL's were not tried (GRPOConfig refuses sequence parallelism outright)."""
+    from autotune.tasks import task_of, trainer_of
+
+    if not task_of(spec).causal:
+        return f"{what} is for causal LMs; this model's task is {spec.model.task}"
+    if not trainer_of(spec).long_context_levers:
+        return (f"{what} is applied to transformers' Trainer's step (trainer: trainer); "
+                f"under trainer: {spec.trainer} it was not tried")
+    return None
+
+
+def _text_config(spec: Spec) -> Any:
+    from autotune.tasks.models import load_hf_config
+
+    try:
+        cfg = load_hf_config(spec.model.model_dump())
+    except Exception:  # noqa: BLE001 - the spec's own checks report a broken model
+        return None
+    return cfg.get_text_config() if cfg is not None else None
+
+
+def _split_applies(spec: Spec, size: Any, what: str, chunks: int = 1) -> str | None:
+    """Why splitting each sequence `size` ways cannot apply to the spec: it must divide
+    the trial's ranks, the sequence (in `chunks` x size pieces) and the attention heads
+    and key-value heads (Ulysses gives each rank whole heads)."""
+    if size == 1:
+        return None
+    why = _long_context_trainer(spec, what)
+    if why:
+        return why
+    if spec.world_size % size:
+        return (f"{what}={size} must divide the trial's ranks (hardware.gpus_per_trial "
+                f"{spec.world_size})")
+    if spec.data.seq_len % (size * chunks):
+        return f"{what}={size} needs data.seq_len {spec.data.seq_len} divisible by {size * chunks}"
+    text = _text_config(spec)
+    heads = getattr(text, "num_attention_heads", None)
+    kv = getattr(text, "num_key_value_heads", None) or heads
+    if not heads:
+        return f"{what} needs the model's attention heads, which its config does not say"
+    if heads % size or kv % size:
+        return (f"{what}={size} must divide the model's attention heads ({heads}) and "
+                f"key-value heads ({kv})")
+    if spec.model.attn_implementation == "eager":
+        return f"{what} does not run eager attention (model.attn_implementation: eager)"
+    return None
+
+
+def _sequence_parallel_applies(spec: Spec, size: Any) -> str | None:
+    why = _split_applies(spec, size, "sequence_parallel")
+    cls = None if why or size == 1 else _model_class(spec)
+    if cls is not None and not getattr(cls, "_supports_sdpa", False) and not any(
+            getattr(cls, f, False) for f in _KERNEL_SUPPORT["flash_attention_2"]):
+        return f"Ulysses runs SDPA or flash attention, which {cls.__name__} supports neither of"
+    return why
+
+
+def _sp_prior(size: int, device: DeviceSpec, world_size: int) -> float:
+    # Two all-to-alls per layer forward and backward; a memory lever, not a speed one.
+    if size == 1:
+        return 0.0
+    return math.log(0.6) if device.nodes > 1 else math.log(0.9)
+
+
+SEQUENCE_PARALLEL = Knob(
+    # DeepSpeed's Ulysses (ALST) through accelerate: each sequence split across `size`
+    # ranks, attention gathered per head by all-to-all. Those ranks share one batch: the
+    # data-parallel ranks are world / size, and the accumulation keeps the target with them
+    # (config.py).
+    "sequence_parallel", (1, 2, 4, 8), 1, "sequence parallelism (Ulysses)", "SP", kind=int,
+    tag=lambda n: f"sp{n}" if n > 1 else "", applies=_sequence_parallel_applies,
+    scope="causal LMs under trainer: trainer; it divides hardware.gpus_per_trial, "
+    "data.seq_len and the attention and key-value heads",
+    sets="accelerate's ParallelismConfig(sp_backend='deepspeed', sp_size, sp_handler="
+    "DeepSpeedSequenceParallelConfig(sp_seq_length, sp_seq_length_is_variable=False, "
+    "sp_attn_implementation)): accelerate_config.yaml's parallelism_config block under "
+    "`accelerate launch`, or TrainingArguments(parallelism_config=...) in your script, "
+    "which also puts position_ids in every batch (and calls "
+    "deepspeed.init_distributed(dist_backend='gloo') first on CPU)",
+    rules=(
+        # Measured here (benchmarks/sp_gradient_scale.py): the loss matches one rank's,
+        # the gradient is sp_size times too large below ZeRO-3.
+        Rule("sequence_parallel={sequence_parallel} with zero_stage={zero_stage}",
+             "Ulysses' gradients come out sp_size times too large below ZeRO-3 (2 CPU ranks, "
+             "a 2-layer Llama at seq 256, accelerate 1.15, DeepSpeed 0.19.8: grad norm 3.148 "
+             "vs 1.574 on one rank at ZeRO-1, one SGD step at lr 0.1 moved down_proj by "
+             "0.0482 vs 0.0241; exactly right at ZeRO-3)",
+             lambda c, d: c.sequence_parallel > 1 and c.zero_stage != 3),
+        Rule("sequence_parallel={sequence_parallel} with attn_implementation=eager",
+             "Ulysses drops the attention mask and runs SDPA or flash attention; eager "
+             "attention needs the full 4D mask",
+             lambda c, d: c.sequence_parallel > 1 and c.attn_implementation == "eager"),
+        Rule("sequence_parallel={sequence_parallel} with padding_free=True", "Ulysses "
+             "shards padded rows of one length; packing's flattened rows are not tried",
+             lambda c, d: c.sequence_parallel > 1 and c.padding_free),
+    ),
+    speed=Speed(_sp_prior, sd=0.3))
+
+
+def _context_parallel_applies(spec: Spec, size: Any) -> str | None:
+    # torch's load-balanced split cuts each sequence into 2 x size chunks.
+    return _split_applies(spec, size, "context_parallel", chunks=2)
+
+
+CONTEXT_PARALLEL = Knob(
+    # accelerate's context parallelism (torch's ring attention under FSDP2): the sequence
+    # split across `size` ranks of FSDP's mesh, which share one batch.
+    "context_parallel", (1, 2, 4), 1, "context parallelism (FSDP2)", "CP", kind=int,
+    tag=lambda n: f"cp{n}" if n > 1 else "", applies=_context_parallel_applies,
+    scope="causal LMs under trainer: trainer; it divides hardware.gpus_per_trial and the "
+    "heads, 2 x it data.seq_len",
+    sets="accelerate's ParallelismConfig(cp_size, cp_backend='torch', dp_shard_size) with "
+    "FSDP2: accelerate_config.yaml's parallelism_config block, or "
+    "TrainingArguments(parallelism_config=...) in your script",
+    rules=(
+        Rule("context_parallel={context_parallel}", "context parallelism runs on CUDA GPUs "
+             "(torch's ring attention over NCCL)",
+             lambda c, d: c.context_parallel > 1 and not d.is_cuda),
+        Rule("context_parallel={context_parallel} with fsdp={fsdp}", "accelerate prepares "
+             "context parallelism inside FSDP2's mesh only (fsdp: shard_grad_op or full_shard)",
+             lambda c, d: c.context_parallel > 1 and c.fsdp == "none"),
+        Rule("context_parallel={context_parallel} with attn_implementation="
+             "{attn_implementation}", "Trainer runs context parallelism with SDPA only",
+             lambda c, d: c.context_parallel > 1
+             and c.attn_implementation not in ("auto", "sdpa")),
+        Rule("context_parallel={context_parallel} with sequence_parallel="
+             "{sequence_parallel}", "one split of the sequence at a time: Ulysses is "
+             "DeepSpeed's, context parallelism FSDP2's",
+             lambda c, d: c.context_parallel > 1 and c.sequence_parallel > 1),
+        Rule("context_parallel={context_parallel} with padding_free=True", "the ring splits "
+             "padded rows of one length; packing's flattened rows are not tried",
+             lambda c, d: c.context_parallel > 1 and c.padding_free),
+    ),
+    speed=Speed(_sp_prior, sd=0.3))
+
+
+def _tiled_mlp_applies(spec: Spec, on: Any = True) -> str | None:
+    why = _long_context_trainer(spec, "tiled_mlp")
+    if why:
+        return why
+    from autotune.trials.long_context import gated_mlp_classes
+
+    cls = _model_class(spec)
+    if cls is None or not gated_mlp_classes(cls):
+        name = cls.__name__ if cls is not None else "this model"
+        return (f"tiled_mlp recomputes a gated MLP (down_proj(act(gate_proj(x)) * "
+                f"up_proj(x)): Llama's, Qwen2's, Mistral's); {name} has none")
+    return None
+
+
+TILED_MLP = Knob(
+    # DeepSpeed's TiledMLP (ALST): each MLP's forward run shard by shard along the
+    # sequence, its intermediate never whole, and run again in the backward.
+    "tiled_mlp", (False, True), False, "tiled MLP", "tmlp", kind=bool,
+    tag=lambda on: "tmlp" if on else "", applies=_tiled_mlp_applies,
+    scope="causal LMs with a gated MLP under trainer: trainer",
+    sets="the trial: each gated MLP's forward through "
+    "deepspeed.runtime.sequence_parallel.ulysses_sp.TiledMLP (your script patches the "
+    "model's MLP forward so, as its docstring shows)",
+    rules=(
+        Rule("tiled_mlp=True", "TiledMLP is DeepSpeed's, which is not installed",
+             lambda c, d: c.tiled_mlp and not _installed("deepspeed"), install=True),
+        # Seen on 2 CPU ranks: "Expected to mark a variable ready only once".
+        Rule("tiled_mlp=True without ZeRO on several ranks", "TiledMLP accumulates each "
+             "weight's gradient once per shard, which ZeRO is told of (ds_grad_is_ready) "
+             "and DDP refuses (\"Expected to mark a variable ready only once\", 2 CPU ranks)",
+             lambda c, d: c.tiled_mlp and c.zero_stage == 0 and c.fsdp == "none",
+             ranks=lambda w: w > 1),
+        Rule("tiled_mlp=True with fsdp={fsdp}", "TiledMLP tells DeepSpeed's ZeRO when a "
+             "weight's gradient is whole; FSDP's reduction is not told (DeepSpeed: \"DDP, "
+             "FSDP will need something similar\")",
+             lambda c, d: c.tiled_mlp and c.fsdp != "none"),
+    ),
+    # The MLP's forward once more in the backward: about 1/9 of a step's compute more.
+    speed=Speed(lambda on, d, w: math.log(0.92) if on else 0.0, sd=0.1))
+
+
+def _tiled_loss_applies(spec: Spec, on: Any = True) -> str | None:
+    why = _long_context_trainer(spec, "tiled_loss")
+    if why:
+        return why
+    from autotune.trials.long_context import plain_head
+
+    cls = _model_class(spec)
+    if cls is None or not plain_head(cls):
+        name = cls.__name__ if cls is not None else "this model"
+        return (f"tiled_loss recomputes logits straight from lm_head; {name}'s forward "
+                "changes them (a softcap, a logit scale) or is not known")
+    text = _text_config(spec)
+    if getattr(text, "tie_word_embeddings", False):
+        # ZeRO-2/3 on 2 CPU ranks: "The parameter model.embed_tokens.weight has already
+        # been reduced"; DDP and one rank trained right.
+        return ("tiled_loss makes the LM head's gradient inside the forward: with the head "
+                "tied to the embeddings ZeRO-2/3 reduce that weight twice in a step (2 CPU "
+                "ranks: \"has already been reduced\")")
+    return None
+
+
+TILED_LOSS = Knob(
+    # DeepSpeed's TiledFusedLogitsLoss (ALST): the LM head and its cross-entropy shard by
+    # shard, the backward of each shard inside the forward, no full logits ever kept.
+    "tiled_loss", (False, True), False, "tiled logits loss", "tloss", kind=bool,
+    tag=lambda on: "tloss" if on else "", applies=_tiled_loss_applies,
+    scope="causal LMs whose logits are lm_head's, head untied, under trainer: trainer",
+    sets="the trial: the model's loss through deepspeed.runtime.sequence_parallel."
+    "ulysses_sp.TiledFusedLogitsLoss, each shard normalised inside it by the Trainer's "
+    "scale (your script computes the loss so: trials/long_context.py TiledLoss)",
+    rules=(
+        Rule("tiled_loss=True", "TiledFusedLogitsLoss is DeepSpeed's, which is not "
+             "installed", lambda c, d: c.tiled_loss and not _installed("deepspeed"),
+             install=True),
+        Rule("tiled_loss=True with use_liger_kernel=True", "Liger's fused linear "
+             "cross-entropy replaces the same head and loss",
+             lambda c, d: c.tiled_loss and c.use_liger_kernel),
+        Rule("tiled_loss=True with precision=fp16", "the head's gradient is made inside the "
+             "forward, before fp16's loss scaler multiplies the loss",
+             lambda c, d: c.tiled_loss and c.precision == "fp16"),
+    ),
+    speed=Speed(lambda on, d, w: math.log(0.98) if on else 0.0, sd=0.1))
+
+
+CHECKPOINTING_VARIANTS = ("non-reentrant", "reentrant", "every-2", "selective")
+
+
+def _checkpointing_variant_args(variant: str) -> dict[str, Any]:
+    name = f"{_checkpointing_arg()}_kwargs"
+    if variant == "reentrant":
+        return {name: {"use_reentrant": True}}
+    if variant == "every-2":  # transformers checkpoints layers 0, 2, 4...
+        return {name: {"use_reentrant": False, "every_n_layers": 2}}
+    return {}  # non-reentrant: gradient_checkpointing's own; selective: the trial's
+
+
+def _checkpointing_variant_applies(spec: Spec, variant: Any) -> str | None:
+    from autotune.tasks import trainer_of
+
+    if variant in ("every-2", "selective") and not trainer_of(spec).long_context_levers:
+        return (f"checkpointing_variant={variant} is applied to transformers' Trainer's "
+                f"model (trainer: trainer); under trainer: {spec.trainer} it was not tried")
+    return None
+
+
+@cache
+def _every_n_layers() -> bool:
+    """Whether the installed transformers' activation checkpointing takes
+    `every_n_layers` (read from training_args.py's source, not imported)."""
+    from autotune import transformers_source
+
+    return transformers_source.mentions("every_n_layers")
+
+
+CHECKPOINTING_VARIANT = Knob(
+    # How gradient checkpointing recomputes: torch's non-reentrant checkpoint of every
+    # decoder layer (gradient_checkpointing's), the reentrant one, every other layer only,
+    # or TRL's selective checkpointing (the attention op's output saved, the rest
+    # recomputed).
+    "checkpointing_variant", CHECKPOINTING_VARIANTS, "non-reentrant", "checkpointing variant",
+    "ckpt how", tag=lambda v: "" if v == "non-reentrant" else f"ckpt:{v}",
+    group="gradient_checkpointing", training_args=_checkpointing_variant_args,
+    applies=_checkpointing_variant_applies,
+    scope="gradient_checkpointing=True; every-2 and selective under trainer: trainer",
+    sets="TrainingArguments' activation_checkpointing_kwargs (use_reentrant, "
+    "every_n_layers); selective: trl.models.enable_selective_activation_checkpointing(model) "
+    "in your script before the Trainer",
+    rules=(
+        Rule("checkpointing_variant={checkpointing_variant} without gradient_checkpointing",
+             "a checkpointing variant is how gradient_checkpointing=True recomputes",
+             lambda c, d: c.checkpointing_variant != "non-reentrant"
+             and not c.gradient_checkpointing),
+        Rule("checkpointing_variant=every-2", "every-2 needs transformers whose activation "
+             "checkpointing takes every_n_layers (5.x)", lambda c, d:
+             c.checkpointing_variant == "every-2" and not _every_n_layers(), install=True),
+    ),
+    # Against checkpointing every layer: half the recompute, or the attention's kept.
+    speed=Speed(lambda v, d, w: {"every-2": math.log(1.12), "selective": math.log(1.05)}
+                .get(v, 0.0), sd=0.1))
+
+
+ACTIVATION_OFFLOADING = Knob(
+    # TRL's activation offloading around each training step (as SFTTrainer's
+    # activation_offloading): saved activations to pinned host memory on a side stream in
+    # the forward, back in the backward.
+    "activation_offloading", (False, True), False, "activation offloading", "act off",
+    kind=bool, tag=lambda on: "actoff" if on else "",
+    applies=lambda spec, on: _long_context_trainer(spec, "activation_offloading"),
+    scope="causal LMs under trainer: trainer",
+    sets="the trial: each training step inside trl.models.get_act_offloading_ctx_manager("
+    "model) (your script wraps Trainer.training_step so, as SFTTrainer does)",
+    rules=(Rule("activation_offloading=True", "activation offloading moves a GPU's saved "
+                "activations to host memory over CUDA streams; on a CPU they are there",
+                lambda c, d: c.activation_offloading and not d.is_cuda),),
+    speed=Speed(lambda on, d, w: math.log(0.9) if on else 0.0, sd=0.2))
+
+
 # --- the table -------------------------------------------------------------------------
 
 _TABLE: list[Knob] = [PRECISION, OPTIM, GRADIENT_CHECKPOINTING, ZERO_STAGE, OFFLOAD, FSDP,
                       TORCH_COMPILE, COMPILE_MODE, ATTENTION, QUANTIZATION, LIGER, PACKING,
                       DATALOADER_WORKERS, PIN_MEMORY, PRECOMPUTE_REF, GENERATION_CACHE,
-                      CONTINUOUS_BATCHING, VLLM]
+                      CONTINUOUS_BATCHING, VLLM, CHECKPOINTING_VARIANT, SEQUENCE_PARALLEL,
+                      CONTEXT_PARALLEL, TILED_MLP, TILED_LOSS, ACTIVATION_OFFLOADING]
 
 
 def table() -> tuple[Knob, ...]:
@@ -741,15 +1048,16 @@ def added(*new: Knob) -> Iterator[None]:
             _TABLE.remove(k)
 
 
-def device_rule(config: TrialConfig, device: DeviceSpec, *,
-                installs: bool = True) -> tuple[str, str] | None:
+def device_rule(config: TrialConfig, device: DeviceSpec, *, installs: bool = True,
+                world_size: int | None = None) -> tuple[str, str] | None:
     """(label, reason) of the first rule that rules `config` out on `device`, or None;
-    `installs=False` leaves out the rules about this machine's packages (a replay)."""
+    `installs=False` leaves out the rules about this machine's packages (a replay);
+    `world_size`: the trial's ranks, where a rule depends on them (unknown: it holds)."""
     for k in _TABLE:
         for rule in k.rules:
             if rule.install and not installs:
                 continue
-            hit = rule.check(config, device)
+            hit = rule.check(config, device, world_size)
             if hit is not None:
                 return hit
     return None

@@ -112,6 +112,7 @@ class Measurement(Part):
     peaks_by_step: list[list[int]] | None = None
     warmup_seconds: float | None = None  # the untimed steps, compilation included
     losses: list[float] | None = None  # each optimizer step's, as Trainer logs it
+    grad_norms: list[float] | None = None  # each step's, as Trainer's clipping returned it
     loss_scale_skips: int | None = None  # fp16's overflowed steps
     loss_drift: float | None = None  # against the fp32 reference (tuning/numerics.py)
     loss_drift_noise: float | None = None
@@ -179,7 +180,8 @@ class Phases(Part):
 class RanWith(Part):
     """What the run really was (trials/runtime.py `ran_with`): TF32, compiled or not and
     how, Liger, the attention kernel, the Trainer's wrapper (DDP, FSDP, a DeepSpeed engine:
-    the proof a sharding knob took effect), the native library bitsandbytes ran in."""
+    the proof a sharding knob took effect), the native library bitsandbytes ran in; and
+    the long-context levers as they ran (trials/long_context.py `Levers.record`)."""
 
     tf32: bool | None = None
     compiled: bool | None = None
@@ -189,6 +191,14 @@ class RanWith(Part):
     attn_implementation: str | None = None
     wrapped_as: str | None = None
     bitsandbytes: str | None = None
+    # The sequence split accelerate ran with: Ulysses' size (its attention in place), and
+    # context parallelism's
+    sequence_parallel: int | None = None
+    context_parallel: int | None = None
+    tiled_mlps: int | None = None  # MLPs computed by DeepSpeed's TiledMLP
+    tiled_loss_calls: int | None = None  # micro-batches whose loss was tiled
+    checkpointing: str | None = None  # "<variant> <checkpointed>/<layers>"
+    activation_offloading: bool | None = None  # the step ran in TRL's offloading context
 
 
 @dataclass

@@ -220,7 +220,8 @@ def build_space(spec: Spec, device: DeviceSpec, space: Space | None = None) -> S
     for family in space.families():
         for b in space.batch_sizes:
             cfg = family.config(b, spec.target_batch_size, spec.world_size)
-            rule = knobs.device_rule(cfg, device) or _one_rank_rule(cfg, spec.world_size)
+            rule = (knobs.device_rule(cfg, device, world_size=spec.world_size)
+                    or _one_rank_rule(cfg, spec.world_size))
             if rule is None:
                 result.candidates.append(cfg)
             else:

@@ -47,3 +47,15 @@ def training_arguments_fields() -> set[str] | None:
     names = {s.target.id for s in cls.body
              if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
     return names or None
+
+
+@cache
+def mentions(word: str) -> bool:
+    """Whether training_args.py's source mentions `word` (a field or key it documents)."""
+    spec = importlib.util.find_spec(TRAINING_ARGS)
+    if spec is None or not spec.origin:
+        return False
+    try:
+        return word in Path(spec.origin).read_text(encoding="utf-8")
+    except OSError:
+        return False

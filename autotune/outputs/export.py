@@ -37,7 +37,8 @@ def export_config(config: TrialConfig, output: Path, *, on_cpu: bool, seed: int,
                   world_size: int = 1, lora: dict[str, Any] | None = None,
                   task: str = DEFAULT_TASK, nodes: int = 1,
                   trainer_fields: tuple[str, dict[str, Any]] | None = None,
-                  arguments_fields: dict[str, Any] | None = None) -> dict[str, str | None]:
+                  arguments_fields: dict[str, Any] | None = None, seq_len: int | None = None,
+                  model_attention: str | None = None) -> dict[str, str | None]:
     """Write the winner's files into `output`; returns {kind: file name or None}.
 
     training_args.json carries the DeepSpeed config inline, so
@@ -54,14 +55,17 @@ def export_config(config: TrialConfig, output: Path, *, on_cpu: bool, seed: int,
     fields), its file is that config's kwargs: training_args.json's and its own
     (sft_config.json is `SFTConfig(**kwargs)`, dpo_config.json `DPOConfig(**kwargs)`).
     Where the task's arguments class adds fields (`arguments_fields`: a seq2seq-lm
-    model's Seq2SeqTrainingArguments), training_args.json holds them too."""
+    model's Seq2SeqTrainingArguments), training_args.json holds them too. A sequence
+    split (sequence or context parallelism, of sequences `seq_len` long) is the
+    accelerate config's `parallelism_config` block: a ParallelismConfig is no JSON, so
+    training_args.json cannot hold it (docs/knobs.md says what a script adds)."""
     from autotune.tasks.lora import lora_config_kwargs
 
     output.mkdir(parents=True, exist_ok=True)
     write_atomically(output / ACCELERATE_FILE, yaml.safe_dump(
         accelerate_config(config, world_size=world_size, on_cpu=on_cpu,
                           deepspeed_file=str((output / DEEPSPEED_FILE).resolve()),
-                          nodes=nodes),
+                          nodes=nodes, seq_len=seq_len, model_attention=model_attention),
         sort_keys=False))
     model_path, loading = output / MODEL_KWARGS_FILE, model_kwargs(config)
     quant_path, quantized = output / QUANTIZATION_FILE, loading.get("quantization_config")
@@ -101,14 +105,16 @@ def export_config(config: TrialConfig, output: Path, *, on_cpu: bool, seed: int,
 
 def spec_exports(spec: Spec, config: TrialConfig) -> dict[str, Any]:
     """`export_config`'s spec-given arguments for `config`: the task, LoRA, the trainer's
-    own config fields (SFTConfig's, DPOConfig's) and the task's arguments class's
-    (Seq2SeqTrainingArguments')."""
+    own config fields (SFTConfig's, DPOConfig's), the task's arguments class's
+    (Seq2SeqTrainingArguments'), the sequence length and attention a sequence split
+    names."""
     kind, by = task_of(spec), trainer_of(spec)
     own = by.fields(spec, config)
     return {"task": kind.name, "seed": spec.search.seed, "world_size": spec.world_size,
             "lora": spec.model.lora.model_dump() if spec.model.lora else None,
             "trainer_fields": (by.name, own) if own is not None else None,
-            "arguments_fields": kind.arguments_fields(spec)}
+            "arguments_fields": kind.arguments_fields(spec), "seq_len": spec.data.seq_len,
+            "model_attention": spec.model.attn_implementation}
 
 
 def trainer_file(spec: Spec) -> str:

@@ -150,6 +150,9 @@ class TrainerKind:
     generates: ClassVar[bool] = False  # completions generated in every step (RL)
     # A fake step can imitate its step (plan/trace.py); where not, the formulas stand
     traced: ClassVar[bool] = True
+    # Its step is transformers' Trainer's own, which the long-context levers patch (its
+    # accelerator's ParallelismConfig, compute_loss, training_step: trials/long_context.py)
+    long_context_levers: ClassVar[bool] = False
     # Its step's loss on the same weights and data is comparable across configs, so a
     # precision that drifts from the reference's is caught (tuning/numerics.py); not where
     # the loss is of completions sampled anew by each config's policy

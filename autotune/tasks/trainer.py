@@ -8,6 +8,7 @@ from autotune.tasks.base import TrainerKind
 
 class PlainTrainer(TrainerKind):
     name = "trainer"
+    long_context_levers = True  # TRL's trainers override the step: not tried under them
 
 
 PLAIN = PlainTrainer()

@@ -90,6 +90,32 @@ def launch_commands(world_size: int, nodes: int, accelerate_file: str) -> list[s
     return out
 
 
+def split_attention(config: TrialConfig, model_attention: str | None = None) -> str:
+    """The attention kernel a sequence split runs, named to accelerate: the config's, or
+    with `auto` the spec's model.attn_implementation, else SDPA (transformers' default
+    where the model supports it, which the knob's rules and `applies` see to)."""
+    if config.attn_implementation != "auto":
+        return config.attn_implementation
+    return model_attention or "sdpa"
+
+
+def parallelism_fields(config: TrialConfig, *, world_size: int, seq_len: int,
+                       model_attention: str | None = None) -> dict[str, Any] | None:
+    """accelerate's ParallelismConfig fields for `config` (its sp_handler's flattened
+    beside them), or None without a sequence split: Ulysses' (DeepSpeed, every batch
+    `seq_len` long) or context parallelism's (FSDP2, its shards over the rest of the
+    ranks). The trial builds the object from them (trials/long_context.py), the
+    accelerate config carries them (`accelerate_config`)."""
+    if config.sequence_parallel > 1:
+        return {"sp_size": config.sequence_parallel, "sp_backend": "deepspeed",
+                "sp_seq_length": seq_len, "sp_seq_length_is_variable": False,
+                "sp_attn_implementation": split_attention(config, model_attention)}
+    if config.context_parallel > 1:
+        return {"cp_size": config.context_parallel, "cp_backend": "torch",
+                "dp_shard_size": max(1, world_size // config.context_parallel)}
+    return None
+
+
 def model_kwargs(config: TrialConfig) -> dict[str, Any]:
     """The config's model-loading kwargs, `from_pretrained(..., **kwargs)`: the knobs that
     change how the model is built (the attention kernel, a quantized base)."""
@@ -145,12 +171,16 @@ MAIN_PORT = 29500
 
 
 def accelerate_config(config: TrialConfig, *, world_size: int = 1, on_cpu: bool = False,
-                      deepspeed_file: str = "ds_config.json",
-                      nodes: int = 1) -> dict[str, Any]:
+                      deepspeed_file: str = "ds_config.json", nodes: int = 1,
+                      seq_len: int | None = None,
+                      model_attention: str | None = None) -> dict[str, Any]:
     """An `accelerate launch --config_file` config for `config`: DeepSpeed (from the
     exported ds_config.json, which carries precision and batch itself) or FSDP inside it,
     else plain data parallelism; over `nodes` machines, each launched with its own
-    `--machine_rank` (and rank 0's node's address)."""
+    `--machine_rank` (and rank 0's node's address). A sequence split (`seq_len` long)
+    is its `parallelism_config` block, keyed as accelerate's launcher reads it
+    (`parallelism_config_sp_size`...: it sets the PARALLELISM_CONFIG_* variables from
+    which the script's Accelerator builds its ParallelismConfig)."""
     out: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE", "machine_rank": 0, "num_machines": nodes,
         "num_processes": world_size, "main_training_function": "main",
@@ -158,6 +188,10 @@ def accelerate_config(config: TrialConfig, *, world_size: int = 1, on_cpu: bool 
     }
     if nodes > 1:
         out |= {"main_process_ip": MAIN_NODE_PLACEHOLDER, "main_process_port": MAIN_PORT}
+    fields = parallelism_fields(config, world_size=world_size, seq_len=seq_len or 0,
+                                model_attention=model_attention) if seq_len else None
+    if fields:
+        out["parallelism_config"] = {f"parallelism_config_{k}": v for k, v in fields.items()}
     if config.zero_stage:
         out |= {"distributed_type": "DEEPSPEED", "deepspeed_config": {
             "deepspeed_config_file": deepspeed_file,
@@ -171,6 +205,8 @@ def accelerate_config(config: TrialConfig, *, world_size: int = 1, on_cpu: bool 
             "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
             "fsdp_offload_params": bool(offload), "fsdp_use_orig_params": True,
             "fsdp_state_dict_type": "SHARDED_STATE_DICT"}}
+        if config.context_parallel > 1:  # accelerate's launcher: parallelism on FSDP2 only
+            out["fsdp_config"]["fsdp_version"] = 2
     elif world_size > 1:
         out["distributed_type"] = "MULTI_CPU" if on_cpu else "MULTI_GPU"
     else:

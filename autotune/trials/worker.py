@@ -414,6 +414,7 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
     from autotune.spec import Spec
     from autotune.tasks import task_of, trainer_of
     from autotune.trials.build_lock import install as guard_build_locks
+    from autotune.trials.long_context import Levers
     from autotune.trials.model_builder import build_model, prepare_quantized
     from autotune.trials.oom import is_oom_exception
     from autotune.trials.runtime import (
@@ -431,6 +432,7 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
     task, trained_by = task_of(spec), trainer_of(spec)
     set_seed(request.seed)  # one seed: the same initial weights and data order everywhere
     cfg = TrialConfig.from_dict(request.config)
+    levers = Levers(cfg, spec, request.on_cpu)  # sequence splits, tiling, checkpointing
     world = _world()
     cuda = not request.on_cpu and torch.cuda.is_available()
     # Never a CPU figure for a GPU config; only a test, where no GPU is here, lets the
@@ -476,14 +478,16 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
         n_steps = spec.measure.warmup_steps + spec.measure.steps
         # Every rank gets b x gas micro-batch samples per step, for exactly n_steps steps.
         samples = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * n_steps
-        samples *= world
+        samples *= cfg.data_parallel(world)  # a sequence split's ranks share their rows
         kwargs = request.training_args | TRIAL_ONLY | {
-            "output_dir": str(Path.cwd() / "out"), "max_steps": n_steps}
+            "output_dir": str(Path.cwd() / "out"), "max_steps": n_steps} | levers.arguments()
         with clock.phase("engine"):
             # Before the model: under ZeRO-3 its DeepSpeed config makes transformers build
             # the model inside zero.Init, partitioned as it is made.
             args = trained_by.arguments(task, kwargs)
-            if cfg.zero_stage == 3:
+            if levers.joins_deepspeed:
+                levers.join(args)
+            elif cfg.zero_stage == 3:
                 _join_deepspeed(args)
         with clock.phase("model"):
             model, how = build_model(spec.model.model_dump(), model_kwargs(cfg), device,
@@ -495,6 +499,7 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
                 from autotune.tasks.lora import with_lora
 
                 model = with_lora(model, spec.model.lora.model_dump(), task)
+            levers.model(model)
 
             def copy_of_policy():
                 """The model built again as the policy was, from the same seed."""
@@ -512,7 +517,8 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
         with clock.phase("engine"):
             trainer, lengths = trained_by.make_trainer(
                 spec, task, model, args, samples, timer, request.seed, reference,
-                _packing_collator() if cfg.padding_free else None)
+                levers.collator(_packing_collator() if cfg.padding_free else None))
+            levers.trainer(model, trainer)
             counted = MicroBatches(trainer, cfg.padding_free, trained_by.counter(task, shape))
             readings = StepReadings(trainer)
         clock.mark_engine_until(timer)  # Trainer.train() up to its first step is the engine's
@@ -530,9 +536,11 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
         facts = ran_with(trainer, timer.tf32, compiled_graphs())
         if bnb is not None:  # the native library its 4-bit or 8-bit ops ran in
             facts.bitsandbytes = Path(bnb["path"]).name if bnb["path"] else bnb["library"]
+        levers.record(facts, trainer, model)
         outcome.ran_with = facts
         fallback = _sharding_fallback(cfg, facts.wrapped_as or "") or contradiction(
-            cfg.precision, cfg.use_liger_kernel, cfg.torch_compile, facts, cuda)
+            cfg.precision, cfg.use_liger_kernel, cfg.torch_compile, facts, cuda) or (
+            levers.contradiction(model, facts))
         if fallback:  # measured, but not the config asked for: never a figure for it
             outcome = Outcome(ERROR, error=fallback, **outcome.parts())
     except SetupError as exc:  # no config avoids it: the search stops on it
@@ -693,7 +701,8 @@ def _measure(timer, spec, cfg, world, model, history: list[dict[str, Any]],
             compile=Compile(recompiled_steps=len(again)))
     window -= recompile_seconds  # a recompile is paid once, like the first compile
     gas = cfg.gradient_accumulation_steps
-    per_step = cfg.per_device_train_batch_size * gas * world
+    # A sequence split's ranks share a batch: the samples are the data-parallel ranks'.
+    per_step = cfg.per_device_train_batch_size * gas * cfg.data_parallel(world)
     samples_per_s = per_step * len(timed) / window
     # Real (non-pad) tokens of the timed steps, this rank's times the ranks.
     real_tokens_per_s = sum(tokens[warmup * gas:]) * world / window
@@ -702,7 +711,8 @@ def _measure(timer, spec, cfg, world, model, history: list[dict[str, Any]],
         num_parameters=_parameters(model), cpu_threads=torch.get_num_threads(),
         trainable_parameters=_parameters(model, trainable=True), **flop_parameters(model),
         warmup_seconds=sum(durations[:warmup]), loss_scale_skips=skips,
-        losses=[e["loss"] for e in history if "loss" in e])
+        losses=[e["loss"] for e in history if "loss" in e],
+        grad_norms=[e["grad_norm"] for e in history if e.get("grad_norm") is not None] or None)
     compiled = Compile()
     if cfg.torch_compile:  # the warm-up pays compilation; a long run pays it once
         compiled.charged_seconds = max(0.0, sum(durations[:warmup]) - warmup

@@ -1,0 +1,254 @@
+"""The long-context levers (issue 54): where each is ruled out and why, the data-parallel
+ranks a sequence split leaves, real trials whose first step matches their twin's without
+the lever (sequence parallelism on 2 CPU ranks, the tiled MLP and loss, each
+checkpointing variant), a run whose tiled loss was scaled wrong refused, and the exports
+of a sequence-parallel winner trained with `accelerate launch` on 2 CPU ranks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autotune import knobs
+from autotune.config import Family, TrialConfig
+from autotune.device import DeviceSpec, named_device
+from autotune.spec import load_spec
+from tests.conftest import trial_request
+
+LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "vocab_size": 512, "max_position_embeddings": 256}
+CPU = DeviceSpec("cpu", "cpu", 8 * 2**30)
+SCRIPT = Path(__file__).with_name("train_long_context_from_exports.py")
+DATA = Path(__file__).resolve().parents[1] / "examples" / "data"
+
+
+def _spec(tmp_path, world: int = 1, target: int = 4, **more) -> dict:
+    return {"model": {"config": LLAMA} | more.pop("model", {}), "data": {"seq_len": 128},
+            "target_batch_size": target, "measure": {"warmup_steps": 0, "steps": 1},
+            "search": {"trial_timeout": "3m"}, "hardware": {"gpus_per_trial": world},
+            "output": str(tmp_path / "out")} | more
+
+
+def _close(a: float, b: float, rel: float = 1e-5) -> bool:
+    return abs(a - b) <= rel * abs(b)
+
+
+# --- rules and where a lever applies ---------------------------------------------------
+
+def test_sequence_parallel_below_zero_3_is_ruled_out_with_the_measured_gradient():
+    cfg = Family.of(sequence_parallel=2, zero_stage=1).config(1, 2, 2)
+    label, reason = knobs.device_rule(cfg, CPU)
+    assert label == "sequence_parallel=2 with zero_stage=1"
+    assert "3.148 vs 1.574" in reason and "0.0482 vs 0.0241" in reason
+    assert knobs.device_rule(Family.of(sequence_parallel=2, zero_stage=3).config(1, 2, 2),
+                             CPU) is None
+    eager = Family.of(sequence_parallel=2, zero_stage=3, attn_implementation="eager")
+    assert "eager" in knobs.device_rule(eager.config(1, 2, 2), CPU)[1]
+
+
+def test_a_sequence_split_applies_where_it_divides_the_ranks_heads_and_length(tmp_path):
+    sp = knobs.knob("sequence_parallel")
+    assert sp.applies(load_spec(_spec(tmp_path, world=2)), 2) is None
+    assert "gpus_per_trial 1" in sp.applies(load_spec(_spec(tmp_path)), 2)
+    heads = sp.applies(load_spec(_spec(tmp_path, world=8, target=8)), 8)
+    assert "attention heads (4) and key-value heads (2)" in heads
+    sft = _spec(tmp_path, world=2, trainer="sft")
+    sft["data"] |= {"source": str(DATA / "chat.jsonl"),
+                    "tokenizer": str(DATA / "chat-tokenizer")}
+    assert "trainer: trainer" in knobs.knob("tiled_loss").applies(load_spec(sft), True)
+    gpt2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 32, "n_head": 2,
+            "vocab_size": 512, "n_positions": 256}
+    spec = load_spec(_spec(tmp_path, model={"config": gpt2}))
+    assert "has none" in knobs.knob("tiled_mlp").applies(spec, True)
+    assert "tied" in knobs.knob("tiled_loss").applies(spec, True)  # GPT-2 ties its head
+    assert knobs.knob("tiled_mlp").applies(load_spec(_spec(tmp_path)), True) is None
+    cp = knobs.knob("context_parallel")
+    assert cp.applies(load_spec(_spec(tmp_path, world=2)), 2) is None
+    gpu = named_device("H100-80GB")
+    assert "fsdp" in knobs.device_rule(Family.of(context_parallel=2).config(1, 2, 2), gpu)[1]
+    assert knobs.device_rule(Family.of(context_parallel=2, fsdp="full_shard").config(
+        1, 2, 2), gpu) is None
+    on_cpu = Family.of(context_parallel=2, fsdp="full_shard").config(1, 2, 2)
+    assert "CUDA GPUs" in cp.rules[0].check(on_cpu, CPU)[1]
+    assert "on a CPU" in knobs.device_rule(Family.of(activation_offloading=True).config(
+        1, 4), CPU)[1]
+
+
+def test_checkpointing_variants_need_checkpointing_and_tiling_ddp_needs_zero():
+    variant = Family.of(checkpointing_variant="every-2").config(1, 4)
+    assert "how gradient_checkpointing=True recomputes" in knobs.device_rule(variant, CPU)[1]
+    assert knobs.device_rule(Family.of(checkpointing_variant="every-2",
+                                       gradient_checkpointing=True).config(1, 4), CPU) is None
+    # TiledMLP under DDP: refused on several ranks, fine on one and under ZeRO.
+    tiled = Family.of(tiled_mlp=True).config(1, 2, 2)
+    assert "DDP refuses" in knobs.device_rule(tiled, CPU, world_size=2)[1]
+    assert knobs.device_rule(tiled, CPU, world_size=1) is None
+    assert knobs.device_rule(Family.of(tiled_mlp=True, zero_stage=2).config(1, 2, 2), CPU,
+                             world_size=2) is None
+
+
+def test_a_sequence_split_shares_a_batch_so_accumulation_counts_data_parallel_ranks():
+    assert Family.of(zero_stage=3).config(1, 8, 2).gradient_accumulation_steps == 4
+    sp = Family.of(zero_stage=3, sequence_parallel=2).config(1, 8, 2)
+    assert sp.gradient_accumulation_steps == 8 and sp.data_parallel(2) == 1
+    assert Family.of(sequence_parallel=2).config(1, 8, 4).gradient_accumulation_steps == 4
+
+
+def test_the_space_keeps_sequence_parallel_under_zero_3_only(tmp_path):
+    from autotune.space import build_space
+
+    space = tmp_path / "space.yaml"
+    space.write_text("per_device_train_batch_size: [1]\nsequence_parallel: [1, 2]\n"
+                     "zero_stage: [1, 3]\n")
+    spec = load_spec(_spec(tmp_path, world=2, search={"space": str(space)}))
+    result = build_space(spec, CPU)
+    kept = {(c.sequence_parallel, c.zero_stage, c.gradient_accumulation_steps)
+            for c in result.candidates}
+    assert kept == {(1, 1, 2), (1, 3, 2), (2, 3, 4)}
+    assert "3.148" in result.pruned["sequence_parallel=2 with zero_stage=1"]
+
+
+# --- the exports -----------------------------------------------------------------------------
+
+def _export(tmp_path: Path) -> Path:
+    from autotune.outputs.export import export_config, spec_exports
+
+    spec = load_spec(_spec(tmp_path, world=2, target=2))
+    cfg = Family.of(zero_stage=3, sequence_parallel=2).config(1, 2, 2)
+    export_config(cfg, tmp_path / "x", on_cpu=True, **spec_exports(spec, cfg))
+    return tmp_path / "x"
+
+
+def test_the_accelerate_config_carries_the_parallelism_config(tmp_path):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    x = _export(tmp_path)
+    loaded = load_config_from_file(str(x / "accelerate_config.yaml"))
+    assert loaded.distributed_type == "DEEPSPEED" and loaded.num_processes == 2
+    assert loaded.parallelism_config == {
+        "parallelism_config_sp_size": 2, "parallelism_config_sp_backend": "deepspeed",
+        "parallelism_config_sp_seq_length": 128,
+        "parallelism_config_sp_seq_length_is_variable": False,
+        "parallelism_config_sp_attn_implementation": "sdpa"}
+    args = json.loads((x / "training_args.json").read_text())
+    assert "parallelism_config" not in args  # no JSON holds one: the launcher's block does
+    assert (args["per_device_train_batch_size"], args["gradient_accumulation_steps"]) == (1, 2)
+
+
+@pytest.mark.slow
+def test_accelerate_launch_trains_two_steps_with_sequence_parallelism(tmp_path):
+    """The exports and the script's two additions (tests/train_long_context_from_exports.py)
+    train under `accelerate launch` on 2 CPU ranks, which ran with sp_size 2."""
+    x = _export(tmp_path)
+    accelerate = str(Path(sys.executable).with_name("accelerate"))
+    proc = subprocess.run([accelerate, "launch", "--config_file",
+                           str(x / "accelerate_config.yaml"), "--main_process_port", "29573",
+                           str(SCRIPT), str(x), str(tmp_path / "run")], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (out["global_step"], out["world"], out["sp"]) == (2, 2, 2)
+
+
+# --- real trials: each lever against its twin ------------------------------------------------
+
+def _in_process(tmp_path, name: str, **values):
+    """A one-rank trial in this process (no launcher: a second each), at b2 x gas 2 so the
+    accumulation's scale is in play."""
+    from autotune.trials.worker import run
+
+    spec = _spec(tmp_path)
+    out = run(trial_request(spec, Family.of(values).config(2, 4)), str(tmp_path / name))
+    assert out.status == "ok", out.error
+    return out
+
+
+def _first_step(out) -> tuple[float, float]:
+    return out.measured.losses[0], out.measured.grad_norms[0]
+
+
+@pytest.fixture(scope="module")
+def twin(tmp_path_factory) -> tuple[float, float]:
+    """The first step (loss, grad norm) of the one-rank trial without any lever."""
+    return _first_step(_in_process(tmp_path_factory.mktemp("twin"), "twin"))
+
+
+def test_tiled_mlp_and_loss_match_their_twins_first_step(tmp_path, twin):
+    mlp = _in_process(tmp_path, "mlp", tiled_mlp=True)
+    loss = _in_process(tmp_path, "loss", tiled_loss=True)
+    assert mlp.ran_with.tiled_mlps == 2 and loss.ran_with.tiled_loss_calls == 2
+    for out in (mlp, loss):
+        got = _first_step(out)
+        assert _close(got[0], twin[0]) and _close(got[1], twin[1]), (got, twin)
+
+
+def test_a_tiled_loss_normalised_outside_is_refused(tmp_path, monkeypatch, twin):
+    """TiledFusedLogitsLoss makes the head's gradient inside its forward: a loss summed
+    inside and normalised by its token count outside it (what the scale inside undoes)
+    gives the head a gradient that many times too large. The backward reads the scale
+    really applied, and the run is refused, not measured."""
+    from autotune.trials import long_context
+
+    monkeypatch.setattr(long_context, "outer_scale", lambda trainer, items: float(items))
+    from autotune.trials.worker import run
+
+    out = run(trial_request(_spec(tmp_path), Family.of(tiled_loss=True).config(2, 4)),
+              str(tmp_path / "wrong"))
+    assert out.status == "error"
+    items = 2 * 2 * 127  # the step's predicted tokens: 2 micro-batches of 2 rows
+    assert f"scaled the loss by {1 / items:.6g} x what the tiled loss assumed" in out.error
+    loss, norm = _first_step(out)  # measured before it was refused: the loss is right...
+    assert _close(loss, twin[0]) and norm > 10 * twin[1]  # ...its gradient far from it
+
+
+@pytest.mark.parametrize(("variant", "ran"), [
+    ("non-reentrant", "non-reentrant 2/2"), ("reentrant", "reentrant 2/2"),
+    ("every-2", "non-reentrant 1/2"), ("selective", "selective 2/2")])
+def test_each_checkpointing_variant_runs_as_asked_and_matches(tmp_path, variant, ran, twin):
+    out = _in_process(tmp_path, variant, gradient_checkpointing=True,
+                      checkpointing_variant=variant)
+    assert out.ran_with.checkpointing == ran
+    got = _first_step(out)
+    assert _close(got[0], twin[0]) and _close(got[1], twin[1]), (got, twin)
+
+
+@pytest.mark.slow
+def test_sequence_parallel_trial_on_two_ranks_matches_its_twin(tmp_path):
+    """SP=2 under ZeRO-3 on 2 CPU ranks (one data-parallel rank, so twice the
+    accumulation) against the SP=1 twin at the same per-device batch: the same samples in
+    the first step, the same loss and gradient norm; with the tiled MLP and loss on top,
+    the same again."""
+    from autotune.trials.launch import run_trial
+
+    spec = _spec(tmp_path, world=2, target=2)
+    runs = {}
+    for name, values in (("twin", {}), ("sp", {"sequence_parallel": 2}),
+                         ("sp+tiled", {"sequence_parallel": 2, "tiled_mlp": True,
+                                       "tiled_loss": True})):
+        cfg = Family.of(values, zero_stage=3).config(1, 2, 2)
+        runs[name] = out = run_trial(trial_request(spec, cfg, timeout_s=180))
+        assert out.status == "ok", out.error
+    assert runs["twin"].ran_with.sequence_parallel is None
+    assert runs["sp"].ran_with.sequence_parallel == 2
+    assert runs["sp"].measured.micro_batches == [1, 1]  # gas 2 of one shard's sample
+    tiled = runs["sp+tiled"].ran_with
+    assert (tiled.sequence_parallel, tiled.tiled_mlps, tiled.tiled_loss_calls) == (2, 2, 2)
+    twin = _first_step(runs["twin"])
+    for name in ("sp", "sp+tiled"):
+        got = _first_step(runs[name])
+        assert _close(got[0], twin[0]) and _close(got[1], twin[1]), (name, got, twin)
+    # Throughput counts the data-parallel ranks' samples: 2 per step, not 2 per rank.
+    sp = runs["sp"]
+    assert sp.samples_per_second * sp.timed_seconds == pytest.approx(2)
+
+
+def test_trial_config_round_trips_its_long_context_knobs():
+    cfg = TrialConfig.of(1, 2, sequence_parallel=2, zero_stage=3, tiled_loss=True,
+                         checkpointing_variant="selective", gradient_checkpointing=True)
+    assert TrialConfig.from_label(cfg.label()) == cfg
+    assert cfg.label() == "b1x2 fp32 adamw_torch ckpt z3 ckpt:selective sp2 tloss"
