@@ -350,14 +350,16 @@ def estimate(
     memory: Annotated[str | None, typer.Option(help="memory limit, e.g. 40GiB")] = None,
     all_rows: Annotated[bool, typer.Option("--all", help="every config, not only the "
                                            "largest fitting batch per family")] = False,
+    longest: Annotated[bool, typer.Option("--longest", help="each family's longest seq_len "
+                                          "predicted to fit (multiples of 256)")] = False,
 ) -> None:
     """Predicted peak memory per config; no GPU and no weights needed."""
     from autotune.plan.estimate import estimate as run_estimate
     from autotune.plan.estimate import render_estimate
 
     try:
-        render_estimate(run_estimate(spec, device=device, memory=memory), console,
-                        all_rows=all_rows)
+        render_estimate(run_estimate(spec, device=device, memory=memory, longest=longest),
+                        console, all_rows=all_rows)
     except AutotuneError as exc:
         _fail(exc)
 

@@ -129,6 +129,10 @@ class Knob:
     # Whether a value that keeps failing (nan, error, crash) may be blamed and written off;
     # False for knobs that change no numerics and no code path that can break.
     blamed: bool = True
+    # A lever that must not change the maths (a sequence split, tiled compute, how
+    # checkpointing recomputes): the driver checks a trial's first step against its twin
+    # with every such knob at its baseline (tuning/numerics.py `parity`).
+    parity: bool = False
     # Changes how the model is built (attention kernel, adapters): a model that fails to
     # build under a non-baseline value may be this knob's fault, not the spec's.
     affects_model: bool = False
@@ -777,7 +781,7 @@ SEQUENCE_PARALLEL = Knob(
     # data-parallel ranks are world / size, and the accumulation keeps the target with them
     # (config.py).
     "sequence_parallel", (1, 2, 4, 8), 1, "sequence parallelism (Ulysses)", "SP", kind=int,
-    tag=lambda n: f"sp{n}" if n > 1 else "", applies=_sequence_parallel_applies,
+    parity=True, tag=lambda n: f"sp{n}" if n > 1 else "", applies=_sequence_parallel_applies,
     scope="causal LMs under trainer: trainer; it divides hardware.gpus_per_trial, "
     "data.seq_len and the attention and key-value heads",
     sets="accelerate's ParallelismConfig(sp_backend='deepspeed', sp_size, sp_handler="
@@ -814,7 +818,7 @@ def _context_parallel_applies(spec: Spec, size: Any) -> str | None:
 CONTEXT_PARALLEL = Knob(
     # accelerate's context parallelism (torch's ring attention under FSDP2): the sequence
     # split across `size` ranks of FSDP's mesh, which share one batch.
-    "context_parallel", (1, 2, 4), 1, "context parallelism (FSDP2)", "CP", kind=int,
+    "context_parallel", (1, 2, 4), 1, "context parallelism (FSDP2)", "CP", kind=int, parity=True,
     tag=lambda n: f"cp{n}" if n > 1 else "", applies=_context_parallel_applies,
     scope="causal LMs under trainer: trainer; it divides hardware.gpus_per_trial and the "
     "heads, 2 x it data.seq_len",
@@ -860,7 +864,7 @@ def _tiled_mlp_applies(spec: Spec, on: Any = True) -> str | None:
 TILED_MLP = Knob(
     # DeepSpeed's TiledMLP (ALST): each MLP's forward run shard by shard along the
     # sequence, its intermediate never whole, and run again in the backward.
-    "tiled_mlp", (False, True), False, "tiled MLP", "tmlp", kind=bool,
+    "tiled_mlp", (False, True), False, "tiled MLP", "tmlp", kind=bool, parity=True,
     tag=lambda on: "tmlp" if on else "", applies=_tiled_mlp_applies,
     scope="causal LMs with a gated MLP under trainer: trainer",
     sets="the trial: each gated MLP's forward through "
@@ -908,7 +912,7 @@ def _tiled_loss_applies(spec: Spec, on: Any = True) -> str | None:
 TILED_LOSS = Knob(
     # DeepSpeed's TiledFusedLogitsLoss (ALST): the LM head and its cross-entropy shard by
     # shard, the backward of each shard inside the forward, no full logits ever kept.
-    "tiled_loss", (False, True), False, "tiled logits loss", "tloss", kind=bool,
+    "tiled_loss", (False, True), False, "tiled logits loss", "tloss", kind=bool, parity=True,
     tag=lambda on: "tloss" if on else "", applies=_tiled_loss_applies,
     scope="causal LMs whose logits are lm_head's, head untied, under trainer: trainer",
     sets="the trial: the model's loss through deepspeed.runtime.sequence_parallel."
@@ -964,7 +968,8 @@ CHECKPOINTING_VARIANT = Knob(
     # or TRL's selective checkpointing (the attention op's output saved, the rest
     # recomputed).
     "checkpointing_variant", CHECKPOINTING_VARIANTS, "non-reentrant", "checkpointing variant",
-    "ckpt how", tag=lambda v: "" if v == "non-reentrant" else f"ckpt:{v}",
+    "ckpt how", parity=True,
+    tag=lambda v: "" if v == "non-reentrant" else f"ckpt:{v}",
     group="gradient_checkpointing", training_args=_checkpointing_variant_args,
     applies=_checkpointing_variant_applies,
     scope="gradient_checkpointing=True; every-2 and selective under trainer: trainer",
@@ -990,7 +995,7 @@ ACTIVATION_OFFLOADING = Knob(
     # activation_offloading): saved activations to pinned host memory on a side stream in
     # the forward, back in the backward.
     "activation_offloading", (False, True), False, "activation offloading", "act off",
-    kind=bool, tag=lambda on: "actoff" if on else "",
+    kind=bool, parity=True, tag=lambda on: "actoff" if on else "",
     applies=lambda spec, on: _long_context_trainer(spec, "activation_offloading"),
     scope="causal LMs under trainer: trainer",
     sets="the trial: each training step inside trl.models.get_act_offloading_ctx_manager("
@@ -1046,6 +1051,13 @@ def added(*new: Knob) -> Iterator[None]:
     finally:
         for k in new:
             _TABLE.remove(k)
+
+
+def parity_levers(config: TrialConfig) -> dict[str, Any]:
+    """The config's levers that must not change the maths (`Knob.parity`), each off its
+    baseline: what its twin turns off (tuning/numerics.py)."""
+    return {k.name: getattr(config, k.name) for k in table()
+            if k.parity and getattr(config, k.name) != k.baseline}
 
 
 def device_rule(config: TrialConfig, device: DeviceSpec, *, installs: bool = True,

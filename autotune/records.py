@@ -117,6 +117,10 @@ class Measurement(Part):
     loss_drift: float | None = None  # against the fp32 reference (tuning/numerics.py)
     loss_drift_noise: float | None = None
     loss_accumulation_scale: float | None = None  # the model sums over micro-batches
+    # A parity lever's first step against its twin's (tuning/numerics.py `parity`): the
+    # larger relative gap of loss and gradient norm, and the twin's trial number.
+    parity_gap: float | None = None
+    parity_twin: int | None = None
     mfu: float | None = None  # model FLOPs utilisation (PaLM's appendix B)
     lengths: Lengths | None = _part(Lengths)  # real data's rows
     num_parameters: int | None = None

@@ -145,13 +145,19 @@ def _under(kind: TrainerKind) -> Callable[[DeviceSpec, Spec | None], bool]:
     return lambda device, spec: spec is not None and trainer_of(spec) is kind
 
 
+# From this many tokens a row the activations and the logits, not the model states, decide
+# what fits: the default space's long_context levers are searched.
+LONG_CONTEXT = 8192
+
 # Sections of a space file whose knob lists replace the top level's where their condition
 # holds: the default space searches the GPU's own levers on CUDA (and stays quick on a
-# CPU), a quantized base where the model trains LoRA adapters, and DPO's reference
-# log-probs precomputed under trainer: dpo.
+# CPU), a quantized base where the model trains LoRA adapters, the long-context levers
+# from LONG_CONTEXT tokens, and a trainer's own (DPO's reference log-probs).
 SECTIONS: dict[str, Callable[[DeviceSpec, Spec | None], bool]] = {
     "cuda": lambda device, spec: device.is_cuda,
     "lora": lambda device, spec: spec is not None and spec.model.lora is not None,
+    "long_context": lambda device, spec: spec is not None and isinstance(
+        spec.data.seq_len, int) and spec.data.seq_len >= LONG_CONTEXT,
 } | {  # a trainer's own section (trainer: dpo's reference log-probs)
     kind.space_section: _under(kind) for kind in TRAINERS.values() if kind.space_section}
 

@@ -206,11 +206,13 @@ class DataSpec(_Strict):
     """What each trial trains on: synthetic tokens or images, or rows as people have
     them."""
 
-    seq_len: int = Field(128, gt=0)
+    seq_len: int | Literal["longest"] = 128
     """Tokens per row: longer rows are truncated, shorter ones padded (or packed). A
     seq2seq-lm model's source; under trainer: dpo, each of a pair's two rows (prompt and
     chosen, prompt and rejected). Not read for image-classification: a ViT's sequence is
-    its patches."""
+    its patches. `longest`: the longest length any config of the space is predicted to
+    fit, a multiple of 256, found when the search starts and said then (`autotune
+    estimate --longest` shows it per config family)."""
     target_len: int | None = Field(None, gt=0)
     """A seq2seq-lm model's target (decoder) tokens per row, truncated and padded to it.
     None: 128, said when the search starts."""
@@ -234,6 +236,13 @@ class DataSpec(_Strict):
     """The column of a text source."""
     completion_only_loss: bool = False
     """Loss on the completion (the assistant's turns) only, not on the prompt."""
+
+    @field_validator("seq_len")
+    @classmethod
+    def _positive_length(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError(f"{v}: a length of at least 1 token, or longest")
+        return v
 
     @field_validator("source")
     @classmethod

@@ -252,3 +252,175 @@ def test_trial_config_round_trips_its_long_context_knobs():
                          checkpointing_variant="selective", gradient_checkpointing=True)
     assert TrialConfig.from_label(cfg.label()) == cfg
     assert cfg.label() == "b1x2 fp32 adamw_torch ckpt z3 ckpt:selective sp2 tloss"
+
+
+# --- the driver: parity with the twin, the twin first, the memory terms, the longest length
+
+def _ran(config, loss: float, norm: float, number: int):
+    from autotune.records import OK, Measurement, Outcome, Record
+
+    return Record(config, Outcome(OK, samples_per_second=1.0, measured=Measurement(
+        losses=[loss, loss * 0.9], grad_norms=[norm, norm])), "model", number)
+
+
+def test_a_lever_whose_gradient_departs_from_its_twin_is_wrong_with_both_figures():
+    from autotune.records import NAN
+    from autotune.tuning import numerics
+
+    twin = _ran(Family.of(zero_stage=3).config(1, 2, 2), 6.2375, 1.574, 0)
+    right = _ran(Family.of(zero_stage=3, sequence_parallel=2).config(1, 2, 2),
+                 6.2375001, 1.5740003, 1)
+    numerics.parity(right, [twin])
+    assert right.outcome.ok and right.outcome.measured.parity_twin == 0
+    assert right.outcome.measured.parity_gap < 1e-6
+    # Ulysses' gradient at ZeRO-1 (were its rule lifted): the loss right, the norm 2x.
+    wrong = _ran(Family.of(zero_stage=3, sequence_parallel=2, tiled_loss=True).config(
+        1, 2, 2), 6.2375, 3.148, 2)
+    numerics.parity(wrong, [twin, right])
+    assert wrong.outcome.status == NAN
+    assert wrong.outcome.error == (
+        "sequence_parallel=2, tiled_loss=True changes the maths: its first step's gradient "
+        "norm departs from the twin's without it (trial #0) by 100.0%, past 2%: loss 6.2375 "
+        "vs 6.2375; gradient norm 3.148 vs 1.574")
+    # bf16 rounds: 10% allowed, a factor never.
+    bf16 = Family.of(zero_stage=3, precision="bf16")
+    numerics.parity(r := _ran(bf16.replace(tiled_mlp=True).config(1, 2, 2), 6.3, 1.6, 4),
+                    [_ran(bf16.config(2, 2, 1), 6.2375, 1.574, 3)])
+    assert r.outcome.ok and 0.01 < r.outcome.measured.parity_gap < 0.1
+    # No twin ran (it ran out of memory): unchecked, and the record says so by its None.
+    alone = _ran(Family.of(tiled_mlp=True).config(1, 4), 6.0, 1.0, 5)
+    numerics.parity(alone, [])
+    assert alone.outcome.ok and alone.outcome.measured.parity_twin is None
+
+
+def test_the_twin_runs_before_the_first_config_of_a_lever_family():
+    from autotune.records import OOM, Outcome, Record
+    from autotune.tuning.strategies.base import TWIN, Proposal, SearchContext, Strategy, Twins
+
+    sp = Family.of(zero_stage=3, sequence_parallel=2)
+    plain = Family.of(zero_stage=3)
+    candidates = [plain.config(1, 2, 2), sp.config(1, 2, 2)]
+
+    class Wants(Strategy):  # a strategy that asks for the sequence split, then nothing
+        def ask(self, history, pending=()):
+            done = {r.config for r in history} | set(pending)
+            return next((Proposal(c, "model") for c in [candidates[1]] if c not in done),
+                        None)
+
+    twins = Twins(Wants(SearchContext(candidates, CPU, 2, 2, 2**30)))
+    first = twins.ask([])
+    assert (first.config, first.reason) == (candidates[0], TWIN)
+    assert twins.ask([], [candidates[0]]) is None  # the lever waits for its twin
+    # The twin ran (or ran out of memory: the lever is then unchecked): the lever's turn.
+    oom = Record(candidates[0], Outcome(OOM), TWIN, 0)
+    assert twins.ask([oom]).config == candidates[1]
+
+
+def test_the_memory_model_splits_and_tiles_the_long_context_terms():
+    from transformers import LlamaConfig
+
+    from autotune.plan.calibration import MemoryModel
+    from autotune.plan.shape import shape_from_hf_config
+
+    cfg = LlamaConfig(**(LLAMA | {"max_position_embeddings": 65536, "vocab_size": 32000}))
+    shape = shape_from_hf_config(cfg, 16384, "causal-lm")
+    model = MemoryModel(shape, named_device("H100-80GB"), 2)
+
+    def comps(**v):
+        return model.physics(Family.of(v, zero_stage=3).config(1, 2, 2)).components
+
+    base, sp = comps(), comps(sequence_parallel=2)
+    assert sp["activations"] == pytest.approx(base["activations"] / 2, rel=1e-6)
+    assert sp["logits"] == pytest.approx(base["logits"] / 2, rel=1e-6)
+    # The tiled loss holds one shard of the logits at a time (at most LOGITS_SHARD_BYTES
+    # of fp32, three copies), whatever the length: twice the tokens, the same shard.
+    tiled = comps(tiled_loss=True)["logits"]
+    assert tiled < base["logits"] / 1.9
+
+    def tiled_at(n: int) -> int:
+        at = MemoryModel(shape_from_hf_config(cfg, n, "causal-lm"), named_device("H100-80GB"), 2)
+        return at.physics(Family.of(zero_stage=3, tiled_loss=True).config(1, 2, 2)
+                          ).components["logits"]
+
+    hidden = 32768 * 64 * 4  # the hidden states' fp32 gradient grows with the tokens
+    assert tiled_at(65536) == pytest.approx(tiled_at(32768) + hidden, rel=1e-3)
+    # Tiled, an MLP keeps its input only: 11 of Korthikanti's 26 s h a layer go here
+    # (this MLP is half the usual width).
+    assert comps(tiled_mlp=True)["activations"] == pytest.approx(
+        base["activations"] * 17 / 26, rel=0.02)
+    ckpt = comps(gradient_checkpointing=True)["activations"]
+    assert comps(gradient_checkpointing=True, checkpointing_variant="every-2")[
+        "activations"] > ckpt
+    assert comps(gradient_checkpointing=True, checkpointing_variant="selective")[
+        "activations"] > ckpt
+
+
+def test_the_longest_length_per_family_by_bisection(tmp_path):
+    from autotune.plan.estimate import estimate, resolve_longest
+    from autotune.plan.longest import STEP
+
+    spec = _spec(tmp_path, world=2, target=2, data={"seq_len": "longest"},
+                 model={"config": LLAMA | {"max_position_embeddings": 65536}},
+                 hardware={"gpus_per_trial": 2, "memory_budget": "1GiB"})
+    space = tmp_path / "space.yaml"
+    space.write_text("per_device_train_batch_size: [1]\nzero_stage: [3]\n"
+                     "sequence_parallel: [1, 2]\ntiled_loss: [false, true]\n")
+    spec["search"] = {"space": str(space)}
+    result = estimate(spec)
+    found = {r.config.label(): r for r in result.longest}
+    assert set(found) == {"b1x1 fp32 adamw_torch z3", "b1x2 fp32 adamw_torch z3 sp2",
+                          "b1x1 fp32 adamw_torch z3 tloss",
+                          "b1x2 fp32 adamw_torch z3 sp2 tloss"}
+    for r in result.longest:  # a multiple of STEP that fits, STEP more that does not
+        assert r.seq_len % STEP == 0 and r.peak_bytes <= result.limit_bytes
+    lengths = {k: r.seq_len for k, r in found.items()}
+    assert lengths["b1x2 fp32 adamw_torch z3 sp2"] > lengths["b1x1 fp32 adamw_torch z3"]
+    assert result.shape.seq_len == max(lengths.values())  # the rows are at the longest
+    resolved, said = resolve_longest(load_spec(spec), CPU, result.limit_bytes)
+    assert resolved.data.seq_len == result.shape.seq_len
+    assert f"data.seq_len: longest: {resolved.data.seq_len} tokens" in said
+    with pytest.raises(Exception, match="data.seq_len: longest is found by"):
+        from autotune.plan.shape import model_shape
+        model_shape(load_spec(spec))
+
+
+def test_the_default_space_holds_the_long_context_levers_from_8192_tokens(tmp_path):
+    from autotune.space import load_space
+
+    space = load_space("default", 8)
+    short = load_spec(_spec(tmp_path, world=2, target=8))
+    long = load_spec(_spec(tmp_path, world=2, target=8, data={"seq_len": 8192},
+                           model={"config": LLAMA | {"max_position_embeddings": 8192}}))
+    assert space.applied(CPU, short).values["sequence_parallel"] == [1]
+    applied = space.applied(CPU, long).values
+    assert applied["sequence_parallel"] == [1, 2, 4, 8]
+    assert applied["tiled_loss"] == [False, True]
+    assert applied["checkpointing_variant"] == ["non-reentrant", "every-2", "selective"]
+
+
+def test_an_optuna_sampler_derives_the_accumulation_over_data_parallel_ranks():
+    """TPE's config under a sequence split: the 2 ranks share a batch, so b1 needs an
+    accumulation of 2 to train the target of 2 (not 1, as if each rank took its own)."""
+    from autotune.tuning.strategies.base import SearchContext
+    from autotune.tuning.strategies.samplers import SamplerStrategy, make_sampler
+    from autotune.tuning.study import StudyLog
+
+    configs = [Family.of(zero_stage=3, sequence_parallel=2).config(1, 2, 2)]
+    choices = {"per_device_train_batch_size": [1], "zero_stage": [3],
+               "sequence_parallel": [2]}
+    log = StudyLog.in_memory(choices, 2**30, make_sampler("random", 0))
+    ctx = SearchContext(configs, CPU, 2, 2, 2**30, None, 0)
+    proposal = SamplerStrategy(ctx, log, "random", guarded=False).ask([], [])
+    assert proposal.config == configs[0] and proposal.config.gradient_accumulation_steps == 2
+
+
+def test_init_at_32k_writes_a_spec_whose_space_holds_the_levers(tmp_path):
+    from autotune.plan.init import plan, render
+
+    p = plan("llama-8b", seq_len=32768)  # its head is its own: the tiled loss applies
+    assert p.spec["data"]["seq_len"] == 32768
+    for lever in ("tiled_mlp", "tiled_loss", "checkpointing_variant"):
+        assert lever in p.allowed, lever
+    # One rank a trial: the sequence split is left out, saying why.
+    assert "hardware.gpus_per_trial 1" in p.left_out["sequence_parallel=2"]
+    assert "tiled_loss: False, True" in render(p)

@@ -494,7 +494,8 @@ def render_markdown(summary: Summary) -> str:
                   for t in ranked(trials)]
     else:
         lines.append("No trial ran.")
-    lines += _md_confirmation(summary) + _md_pruned(summary) + ["", "## Files", ""]
+    lines += (_md_confirmation(summary) + _md_parity(trials) + _md_pruned(summary)
+              + ["", "## Files", ""])
     files = exports_of(summary)
     for name, usage in files:
         lines += [f"- [`{name}`]({name})", "", "  ```", *("  " + u for u in
@@ -550,6 +551,36 @@ def _md_confirmation(summary: Summary) -> list[str]:
              "| " + " | ".join(columns := confirm_columns(summary)) + " |",
              "|" + " --- |" * len(columns)]
             + ["| " + " | ".join(_md_cell(x) for x in row) + " |" for row in rows])
+
+
+def parity_lines(trials: list[Record]) -> list[str]:
+    """Each trial with a lever that must not change the maths, against its twin: how
+    close its first step came (tuning/numerics.py `parity`), or why it was not checked."""
+    out = []
+    for t in trials:
+        if t.confirming or not t.outcome.ran or not knobs.parity_levers(t.config):
+            continue
+        m = t.outcome.measured
+        if m.parity_twin is not None:
+            verdict = (f"first step within {m.parity_gap:.2g} of twin #{m.parity_twin}'s"
+                       if t.outcome.ok else f"wrong: {t.outcome.error}")
+        elif t.outcome.ok:
+            verdict = "unchecked: no twin without the lever ran to compare its first step"
+        else:
+            continue
+        out.append(f"- #{t.number} {t.config.label()}: {verdict}")
+    return out
+
+
+def _md_parity(trials: list[Record]) -> list[str]:
+    lines = parity_lines(trials)
+    if not lines:
+        return []
+    return ["", "## Levers checked against their twins", "",
+            "A lever that must not change the maths (a sequence split, tiled compute, how "
+            "checkpointing recomputes) is checked by its first step's loss and gradient "
+            "norm against the same config without it; one that departs is wrong, never "
+            "fast.", ""] + lines
 
 
 def _md_pruned(summary: Summary) -> list[str]:

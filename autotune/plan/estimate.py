@@ -21,6 +21,7 @@ from autotune.device import (
 )
 from autotune.errors import SpecError
 from autotune.plan.calibration import MemoryModel
+from autotune.plan.longest import STEP, Longest, longest_fitting, search_length
 from autotune.plan.memory import COMPONENTS, MemoryEstimate
 from autotune.plan.shape import ModelShape, model_shape
 from autotune.plan.trace import prefetch
@@ -52,6 +53,7 @@ class EstimateResult:
     pruned_by_rules: dict[str, str]
     limit_from: str = "the device's memory"  # where the limit came from, said beside it
     world_size: int = 1  # ranks of one trial; the rows are per rank
+    longest: list[Longest] | None = None  # `--longest`: per family, longest first
 
     def largest_fitting(self) -> list[EstimateRow]:
         """Per family, the largest batch predicted to fit (or the smallest batch when none
@@ -85,9 +87,13 @@ def planned_device(spec: Spec, device: str | None) -> DeviceSpec:
 
 
 def estimate(spec_or_path: Any, *, device: str | None = None,
-             memory: str | None = None) -> EstimateResult:
-    """Every config of the spec's space with its predicted memory and whether it fits."""
+             memory: str | None = None, longest: bool = False) -> EstimateResult:
+    """Every config of the spec's space with its predicted memory and whether it fits;
+    `longest` (or data.seq_len: longest): also each family's longest fitting length, the
+    rows then at the longest any family reaches."""
     spec = load_spec(spec_or_path)
+    if spec.data.seq_len == "longest":
+        spec, longest = load_spec(spec, **{"data.seq_len": STEP}), True
     device = device or spec.hardware.device
     dev = planned_device(spec, device)
     shape = model_shape(spec)
@@ -112,6 +118,13 @@ def estimate(spec_or_path: Any, *, device: str | None = None,
     if budget and limit < budget:
         limit_from += ", capped at the device's"
     space = build_space(spec, dev)
+    found = None
+    if longest:
+        found = longest_fitting(shape, dev, spec.world_size, space.candidates, int(limit),
+                                max_len=position_limit(shape))
+        spec = load_spec(spec, **{"data.seq_len": search_length(found)})
+        shape = model_shape(spec)
+        space = build_space(spec, dev)
     model = MemoryModel(shape, dev, spec.world_size)
     # The few activation traces every config is read from, made side by side first.
     calls = [a for c in space.candidates if (a := model.trace_args(c))]
@@ -121,7 +134,39 @@ def estimate(spec_or_path: Any, *, device: str | None = None,
         est = model.predict(cfg)
         rows.append(EstimateRow(cfg, est, est.total_bytes <= limit, model.beyond_device(cfg)))
     return EstimateResult(shape, dev, int(limit), rows, space.pruned, limit_from,
-                          spec.world_size)
+                          spec.world_size, found)
+
+
+def position_limit(shape: ModelShape) -> int | None:
+    """The longest sequence the model's config allows, where it says (its hf_config is
+    held as a dict)."""
+    hf = shape.hf_config or {}
+    return next((v for k in ("n_positions", "max_position_embeddings", "n_ctx")
+                 if isinstance(v := hf.get(k), int)), None)
+
+
+def resolve_longest(spec: Spec, device: DeviceSpec, limit: int) -> tuple[Spec, str]:
+    """`data.seq_len: longest` made a length for a search on `device`, and the line that
+    says what was found; a spec with a length is returned as it is, with no line."""
+    if spec.data.seq_len != "longest":
+        return spec, ""
+    at_step = load_spec(spec, **{"data.seq_len": STEP})
+    shape = model_shape(at_step)
+    if shape is None:
+        raise SpecError("data.seq_len: longest needs the model's architecture "
+                        "(model.config or model.name_or_path); a bare model.factory has none")
+    found = longest_fitting(shape, device, spec.world_size,
+                            build_space(at_step, device).candidates, limit,
+                            max_len=position_limit(shape))
+    n = search_length(found)
+    best = found[0]
+    short = sum(r.seq_len < n for r in found)
+    line = (f"data.seq_len: longest: {n} tokens, the longest predicted to fit "
+            f"({best.config.label()}, {_gib(best.peak_bytes)} GiB of {_gib(limit)}"
+            + (", the model's position limit" if best.capped else "")
+            + f"); {short} of {len(found)} config families reach less "
+            "(autotune estimate --longest lists them)")
+    return load_spec(spec, **{"data.seq_len": n}), line
 
 
 def describe(s: ModelShape) -> str:
@@ -172,6 +217,8 @@ def render_estimate(result: EstimateResult, console: Console, *, all_rows: bool 
                  f"{ranks // nodes}x the host column" if nodes > 1 else " on one node")
         console.print(f"{ranks} ranks{where}; every figure is one rank's", highlight=False,
                       soft_wrap=True)
+    if result.longest is not None:
+        _render_longest(result, console)
     rows = result.rows if all_rows else result.largest_fitting()
     title = "every config" if all_rows else "largest batch predicted to fit, per family"
     # Below COMPONENTS_WIDTH columns the components would squeeze the labels to nothing:
@@ -202,3 +249,23 @@ def render_estimate(result: EstimateResult, console: Console, *, all_rows: bool 
                       "formulas' (nothing traced or replayed for them)[/]", soft_wrap=True)
     for label, why in result.pruned_by_rules.items():
         console.print(f"[dim]not considered: {label}: {why}[/]")
+
+
+def _render_longest(result: EstimateResult, console: Console) -> None:
+    from rich import box
+    from rich.table import Table
+
+    found = result.longest or []
+    table = Table(title="longest seq_len predicted to fit, per family (a multiple of "
+                  f"{STEP}, at the family's smallest batch)", box=box.SIMPLE_HEAD)
+    table.add_column("config", overflow="fold", ratio=1, min_width=16)
+    table.add_column("longest", justify="right", no_wrap=True)
+    table.add_column("peak GiB", justify="right", no_wrap=True)
+    for r in found:
+        said = f"{r.seq_len:,}" + (" (positions)" if r.capped else "") if r.seq_len else "none"
+        table.add_row(r.config.label(), said, _gib(r.peak_bytes))
+    console.print(table)
+    if found and found[0].seq_len:
+        console.print(f"the rows below are at seq_len {result.shape.seq_len:,}, the longest "
+                      "any family reaches (what data.seq_len: longest searches at)",
+                      highlight=False, soft_wrap=True)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from autotune import knobs
 from autotune.config import TrialConfig
 from autotune.optimizers import optimizer
 from autotune.plan import zero_replay
@@ -320,8 +321,27 @@ class Physics:
         where attention is eager."""
         traced = self.trace(c)
         if traced is not None:
-            return max(0.0, traced.per_sample - self._logits_formula()) * self._compiled(c)
-        return self._formula_activations(c) * self._compiled(c)
+            return (max(0.0, traced.per_sample - self._logits_formula()) * self._compiled(c)
+                    * self._untraced(c) / self.sequence_split(c))
+        return self._formula_activations(c) * self._compiled(c) / self.sequence_split(c)
+
+    def _untraced(self, c: TrialConfig) -> float:
+        """What the levers the trace does not apply (the tiled MLP, the checkpointing
+        variant) keep of its activations: the formula's ratio with and without them."""
+        plain = {k: knobs.knob(k).baseline for k in ("tiled_mlp", "checkpointing_variant")
+                 if getattr(c, k, knobs.knob(k).baseline) != knobs.knob(k).baseline}
+        if not plain:
+            return 1.0
+        without = self._formula_activations(c.family.replace(**plain).config(
+            c.per_device_train_batch_size, c.samples_per_rank))
+        return self._formula_activations(c) / without if without else 1.0
+
+    @staticmethod
+    def sequence_split(c: TrialConfig) -> int:
+        """The ranks a sample's sequence is split over: each holds 1/k of its tokens'
+        activations and logits (Ulysses' attention holds all tokens for 1/k of the heads,
+        the same share), while ZeRO shards the model states over all ranks."""
+        return getattr(c, "sequence_parallel", 1) * getattr(c, "context_parallel", 1)
 
     @staticmethod
     def _compiled(c: TrialConfig) -> float:
@@ -348,7 +368,11 @@ class Physics:
         autocast)."""
         h, cb = self.shape.hidden_size, _compute_bytes(c.precision)
         scale = cb / 2
-        mlp = 34 * (1 + (self.shape.ffn_size / (4 * h) - 1) * 16 / 34)  # 16 of 34 scale with ffn
+        # Korthikanti's 34: attention 11, norms 4, the MLP 19, of which 16 scale with ffn.
+        mlp_part = 19 + 16 * (self.shape.ffn_size / (4 * h) - 1)
+        # DeepSpeed's TiledMLP keeps only the MLP's input (2 s h) and recomputes the rest
+        # shard by shard in the backward (about h tokens a shard: negligible at length).
+        mlp = 15 + (2 if getattr(c, "tiled_mlp", False) else mlp_part)
         linear = 0.0
         for layers, s, source in self._stacks():
             # A decoder layer's cross-attention: its norm, query, output projection and
@@ -356,8 +380,13 @@ class Physics:
             # of the source (4 source h).
             per_layer = (s * h * mlp + (11 * s * h + 4 * source * h if source else 0)) * scale
             if c.gradient_checkpointing:
-                # Layer inputs kept for every layer, plus one layer recomputed in full.
-                linear += layers * s * h * cb + per_layer
+                # Layer inputs kept for every checkpointed layer, plus one layer
+                # recomputed in full; `every-2` checkpoints every other layer (the rest keep
+                # theirs), `selective` (TRL's) also keeps each attention's output.
+                variant = getattr(c, "checkpointing_variant", "non-reentrant")
+                kept = layers // 2 if variant == "every-2" else layers
+                inputs = 2 if variant == "selective" else 1
+                linear += kept * inputs * s * h * cb + (layers - kept + 1) * per_layer
             else:
                 linear += layers * per_layer
         pixels = self.shape.pixels * (4 + (2 if cb == 2 else 0))
@@ -380,15 +409,17 @@ class Physics:
         the compute precision. (Trainer drops the model's output, and with it the logits,
         before the backward; the forward's logits, upcast and log-softmax sum to no more.)
         Classification heads are negligible."""
+        if getattr(c, "tiled_loss", False):
+            return 0.0  # a shard at a time, whatever the batch: `logits_fixed_bytes`
         if self._liger_compiled(c):
-            return LIGER_COMPILED_LOGITS * self._logits_formula()
+            return LIGER_COMPILED_LOGITS * self._logits_formula() / self.sequence_split(c)
         if c.use_liger_kernel:
             # Liger's fused linear cross-entropy holds a chunk of the logits sized to about
             # the tokens' hidden states (its chunk_size), and the input's gradient, which
             # it computes in the forward; 4 bytes each where the input is fp32.
             return self.shape.seq_len * self.shape.hidden_size * (4 + 4) if (
                 self.shape.has_lm_logits) else 0.0
-        return self._logits_formula()
+        return self._logits_formula() / self.sequence_split(c)
 
     def _liger_compiled(self, c: TrialConfig) -> bool:
         return bool(c.use_liger_kernel and c.torch_compile and self.device.is_cuda)
@@ -400,9 +431,29 @@ class Physics:
         a frozen head (under LoRA): Liger makes no gradient for a weight that needs none
         (liger-kernel 0.8.5; the H100's 8B QLoRA trials peaked 2-8 GiB under the
         prediction that counted it, 2026-11-27)."""
+        if getattr(c, "tiled_loss", False) and self.shape.has_lm_logits:
+            return self.tiled_logits_bytes(c)
         if not (c.use_liger_kernel and self.shape.has_lm_logits) or self.shape.lora:
             return 0.0
         return 4.0 * self.shape.vocab_size * self.shape.hidden_size
+
+    def tiled_logits_bytes(self, c: TrialConfig) -> float:
+        """DeepSpeed's TiledFusedLogitsLoss: one shard's fp32 logits at a time (their
+        three copies, as the whole's: `_logits_formula`), shards of at most
+        trials/long_context.py's LOGITS_SHARD_BYTES and at least two per micro-batch,
+        and the fp32 gradient of the hidden states it computes in its forward."""
+        from autotune.trials.long_context import LOGITS_SHARD_BYTES
+
+        logits = self._tiled_tokens(c) * self.shape.vocab_size * 4
+        shard = min(logits / 2, LOGITS_SHARD_BYTES)
+        return 3 * shard + self._tiled_hidden_bytes(c)
+
+    def _tiled_tokens(self, c: TrialConfig) -> float:
+        return (c.per_device_train_batch_size * (self.shape.target_len or self.shape.seq_len)
+                / self.sequence_split(c))
+
+    def _tiled_hidden_bytes(self, c: TrialConfig) -> float:
+        return self._tiled_tokens(c) * self.shape.hidden_size * 4
 
     def chunked_head(self) -> bool:
         """TRL's chunked LM head computes the log-probs (DPO's rows, GRPO's completions):

@@ -295,6 +295,10 @@ def spec_field(field: str) -> Iterator[None]:
 def model_shape(spec: Spec) -> ModelShape | None:
     """The architecture figures of the spec's model; None for a bare factory model (its
     first trial reports them)."""
+    if spec.data.seq_len == "longest":
+        raise SpecError("data.seq_len: longest is found by autotune search and estimate "
+                        "(plan/longest.py) before the model is read; here a length is "
+                        "needed: a number of tokens")
     model = spec.model
     with spec_field("model.config" if model.config else "model.name_or_path"):
         hf_config = load_hf_config(model.model_dump())

@@ -21,6 +21,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from autotune import knobs
+from autotune.config import Family, TrialConfig
 from autotune.records import NAN, Outcome, Record
 
 # The reference precision, in order of preference: the most exact that has run.
@@ -38,7 +40,7 @@ def reference(history: Sequence[Record], target: int, world_size: int) -> Record
     """The first successful trial at the full effective batch in the most exact precision
     measured (a baseline that auto_find_batch_size shrank sees other batches)."""
     full = [r for r in history if r.outcome.ok and r.outcome.measured.losses
-            and r.config.samples_per_rank * world_size == target]
+            and r.config.samples_per_rank * r.config.data_parallel(world_size) == target]
     for precision in REFERENCE_PRECISIONS:
         found = next((r for r in full if r.config.precision == precision), None)
         if found is not None:
@@ -106,7 +108,8 @@ def review(record: Record, history: Sequence[Record], target: int, world_size: i
     if not o.ok or ref is None or ref.config.precision == record.config.precision:
         return
     losses, ref_losses = o.measured.losses, ref.outcome.measured.losses
-    if record.config.samples_per_rank * world_size != target or not losses or not ref_losses:
+    if (record.config.samples_per_rank * record.config.data_parallel(world_size) != target
+            or not losses or not ref_losses):
         return
     scale = accumulation_scale(record, ref)
     d = drift([x / scale for x in losses], ref_losses, tolerance)
@@ -132,3 +135,66 @@ def review(record: Record, history: Sequence[Record], target: int, world_size: i
 
 def _scaled(scale: float) -> str:
     return "" if scale == 1 else f" (logged {scale:g}x, as a sum over micro-batches)"
+
+
+# How far a lever's first step may depart from its twin's (relative, loss and gradient
+# norm alike). In exact arithmetic they are equal; what a lever changes is the order of
+# sums (a sequence split's all-to-all, a tiled loss's shards: 1e-6 here on CPU in fp32)
+# and, in 16-bit, the rounding. The errors this catches are factors: Ulysses under ZeRO-1
+# and 2 doubles the gradient at sp_size 2 (benchmarks/sp_gradient_scale.py), a tiled loss
+# normalised outside its forward multiplies it by the token count, axolotl's ring
+# attention inflated the loss 1.83x on packed data (axolotl#3608).
+PARITY_TOLERANCE = {"fp32": 0.02, "tf32": 0.02}
+PARITY_TOLERANCE_16BIT = 0.10
+
+
+def twin_family(config: TrialConfig) -> Family | None:
+    """The family the lever's first step must match: the same knobs with every parity
+    lever at its baseline (None: the config has none). Any batch of it trains the same
+    samples in its first optimizer step: the effective batch is the target's."""
+    levers = knobs.parity_levers(config)
+    return config.family.replace(**{k: knobs.knob(k).baseline for k in levers}) \
+        if levers else None
+
+
+def twin(record: Record, history: Sequence[Record]) -> Record | None:
+    """The twin that ran with both figures of its first step, at the record's per-device
+    batch where it ran, else at the smallest that did."""
+    family = twin_family(record.config)
+    if family is None:
+        return None
+    ran = [r for r in history if r.config.family == family and r.outcome.ok
+           and r.outcome.measured.losses and r.outcome.measured.grad_norms]
+    same = [r for r in ran if r.config.per_device_train_batch_size
+            == record.config.per_device_train_batch_size]
+    return (same or sorted(ran, key=lambda r: r.config.per_device_train_batch_size)
+            or [None])[0]
+
+
+def parity(record: Record, history: Sequence[Record]) -> None:
+    """Reject `record`'s outcome in place where a parity lever's first step (loss or
+    gradient norm) departs from its twin's: the config is wrong, not slow, and the error
+    gives both figures. Where it matches, the largest relative gap and the twin's trial
+    are kept; where no twin ran (it ran out of memory: what such levers are for), the
+    record says so by leaving them unset."""
+    o: Outcome = record.outcome
+    ref = twin(record, history) if o.ok else None
+    m = o.measured
+    if ref is None or not m.losses or not m.grad_norms:
+        return
+    r = ref.outcome.measured
+    pairs = {"loss": (m.losses[0], r.losses[0]), "gradient norm": (m.grad_norms[0],
+                                                                   r.grad_norms[0])}
+    gaps = {what: abs(a - b) / max(abs(b), 1e-12) for what, (a, b) in pairs.items()}
+    m.parity_gap, m.parity_twin = max(gaps.values()), ref.number
+    tolerance = PARITY_TOLERANCE.get(record.config.precision, PARITY_TOLERANCE_16BIT)
+    off = {what: gap for what, gap in gaps.items() if gap > tolerance}
+    if not off:
+        return
+    o.status = NAN
+    levers = ", ".join(f"{k}={v}" for k, v in knobs.parity_levers(record.config).items())
+    figures = "; ".join(f"{what} {pairs[what][0]:.6g} vs {pairs[what][1]:.6g}"
+                        for what in pairs)
+    o.error = (f"{levers} changes the maths: its first step's {' and '.join(off)} "
+               f"departs from the twin's without it (trial #{ref.number}) by "
+               f"{max(off.values()):.1%}, past {tolerance:.0%}: {figures}")

@@ -20,6 +20,7 @@ from autotune.device import DeviceSpec, local_device, memory_limit
 from autotune.errors import SetupError, SpecError
 from autotune.outputs.export import write_outputs
 from autotune.plan.calibration import MemoryModel
+from autotune.plan.estimate import resolve_longest
 from autotune.plan.shape import ModelShape, model_shape
 from autotune.records import CONFIRM_REASON
 from autotune.space import Space, build_space, divisors, few_splits, load_space
@@ -32,7 +33,7 @@ from autotune.tuning.loop import Limits, drive
 from autotune.tuning.recipe import available_values, recipe_rungs
 from autotune.tuning.remembered import Remembered
 from autotune.tuning.result import SearchResult
-from autotune.tuning.strategies.base import Resume, SearchContext
+from autotune.tuning.strategies.base import Resume, SearchContext, Twins
 from autotune.tuning.strategies.probe import baseline_chain, recipe_chains
 from autotune.tuning.strategies.registry import make_strategy, sampler_for
 from autotune.tuning.study import StudyLog
@@ -79,6 +80,15 @@ def run_search(
         # What the spec alone decides fails before Ray starts: the model it names, the
         # output. Reading the model imports transformers: on a CPU machine, between
         # another search's trials.
+        if spec.data.seq_len == "longest":  # a length for this device, said once
+            device = device or (executor.discover() if owns_executor else local_device())
+            limit = memory_limit(device, spec.hardware.budget_bytes(),
+                                 parallel=executor.capacity)
+            with executor.driver_work("finding the longest length"):
+                spec, said = resolve_longest(spec, device, limit)
+            logger.warning(said)
+            if hasattr(executor, "spec"):
+                executor.spec = spec  # the trials' requests carry the length found
         with executor.driver_work("reading the model"):
             shape = model_shape(spec)
         space = load_space(spec.search.space, spec.target_batch_size, spec.world_size)
@@ -146,7 +156,7 @@ def _search(spec: Spec, shape: ModelShape | None, space_file: Space, device: Dev
     if remembered is not None:
         return SearchResult(spec, device, remembered, output)
     ctx.memory_prior = memory.calibration()
-    strategy = memory.seeded(make_strategy(spec.search.sampler, ctx, log), ctx)
+    strategy = Twins(memory.seeded(make_strategy(spec.search.sampler, ctx, log), ctx))
     owed = [(c, why) for c, why in log.abandoned() if why != CONFIRM_REASON]
     if owed:
         strategy = Resume(strategy, owed)
@@ -169,6 +179,7 @@ def _search(spec: Spec, shape: ModelShape | None, space_file: Space, device: Dev
     def review(record: Record, seen: list[Record]) -> None:
         numerics.review(record, seen, spec.target_batch_size, spec.world_size,
                         spec.measure.loss_tolerance)
+        numerics.parity(record, seen)
 
     try:
         drive(strategy, executor, log, limits, history=history, on_start=on_start,

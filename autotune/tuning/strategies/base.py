@@ -91,3 +91,37 @@ class Resume(Strategy):
             if config not in taken:
                 return Proposal(config, reason)
         return self.inner.ask(history, pending)
+
+
+TWIN = "twin"  # the reason of a trial run to check a lever against (tuning/numerics.py)
+
+
+class Twins(Strategy):
+    """Before the first config of a family with a lever that must not change the maths
+    (a sequence split, tiled compute, a checkpointing variant), its twin without the
+    levers runs, at the smallest batch the space holds for it: the driver's parity check
+    compares their first steps. A twin that cannot run (out of memory, what such levers
+    are for) leaves the lever unchecked, and the report says so."""
+
+    def __init__(self, inner: Strategy) -> None:
+        super().__init__(inner.ctx)
+        self.inner, self.name = inner, inner.name
+        self.by_family: dict[Family, list[TrialConfig]] = {}
+        for c in sorted(inner.ctx.candidates, key=lambda c: c.per_device_train_batch_size):
+            self.by_family.setdefault(c.family, []).append(c)
+
+    def ask(self, history: Sequence[Record],
+            pending: Sequence[TrialConfig] = ()) -> Proposal | None:
+        from autotune.tuning.numerics import twin_family
+
+        proposal = self.inner.ask(history, pending)
+        if proposal is None or not proposal.run or proposal.repeat:
+            return proposal
+        family = twin_family(proposal.config)
+        if family is None or family not in self.by_family:
+            return proposal
+        if any(c.family == family for c in pending):
+            return None  # its twin is running: the lever waits for it
+        if any(r.config.family == family and r.outcome.ran for r in history):
+            return proposal
+        return Proposal(self.by_family[family][0], TWIN)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import optuna
 
-from autotune.config import ACCUMULATION, BATCH, TrialConfig, accumulation
+from autotune.config import BATCH, Family, TrialConfig
 from autotune.errors import SpecError, not_allowed
 from autotune.records import Record
 from autotune.tuning.strategies.base import Proposal, SearchContext, Strategy
@@ -57,8 +57,8 @@ class SamplerStrategy(Strategy):
     def _config(self, trial: optuna.Trial) -> TrialConfig:
         params = {k: trial.suggest_categorical(k, v) for k, v in self.log.choices.items()}
         b = int(params[BATCH])
-        return TrialConfig.from_dict(params | {ACCUMULATION: accumulation(
-            self.ctx.target_batch_size, b, self.ctx.world_size)})
+        family = Family.of({k: v for k, v in params.items() if k != BATCH})
+        return family.config(b, self.ctx.target_batch_size, self.ctx.world_size)
 
     def ask(self, history: Sequence[Record],
             pending: Sequence[TrialConfig] = ()) -> Proposal | None:

@@ -1,0 +1,122 @@
+"""`autotune estimate --longest` against the longest length that runs (issue 54).
+
+For a few config families of a spec (by default the held-out long-context one on 2 CPU
+ranks), the length the memory model predicts to fit a memory budget, and the longest that
+does, measured: real trials (their peak per rank: RSS on a CPU) at multiples of 256,
+bisected from the prediction (up by a quarter until one does not fit, then halved to
+256). Prints each family's predicted and measured longest and the error; the bar is 15%.
+
+    .venv/bin/python benchmarks/longest_bisection.py [--budget 1.25GiB] [--spec PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from autotune.config import Family
+from autotune.device import local_device, node_cpus
+from autotune.plan.estimate import estimate
+from autotune.plan.longest import STEP
+from autotune.spec import load_spec, parse_bytes
+from autotune.trials.launch import run_trial
+from autotune.trials.protocol import make_request
+
+HERE = Path(__file__).parent
+SPEC = HERE / "held_out" / "long-context-cpu.yaml"
+FAMILIES = [  # the levers one at a time and together, beside the plain family
+    {"zero_stage": 1},
+    {"zero_stage": 1, "gradient_checkpointing": True},
+    {"zero_stage": 3, "sequence_parallel": 2},
+    {"zero_stage": 3, "tiled_mlp": True, "tiled_loss": True},
+    {"zero_stage": 3, "sequence_parallel": 2, "tiled_mlp": True, "tiled_loss": True,
+     "gradient_checkpointing": True},
+]
+
+
+def measured_peak(spec, family: Family, n: int) -> int | None:
+    """The trial's largest peak over its ranks at `n` tokens, None where it failed."""
+    at = load_spec(spec, **{"data.seq_len": n, "measure.warmup_steps": 0,
+                            "measure.steps": 1, "target_batch_size": 2})
+    cfg = family.config(1, 2, at.world_size)
+    out = run_trial(make_request(at, cfg, on_cpu=True, shape=None, memory_budget_bytes=None,
+                                 timeout_s=600, cpu_threads=node_cpus()))
+    if out.status != "ok":
+        print(f"    {n}: {out.status} {out.error[:200] if out.error else ''}")
+        return None
+    peaks = [p for p in (out.measured.peak_memory_by_rank or {}).values() if p] or [
+        out.peak_memory_bytes]
+    return max(peaks)
+
+
+def longest_measured(spec, family: Family, predicted: int, budget: int) -> tuple[int, int]:
+    """The longest multiple of STEP that ran within `budget`, and the trials it took."""
+    fits: dict[int, bool] = {}
+
+    def ok(n: int) -> bool:
+        if n not in fits:
+            started = time.time()
+            peak = measured_peak(spec, family, n * STEP)
+            fits[n] = peak is not None and peak <= budget
+            print(f"    {n * STEP:>6} tokens: peak {peak / 2**30 if peak else float('nan'):.3f}"
+                  f" GiB {'fits' if fits[n] else 'over'} ({time.time() - started:.0f} s)",
+                  flush=True)
+        return fits[n]
+
+    n = max(1, predicted // STEP)
+    if ok(n):
+        lo, hi = n, None
+        while hi is None:
+            up = max(lo + 1, int(lo * 1.25))
+            if ok(up):
+                lo = up
+            else:
+                hi = up
+    else:
+        hi, lo = n, None
+        while lo is None:
+            down = max(1, int(hi * 0.75))
+            if down == hi or ok(down):
+                lo = down
+            else:
+                hi = down
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo * STEP, len(fits)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--spec", type=Path, default=SPEC)
+    ap.add_argument("--budget", default="1.25GiB", help="memory per rank")
+    args = ap.parse_args()
+    budget = parse_bytes(args.budget)
+    spec = load_spec(args.spec, **{"hardware.memory_budget": args.budget,
+                                   "target_batch_size": 2})
+    result = estimate(spec, longest=True)
+    predicted = {r.family: r.seq_len for r in result.longest}
+    print(f"{result.shape.name}, {spec.world_size} ranks on {local_device().name}, budget "
+          f"{args.budget} a rank; predicted by the physics (no trial calibrates it)")
+    rows = []
+    for values in FAMILIES:
+        family = Family.of(values)
+        if family not in predicted:
+            print(f"{family.label()}: not in the spec's space")
+            continue
+        print(f"{family.label()}: predicted {predicted[family]}", flush=True)
+        measured, trials = longest_measured(spec, family, predicted[family], budget)
+        rows.append((family.label(), predicted[family], measured, trials))
+    print("\n| family | predicted | measured | error | trials |\n| --- | --- | --- | --- | --- |")
+    for label, p, m, t in rows:
+        print(f"| {label} | {p} | {m} | {(p - m) / m:+.1%} | {t} |")
+    worst = max(abs(p - m) / m for _, p, m, _ in rows)
+    print(f"\nworst error {worst:.1%} (bar: 15%)")
+
+
+if __name__ == "__main__":
+    main()
