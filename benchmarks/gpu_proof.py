@@ -59,12 +59,13 @@ GPU_BOXES = {"gpt2_search": 215, "bert_search": 215}
 # of every call: the GPU tests took 52 s, the vanilla trial 25 s, the memory step 95 s);
 # the Llama-8B QLoRA search on a 24 GiB budget (issue 41) takes a whole call.
 EXTRA_BOXES = {"gpu_tests": 70, "bert_vanilla": 60, "memory": 120, "qlora_search": 215,
-               "llama8b_qlora": 440}
+               "llama8b_qlora": 440, "llama8b_long": 440}
 STEPS = {**GPU_BOXES, **EXTRA_BOXES}
 REHEARSAL_BOXES = {"gpt2_search": 150, "bert_search": 150, "gpu_tests": 60,
                    "bert_vanilla": 60, "memory": 120, "qlora_search": 150,
-                   "llama8b_qlora": 150, "smoke": 200}
-SEARCHES = ("gpt2_search", "bert_search", "qlora_search", "llama8b_qlora")
+                   "llama8b_qlora": 150, "llama8b_long": 150, "smoke": 200}
+SEARCHES = ("gpt2_search", "bert_search", "qlora_search", "llama8b_qlora",
+            "llama8b_long")
 SEARCH_S = 240  # each search's own time on a GPU (its timeout), when its box allows
 REHEARSAL_SEARCH_S = 110
 # From gpu_proof.sh's start (GPU_PROOF_T0): the full proof in 8 minutes, after a smoke
@@ -175,6 +176,35 @@ def _llama8b_spec(rehearse: bool, out: Path, timeout_s: int) -> dict:
     return spec | {"output": str(out / "llama8b-search")}
 
 
+def _llama8b_long_spec(rehearse: bool, out: Path, timeout_s: int) -> dict:
+    """examples/llama-8b-32k.yaml (issue 54): Llama-3-8B with LoRA at 32k tokens on one
+    GPU, the default space's long-context levers (checkpointing variants, the tiled MLP
+    and loss, activation offloading) each checked against its twin; a tiny Llama at
+    8192 tokens in a rehearsal. Before it, `autotune estimate --longest` is printed into
+    the step's log (the predicted longest per family; benchmarks/longest_bisection.py
+    --spec measures it, a call of its own)."""
+    import yaml
+
+    from autotune.plan.estimate import estimate
+
+    spec = yaml.safe_load((ROOT / "examples" / "llama-8b-32k.yaml").read_text())
+    spec["search"] |= {"timeout": f"{timeout_s}s", "n_trials": 6 if rehearse else 24,
+                       "trial_timeout": "240s", "confirm_repeats": 1}
+    if rehearse:
+        spec["model"]["config"] |= {"hidden_size": 64, "intermediate_size": 176,
+                                    "num_hidden_layers": 2, "num_attention_heads": 4,
+                                    "num_key_value_heads": 2, "vocab_size": 512}
+        spec["data"]["seq_len"] = 8192
+        spec["target_batch_size"] = 2
+        spec["hardware"]["memory_budget"] = "2GiB"
+    spec = spec | {"output": str(out / "llama8b-long")}
+    rows = estimate(spec, longest=True).longest or []
+    for row in rows[:5] + rows[5:][-5:]:  # the five longest and the five shortest
+        print(f"longest predicted: {row.config.label()}: {row.seq_len} tokens, "
+              f"{row.peak_bytes / 2**30:.2f} GiB", flush=True)
+    return spec
+
+
 def search_timeout(box: int, rehearse: bool) -> int:
     """A search step's own time: what its box leaves after its process's start and its
     exports, and before the interrupt, up to SEARCH_S."""
@@ -188,11 +218,11 @@ def search_step(name: str, rehearse: bool, out: Path, box: int) -> None:
     import autotune
 
     timeout = search_timeout(box, rehearse)
-    if name == "llama8b_qlora" and not rehearse:  # a whole call of its own
+    if name in ("llama8b_qlora", "llama8b_long") and not rehearse:  # a call of its own
         timeout = max(timeout, box - GRACE_S - STARTUP_S)
     spec = {"gpt2_search": _gpt2_spec, "bert_search": _bert_spec,
-            "qlora_search": _qlora_spec, "llama8b_qlora": _llama8b_spec}[name](
-        rehearse, out, timeout)
+            "qlora_search": _qlora_spec, "llama8b_qlora": _llama8b_spec,
+            "llama8b_long": _llama8b_long_spec}[name](rehearse, out, timeout)
     # fresh: a proof measures, whatever the results store remembers of an earlier one.
     result = autotune.search(spec, fresh=True)
     print(f"{name}: best {result.best.config.label() if result.best else 'none'}")
@@ -454,7 +484,8 @@ class _Report:
         lines += smoke_lines(out / "smoke.json")
         for folder, title in (("gpt2-search", "GPT-2 search"), ("bert-search", "BERT search"),
                               ("qlora-search", "QLoRA search"),
-                              ("llama8b-search", "Llama-8B QLoRA on 24 GiB")):
+                              ("llama8b-search", "Llama-8B QLoRA on 24 GiB"),
+                              ("llama8b-long", "Llama-8B LoRA at 32k tokens")):
             lines += search_lines(out / folder, title)
         lines += bert_lines(out, self.rehearse)
         lines += memory_lines(out / "memory.log")

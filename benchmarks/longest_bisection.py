@@ -6,7 +6,12 @@ does, measured: real trials (their peak per rank: RSS on a CPU) at multiples of 
 bisected from the prediction (up by a quarter until one does not fit, then halved to
 256). Prints each family's predicted and measured longest and the error; the bar is 15%.
 
-    .venv/bin/python benchmarks/longest_bisection.py [--budget 1.25GiB] [--spec PATH]
+    .venv/bin/python benchmarks/longest_bisection.py [--budget 1GiB] [--spec PATH]
+        [--family "fp32 adamw_torch z1" ...]
+
+On a GPU (`--spec examples/llama-8b-32k.yaml --budget 80GiB`) a trial that does not fit
+runs out of memory; on a CPU nothing does, and a peak over the budget is what does not
+fit.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import argparse
 import time
 from pathlib import Path
 
-from autotune.config import Family
+from autotune.config import Family, TrialConfig
 from autotune.device import local_device, node_cpus
 from autotune.plan.estimate import estimate
 from autotune.plan.longest import STEP
@@ -35,12 +40,14 @@ FAMILIES = [  # the levers one at a time and together, beside the plain family
 ]
 
 
-def measured_peak(spec, family: Family, n: int) -> int | None:
+def measured_peak(spec, family: Family, n: int, budget: int) -> int | None:
     """The trial's largest peak over its ranks at `n` tokens, None where it failed."""
     at = load_spec(spec, **{"data.seq_len": n, "measure.warmup_steps": 0,
                             "measure.steps": 1, "target_batch_size": 2})
     cfg = family.config(1, 2, at.world_size)
-    out = run_trial(make_request(at, cfg, on_cpu=True, shape=None, memory_budget_bytes=None,
+    device = local_device()
+    out = run_trial(make_request(at, cfg, on_cpu=not device.is_cuda, shape=None,
+                                 memory_budget_bytes=budget if device.is_cuda else None,
                                  timeout_s=600, cpu_threads=node_cpus()))
     if out.status != "ok":
         print(f"    {n}: {out.status} {out.error[:200] if out.error else ''}")
@@ -57,7 +64,7 @@ def longest_measured(spec, family: Family, predicted: int, budget: int) -> tuple
     def ok(n: int) -> bool:
         if n not in fits:
             started = time.time()
-            peak = measured_peak(spec, family, n * STEP)
+            peak = measured_peak(spec, family, n * STEP, budget)
             fits[n] = peak is not None and peak <= budget
             print(f"    {n * STEP:>6} tokens: peak {peak / 2**30 if peak else float('nan'):.3f}"
                   f" GiB {'fits' if fits[n] else 'over'} ({time.time() - started:.0f} s)",
@@ -93,7 +100,9 @@ def longest_measured(spec, family: Family, predicted: int, budget: int) -> tuple
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spec", type=Path, default=SPEC)
-    ap.add_argument("--budget", default="1.25GiB", help="memory per rank")
+    ap.add_argument("--budget", default="1GiB", help="memory per rank")
+    ap.add_argument("--family", action="append", help="a family by its label (repeatable; "
+                    "default: the held-out spec's five)")
     args = ap.parse_args()
     budget = parse_bytes(args.budget)
     spec = load_spec(args.spec, **{"hardware.memory_budget": args.budget,
@@ -103,8 +112,9 @@ def main() -> None:
     print(f"{result.shape.name}, {spec.world_size} ranks on {local_device().name}, budget "
           f"{args.budget} a rank; predicted by the physics (no trial calibrates it)")
     rows = []
-    for values in FAMILIES:
-        family = Family.of(values)
+    families = ([TrialConfig.from_label(f"b1x1 {label}").family for label in args.family]
+                if args.family else [Family.of(values) for values in FAMILIES])
+    for family in families:
         if family not in predicted:
             print(f"{family.label()}: not in the spec's space")
             continue

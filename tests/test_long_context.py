@@ -348,6 +348,10 @@ def test_the_memory_model_splits_and_tiles_the_long_context_terms():
     # (this MLP is half the usual width).
     assert comps(tiled_mlp=True)["activations"] == pytest.approx(
         base["activations"] * 17 / 26, rel=0.02)
+    # Offloaded, about one layer's activations stay on the device; the rest is host's.
+    off = model.physics(Family.of(zero_stage=3, activation_offloading=True).config(1, 2, 2))
+    assert off.components["activations"] == pytest.approx(base["activations"] / 2, rel=1e-6)
+    assert off.host_bytes >= base["activations"] / 2
     ckpt = comps(gradient_checkpointing=True)["activations"]
     assert comps(gradient_checkpointing=True, checkpointing_variant="every-2")[
         "activations"] > ckpt

@@ -93,7 +93,7 @@ def estimate(spec_or_path: Any, *, device: str | None = None,
     rows then at the longest any family reaches."""
     spec = load_spec(spec_or_path)
     if spec.data.seq_len == "longest":
-        spec, longest = load_spec(spec, **{"data.seq_len": STEP}), True
+        spec, longest = at_anchor(spec), True
     device = device or spec.hardware.device
     dev = planned_device(spec, device)
     shape = model_shape(spec)
@@ -145,18 +145,31 @@ def position_limit(shape: ModelShape) -> int | None:
                  if isinstance(v := hf.get(k), int)), None)
 
 
+# Where `data.seq_len: longest` leaves no length to anchor the bisection's formulas to
+# the traced model at (plan/longest.py `anchored`): this, or the model's positions.
+ANCHOR = 4096
+
+
+def at_anchor(spec: Spec) -> Spec:
+    """A `seq_len: longest` spec at ANCHOR tokens (fewer where the model has fewer
+    positions)."""
+    shape = model_shape(load_spec(spec, **{"data.seq_len": STEP}))
+    limit = position_limit(shape) if shape is not None else None
+    return load_spec(spec, **{"data.seq_len": min(ANCHOR, limit or ANCHOR)})
+
+
 def resolve_longest(spec: Spec, device: DeviceSpec, limit: int) -> tuple[Spec, str]:
     """`data.seq_len: longest` made a length for a search on `device`, and the line that
     says what was found; a spec with a length is returned as it is, with no line."""
     if spec.data.seq_len != "longest":
         return spec, ""
-    at_step = load_spec(spec, **{"data.seq_len": STEP})
-    shape = model_shape(at_step)
+    anchor = at_anchor(spec)
+    shape = model_shape(anchor)
     if shape is None:
         raise SpecError("data.seq_len: longest needs the model's architecture "
                         "(model.config or model.name_or_path); a bare model.factory has none")
     found = longest_fitting(shape, device, spec.world_size,
-                            build_space(at_step, device).candidates, limit,
+                            build_space(anchor, device).candidates, limit,
                             max_len=position_limit(shape))
     n = search_length(found)
     best = found[0]

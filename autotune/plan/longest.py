@@ -32,20 +32,42 @@ class Longest:
     capped: bool = False  # seq_len is the model's position limit, not the memory's
 
 
+def anchored(shape: ModelShape, device: DeviceSpec, world_size: int,
+             configs: Sequence[TrialConfig]) -> Callable[[ModelShape, TrialConfig], int]:
+    """The peak at any length: the formulas' (no trace, no allocator replay), scaled per
+    config by the full model's ratio to them at `shape`'s own length. A GPU's traces and
+    replays are made once, not at every length a bisection tries (an 8B's at 16 lengths
+    ran past 10 minutes); on a CPU, which traces nothing, the ratio is 1."""
+    full = MemoryModel(shape, device, world_size)
+    bare = MemoryModel(shape, device, world_size)
+    bare.traced = False
+    ratio = {c: full.predict(c).total_bytes / max(1, bare.predict(c).total_bytes)
+             for c in configs}
+    models: dict[int, MemoryModel] = {}
+
+    def predict(s: ModelShape, c: TrialConfig) -> int:
+        model = models.get(s.seq_len)
+        if model is None:
+            model = models[s.seq_len] = MemoryModel(s, device, world_size)
+            model.traced = False
+        return int(model.predict(c).total_bytes * ratio[c])
+    return predict
+
+
 def longest_fitting(shape: ModelShape, device: DeviceSpec, world_size: int,
                     candidates: Sequence[TrialConfig], limit: int, *,
                     max_len: int | None = None,
                     predict: Callable[[ModelShape, TrialConfig], int] | None = None
                     ) -> list[Longest]:
     """Per family (at its smallest batch among `candidates`), the longest multiple of
-    STEP up to `max_len` predicted to fit `limit` per rank, longest first."""
-    if predict is None:
-        def predict(s: ModelShape, c: TrialConfig) -> int:
-            return MemoryModel(s, device, world_size).predict(c).total_bytes
-    top = (max_len or UNBOUNDED) // STEP
+    STEP up to `max_len` predicted to fit `limit` per rank, longest first; `predict`
+    defaults to the formulas anchored at `shape`'s length (`anchored`)."""
     smallest: dict[Family, TrialConfig] = {}
     for c in sorted(candidates, key=lambda c: c.per_device_train_batch_size):
         smallest.setdefault(c.family, c)
+    if predict is None:
+        predict = anchored(shape, device, world_size, list(smallest.values()))
+    top = (max_len or UNBOUNDED) // STEP
     shapes: dict[int, ModelShape] = {}
 
     def peak(n: int, c: TrialConfig) -> int:

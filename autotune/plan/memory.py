@@ -156,6 +156,9 @@ class Physics:
         self.shape, self.device, self.world_size = shape, device, world_size
         self._cache: dict[TrialConfig, np.ndarray] = {}
         self._shape_key: tuple | None = None
+        # False: the formulas alone, no trace and no allocator replay (a bisection over
+        # lengths anchors them to the traced model at one length: plan/longest.py).
+        self.traced = True
 
     def _model_states(self, c: TrialConfig, *, least: bool = False
                       ) -> tuple[dict[str, float], float]:
@@ -306,7 +309,7 @@ class Physics:
         (`trace`): configs sharing them share the trace (`trace.prefetch` makes several at
         once)."""
         if (self.shape.hf_config is None or not self.device.is_cuda or self.beyond_device(c)
-                or not self.shape.trained_by.traced):
+                or not self.shape.trained_by.traced or not self.traced):
             return None
         mode = ("fp32" if _compute_bytes(c.precision) == 4
                 else "native16" if c.zero_stage > 0 else "autocast16")
@@ -521,7 +524,7 @@ class Physics:
     def zero_replayed(self, c: TrialConfig) -> bool:
         """Whether `c`'s peak comes from the ZeRO emulation (plan/zero_replay.py): on a
         GPU, for a model whose config is known, where the emulation applies."""
-        return (self.device.is_cuda and self.replayable()
+        return (self.device.is_cuda and self.replayable() and self.traced
                 and zero_replay.applies(self.shape, c, self.world_size))
 
     def replayable(self) -> bool:
@@ -582,6 +585,12 @@ class Physics:
         comps = states | {"activations": b * self.activation_bytes_per_sample(c),
                           "logits": b * self.logits_bytes_per_sample(c)
                           + self.logits_fixed_bytes(c) + self.chunked_logits_bytes(c)}
+        if getattr(c, "activation_offloading", False):
+            # TRL's offloading moves what autograd saves to host memory as the forward goes
+            # and brings it back layer by layer in the backward: about one layer's stays.
+            kept = comps["activations"] / max(1, self.shape.num_layers)
+            host += comps["activations"] - kept
+            comps["activations"] = kept
         comps["generation"] = max(0.0, self.generation_bytes(c) - comps["activations"]
                                   - comps["logits"])
         comps["weights"] += self.reference_bytes(c)
@@ -707,7 +716,7 @@ class Physics:
         config, LoRA, FSDP, the ZeRO configs the emulation does not cover, Liger's
         kernels, Adafactor."""
         if not (self.device.is_cuda and self.shape.hf_config is not None
-                and self.replayable()):
+                and self.replayable() and self.traced):
             return None
         accumulation = min(c.gradient_accumulation_steps, REPLAYED)
         attention = self.attention_kernel(c)
