@@ -28,7 +28,13 @@ from autotune.trials.runtime import (
 
 @pytest.fixture
 def restored_tf32():
-    """The process's float32 matmul precision as it was (tests run in one process)."""
+    """The float32 matmul precision as a fresh process has it for the test (an in-process
+    trial earlier in the run, tests/test_long_context.py's, leaves its own: an fp32 run
+    settles the matmuls to ieee), and as it was after (tests run in one process)."""
+    import json
+    import subprocess
+    import sys
+
     names = ("cuda.matmul", "cudnn.conv", "cudnn.rnn", "mkldnn.matmul", "mkldnn.conv",
              "mkldnn.rnn")
 
@@ -39,6 +45,14 @@ def restored_tf32():
         return obj
 
     saved = {n: backend(n).fp32_precision for n in names}
+    probe = ("import functools, json, sys, torch\n"
+             "print(json.dumps({n: functools.reduce(getattr, n.split('.'), torch.backends)"
+             ".fp32_precision for n in sys.argv[1:]}))")
+    fresh = json.loads(subprocess.run([sys.executable, "-c", probe, *names],
+                                      capture_output=True, text=True, check=True).stdout)
+    torch.backends.fp32_precision = "none"
+    for n, v in fresh.items():
+        backend(n).fp32_precision = v
     yield
     torch.backends.fp32_precision = "none"
     for n, v in saved.items():
