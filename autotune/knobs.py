@@ -550,8 +550,8 @@ LIGER_MODEL_TYPES = ("llama", "mllama", "mistral", "mixtral", "gemma", "gemma2",
 
 
 def _liger_applies(spec: Spec, on: Any = True) -> str | None:
-    from autotune.tasks import task_of, trainer_of
     from autotune.tasks.models import load_hf_config
+    from autotune.tasks.registry import task_of, trainer_of
 
     task = task_of(spec)
     if not task.causal:  # Trainer patches the causal-LM forward in
@@ -596,7 +596,7 @@ LIGER = Knob(
 # --- data ---------------------------------------------------------------------------------
 
 def _packing_applies(spec: Spec, on: Any = True) -> str | None:
-    from autotune.tasks import task_of, trainer_of
+    from autotune.tasks.registry import task_of, trainer_of
 
     if not task_of(spec).causal:
         return "padding-free packing (DataCollatorWithFlattening) is for causal LMs"
@@ -617,7 +617,7 @@ PACKING = Knob(
 # --- DPO's reference model ------------------------------------------------------------------
 
 def _precompute_applies(spec: Spec, on: Any = True) -> str | None:
-    from autotune.tasks import trainer_of
+    from autotune.tasks.registry import trainer_of
 
     if not trainer_of(spec).keeps_reference:
         return ("the reference model's log-probs are DPO's: only trainer: dpo has a "
@@ -655,7 +655,7 @@ PIN_MEMORY = Knob(
 # --- generation (a trainer that generates: trainer: grpo) ------------------------------
 
 def _generation_applies(spec: Spec, on: Any = True) -> str | None:
-    from autotune.tasks import trainer_of
+    from autotune.tasks.registry import trainer_of
 
     if not trainer_of(spec).generates:
         return ("how completions are generated is a generating trainer's (trainer: grpo); "
@@ -712,7 +712,7 @@ def _long_context_trainer(spec: Spec, what: str) -> str | None:
     """Why a lever the trial applies to transformers' Trainer's own step (its loss, its
     training step, its accelerator's ParallelismConfig) cannot apply under the spec's
     trainer; TRL's were not tried (GRPOConfig refuses sequence parallelism outright)."""
-    from autotune.tasks import task_of, trainer_of
+    from autotune.tasks.registry import task_of, trainer_of
 
     if not task_of(spec).causal:
         return f"{what} is for causal LMs; this model's task is {spec.model.task}"
@@ -851,7 +851,7 @@ def _tiled_mlp_applies(spec: Spec, on: Any = True) -> str | None:
     why = _long_context_trainer(spec, "tiled_mlp")
     if why:
         return why
-    from autotune.trials.long_context import gated_mlp_classes
+    from autotune.tasks.models import gated_mlp_classes
 
     cls = _model_class(spec)
     if cls is None or not gated_mlp_classes(cls):
@@ -892,7 +892,7 @@ def _tiled_loss_applies(spec: Spec, on: Any = True) -> str | None:
     why = _long_context_trainer(spec, "tiled_loss")
     if why:
         return why
-    from autotune.trials.long_context import plain_head
+    from autotune.tasks.models import plain_head
 
     cls = _model_class(spec)
     if cls is None or not plain_head(cls):
@@ -945,7 +945,7 @@ def _checkpointing_variant_args(variant: str) -> dict[str, Any]:
 
 
 def _checkpointing_variant_applies(spec: Spec, variant: Any) -> str | None:
-    from autotune.tasks import trainer_of
+    from autotune.tasks.registry import trainer_of
 
     if variant in ("every-2", "selective") and not trainer_of(spec).long_context_levers:
         return (f"checkpointing_variant={variant} is applied to transformers' Trainer's "

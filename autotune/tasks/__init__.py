@@ -3,6 +3,8 @@ here by name (as torchtitan registers a TrainSpec).
 
 A spec names one of each (`model.task`, `trainer`); the rest of the package asks the
 objects (`task_of(spec)`, `trainer_of(spec)`, or by name) and never compares their names.
+The lookups live in tasks/registry.py, a leaf this module fills, so that a module below
+the tasks (the data, the knob table) can look one up without importing them all.
 What a task or a trainer is: tasks/base.py. Adding one is a module with its subclass,
 listed below (docs/architecture.md).
 """
@@ -11,7 +13,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from autotune.errors import SpecError, not_allowed
 from autotune.tasks.base import Task, TrainerKind
 from autotune.tasks.causal_lm import CAUSAL_LM
 from autotune.tasks.classification import SEQUENCE_CLASSIFICATION
@@ -19,46 +20,30 @@ from autotune.tasks.dpo import DPO_TRAINER
 from autotune.tasks.grpo import GRPO_TRAINER
 from autotune.tasks.images import IMAGE_CLASSIFICATION
 from autotune.tasks.masked_lm import MASKED_LM
+from autotune.tasks.plain import PLAIN
+from autotune.tasks.registry import (
+    DEFAULT_TASK,
+    DEFAULT_TRAINER,
+    TASKS,
+    TRAINERS,
+    task,
+    task_of,
+    trainer,
+    trainer_of,
+)
 from autotune.tasks.seq2seq import SEQ2SEQ_LM
 from autotune.tasks.sft import SFT_TRAINER
-from autotune.tasks.trainer import PLAIN
 
 if TYPE_CHECKING:
     from autotune.spec import Spec
 
-TASKS: dict[str, Task] = {t.name: t for t in (CAUSAL_LM, MASKED_LM, SEQUENCE_CLASSIFICATION,
-                                              SEQ2SEQ_LM, IMAGE_CLASSIFICATION)}
-TRAINERS: dict[str, TrainerKind] = {t.name: t for t in (PLAIN, SFT_TRAINER, DPO_TRAINER,
-                                                        GRPO_TRAINER)}
-DEFAULT_TASK = CAUSAL_LM.name  # a model section without `task`, a shape without one
-DEFAULT_TRAINER = PLAIN.name
+TASKS.update({t.name: t for t in (CAUSAL_LM, MASKED_LM, SEQUENCE_CLASSIFICATION, SEQ2SEQ_LM,
+                                  IMAGE_CLASSIFICATION)})
+TRAINERS.update({t.name: t for t in (PLAIN, SFT_TRAINER, DPO_TRAINER, GRPO_TRAINER)})
+assert CAUSAL_LM.name == DEFAULT_TASK and PLAIN.name == DEFAULT_TRAINER
 
 __all__ = ["DEFAULT_TASK", "DEFAULT_TRAINER", "TASKS", "TRAINERS", "Task", "TrainerKind",
            "objective_of", "task", "task_of", "trainer", "trainer_of"]
-
-
-def task(name: str | None) -> Task:
-    """The task by name (the default where none is given)."""
-    found = TASKS.get(name or DEFAULT_TASK)
-    if found is None:
-        raise SpecError("model.task: " + not_allowed(name, sorted(TASKS)))
-    return found
-
-
-def trainer(name: str | None) -> TrainerKind:
-    """The trainer by name (the default where none is given)."""
-    found = TRAINERS.get(name or DEFAULT_TRAINER)
-    if found is None:
-        raise SpecError("trainer: " + not_allowed(name, sorted(TRAINERS)))
-    return found
-
-
-def task_of(spec: Spec) -> Task:
-    return task(spec.model.task)
-
-
-def trainer_of(spec: Spec) -> TrainerKind:
-    return trainer(spec.trainer)
 
 
 def objective_of(spec: Spec) -> str:

@@ -51,7 +51,7 @@ def build_dataset(spec: dict[str, Any], model, n_samples: int, task: Task | None
     has fewer), labelled as its task labels a row (`Task.row_labels`)."""
     import torch
 
-    from autotune.tasks import task as named
+    from autotune.tasks.registry import task as named
 
     task = task or named(spec["model"].get("task"))
     data = spec["data"]

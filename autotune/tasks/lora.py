@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 def lora_config_kwargs(lora: dict[str, Any], task: Task | str | None) -> dict[str, Any]:
     """`LoraConfig(**kwargs)` for the spec's lora section and its model's task (or its
     name)."""
-    from autotune.tasks import task as named
+    from autotune.tasks.registry import task as named
 
     kind = named(task) if task is None or isinstance(task, str) else task
     out = {"r": lora["r"], "lora_alpha": lora["alpha"], "lora_dropout": lora["dropout"],

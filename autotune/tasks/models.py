@@ -4,6 +4,9 @@ builds it with, how many positions it has. Read by the spec's checks and the kno
 
 from __future__ import annotations
 
+import inspect
+import sys
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +34,7 @@ def auto_class(model: dict[str, Any]) -> Any:
     """transformers' Auto class the model section's task builds with."""
     import transformers
 
-    from autotune.tasks import task
+    from autotune.tasks.registry import task
 
     return getattr(transformers, task(model.get("task")).auto_class)
 
@@ -55,3 +58,49 @@ def max_positions(hf_config: Any) -> int | None:
         if isinstance(value, int):
             return value
     return None
+
+
+# --- what the long-context levers apply to (the knob table and the trial read it) ---
+
+# The forward a gated MLP (Llama's, Qwen2's, Mistral's...) has in transformers: TiledMLP
+# recomputes exactly it, shard by shard.
+GATED_FORWARD = "self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))"
+
+
+
+@cache
+def gated_mlp(cls: type) -> bool:
+    """Whether `cls`'s forward is transformers' gated MLP and nothing more (its source
+    read once per class)."""
+    forward = cls.__dict__.get("forward")
+    if forward is None:
+        return False
+    try:
+        source = inspect.getsource(forward)
+    except (OSError, TypeError):
+        return False
+    body = [line.strip() for line in source.splitlines()[1:] if line.strip()
+            and not line.strip().startswith(("#", '"""'))]
+    return body == [f"return {GATED_FORWARD}"] or body == [
+        f"down_proj = {GATED_FORWARD}", "return down_proj"]
+
+
+def gated_mlp_classes(model_class: type) -> list[type]:
+    """The gated MLP classes of the module a model class is defined in."""
+    import torch
+
+    module = sys.modules.get(model_class.__module__)
+    return [obj for obj in vars(module).values() if isinstance(obj, type)
+            and issubclass(obj, torch.nn.Module) and gated_mlp(obj)] if module else []
+
+
+def plain_head(model_class: type) -> bool:
+    """Whether the model's forward takes its logits straight from `lm_head` (no softcap,
+    no logit scale): what the tiled loss recomputes per shard."""
+    try:
+        source = inspect.getsource(model_class.forward)
+    except (OSError, TypeError):
+        return False
+    assigned = [line.strip() for line in source.splitlines()
+                if line.strip().startswith("logits =")]
+    return len(assigned) == 1 and assigned[0].startswith("logits = self.lm_head(")

@@ -81,7 +81,7 @@ def trl_check(spec: Spec, kind: TrainerKind, trainer_class: str) -> str | None:
     if importlib.util.find_spec("trl") is None:
         return (f"trainer: {kind.name} runs TRL's {trainer_class}, and TRL is not installed "
                 "(pip install trl)")
-    from autotune.tasks import task_of
+    from autotune.tasks.registry import task_of
 
     task = task_of(spec)
     if not task.causal:

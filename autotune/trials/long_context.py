@@ -14,12 +14,12 @@ ranks, before the model), `model` (once it is built), `collator` (for the traine
 
 from __future__ import annotations
 
-import inspect
 import math
-import sys
 from collections.abc import Callable
 from functools import cache
 from typing import TYPE_CHECKING, Any
+
+from autotune.tasks.models import gated_mlp
 
 if TYPE_CHECKING:
     from autotune.config import TrialConfig
@@ -32,49 +32,6 @@ LOGITS_SHARD_BYTES = 2**30
 # A ratio of the outer gradient to the scale the tiled loss assumed (1 where right) beyond
 # this is a wrong head gradient, and the run is refused.
 SCALE_TOLERANCE = 1e-4
-# The forward a gated MLP (Llama's, Qwen2's, Mistral's...) has in transformers: TiledMLP
-# recomputes exactly it, shard by shard.
-GATED_FORWARD = "self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))"
-
-
-# --- what applies (read by the knob table too) -------------------------------------------
-
-@cache
-def gated_mlp(cls: type) -> bool:
-    """Whether `cls`'s forward is transformers' gated MLP and nothing more (its source
-    read once per class)."""
-    forward = cls.__dict__.get("forward")
-    if forward is None:
-        return False
-    try:
-        source = inspect.getsource(forward)
-    except (OSError, TypeError):
-        return False
-    body = [line.strip() for line in source.splitlines()[1:] if line.strip()
-            and not line.strip().startswith(("#", '"""'))]
-    return body == [f"return {GATED_FORWARD}"] or body == [
-        f"down_proj = {GATED_FORWARD}", "return down_proj"]
-
-
-def gated_mlp_classes(model_class: type) -> list[type]:
-    """The gated MLP classes of the module a model class is defined in."""
-    import torch
-
-    module = sys.modules.get(model_class.__module__)
-    return [obj for obj in vars(module).values() if isinstance(obj, type)
-            and issubclass(obj, torch.nn.Module) and gated_mlp(obj)] if module else []
-
-
-def plain_head(model_class: type) -> bool:
-    """Whether the model's forward takes its logits straight from `lm_head` (no softcap,
-    no logit scale): what the tiled loss recomputes per shard."""
-    try:
-        source = inspect.getsource(model_class.forward)
-    except (OSError, TypeError):
-        return False
-    assigned = [line.strip() for line in source.splitlines()
-                if line.strip().startswith("logits =")]
-    return len(assigned) == 1 and assigned[0].startswith("logits = self.lm_head(")
 
 
 # --- parallelism ---------------------------------------------------------------------------

@@ -67,7 +67,7 @@ def trainer_kwargs(spec: Spec, config: TrialConfig, *, on_cpu: bool,
     """The kwargs the spec's trainer takes for `config`: TrainingArguments', and the own
     fields of its trainer's config class (SFTConfig, DPOConfig) or of its task's
     arguments class (Seq2SeqTrainingArguments)."""
-    from autotune.tasks import task_of, trainer_of
+    from autotune.tasks.registry import task_of, trainer_of
 
     kwargs = training_arguments_kwargs(config, seed=spec.search.seed,
                                        world_size=spec.world_size, on_cpu=on_cpu,
