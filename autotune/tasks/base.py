@@ -68,7 +68,7 @@ class Task:
     def check(self, spec: Spec) -> str | None:
         """Why the spec's data cannot train this task, one line naming the field; None."""
         data = spec.data
-        if data.target_len is not None:
+        if data.target_len is not None and not self.has_target:
             return (f"data.target_len: {data.target_len}: only a seq2seq-lm model has a "
                     f"target; this model's task is {self.name}")
         if data.format == "image":

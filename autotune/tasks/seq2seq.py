@@ -43,16 +43,6 @@ class Seq2SeqLM(Task):
     def shape_fields(self, spec_target_len: int | None) -> dict[str, Any]:
         return {"target_len": spec_target_len} if spec_target_len else {}
 
-    def check(self, spec: Spec) -> str | None:
-        data = spec.data
-        if data.format == "image":
-            return (f"data.format: image rows are for model.task image-classification; "
-                    f"this model's task is {self.name}")
-        if data.source != "synthetic" and data.tokenizer is None:
-            return (f"data.tokenizer: source {data.source!r} is text: data.tokenizer is "
-                    "required")
-        return None
-
     def notes(self, spec: Spec) -> list[str]:
         if spec.data.target_len is not None:
             return []
