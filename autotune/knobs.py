@@ -847,19 +847,24 @@ CONTEXT_PARALLEL = Knob(
     speed=Speed(_sp_prior, sd=0.3))
 
 
-def _tiled_mlp_applies(spec: Spec, on: Any = True) -> str | None:
-    why = _long_context_trainer(spec, "tiled_mlp")
-    if why:
-        return why
-    from autotune.tasks.models import gated_mlp_classes
-
+def _model_lacks(spec: Spec, knob: str, has: Callable[[type], bool], why: str) -> str | None:
+    """Why `knob` cannot apply to the spec's model: a trainer that takes no long-context
+    lever, or a model class `has` refuses (`why`, formatted with its {name}); None."""
+    said = _long_context_trainer(spec, knob)
+    if said:
+        return said
     cls = _model_class(spec)
-    if cls is None or not gated_mlp_classes(cls):
-        name = cls.__name__ if cls is not None else "this model"
-        return (f"tiled_mlp recomputes a gated MLP (down_proj(act(gate_proj(x)) * "
-                f"up_proj(x)): Llama's, Qwen2's, Mistral's); {name} has none")
+    if cls is None or not has(cls):
+        return why.format(name=cls.__name__ if cls is not None else "this model")
     return None
 
+
+def _tiled_mlp_applies(spec: Spec, on: Any = True) -> str | None:
+    from autotune.tasks.models import gated_mlp_classes
+
+    return _model_lacks(spec, "tiled_mlp", lambda cls: bool(gated_mlp_classes(cls)),
+                        "tiled_mlp recomputes a gated MLP (down_proj(act(gate_proj(x)) * "
+                        "up_proj(x)): Llama's, Qwen2's, Mistral's); {name} has none")
 
 TILED_MLP = Knob(
     # DeepSpeed's TiledMLP (ALST): each MLP's forward run shard by shard along the
@@ -889,16 +894,13 @@ TILED_MLP = Knob(
 
 
 def _tiled_loss_applies(spec: Spec, on: Any = True) -> str | None:
-    why = _long_context_trainer(spec, "tiled_loss")
-    if why:
-        return why
     from autotune.tasks.models import plain_head
 
-    cls = _model_class(spec)
-    if cls is None or not plain_head(cls):
-        name = cls.__name__ if cls is not None else "this model"
-        return (f"tiled_loss recomputes logits straight from lm_head; {name}'s forward "
-                "changes them (a softcap, a logit scale) or is not known")
+    why = _model_lacks(spec, "tiled_loss", plain_head,
+                       "tiled_loss recomputes logits straight from lm_head; {name}'s forward "
+                       "changes them (a softcap, a logit scale) or is not known")
+    if why:
+        return why
     text = _text_config(spec)
     if getattr(text, "tie_word_embeddings", False):
         # ZeRO-2/3 on 2 CPU ranks: "The parameter model.embed_tokens.weight has already

@@ -127,3 +127,25 @@ def postgres_server():
 def postgres_url(postgres_server) -> str:
     """A fresh, empty database on the session's server."""
     return postgres_server.new_database()
+
+
+def cli_search(raw: dict, tmp_path) -> tuple[Path, list[dict]]:
+    """`autotune search` of the spec `raw` as a user runs it (a model.yaml, the CLI in its
+    own process); its output folder and the trials that ran, each asserted ok."""
+    import json
+    import subprocess
+    import sys
+
+    import yaml
+
+    path = tmp_path / "model.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    proc = subprocess.run([sys.executable, "-m", "autotune", "search", str(path)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = Path(raw["output"])
+    summary = json.loads((out / "summary.json").read_text())
+    ran = [t for t in summary["trials"] if t["outcome"]["status"] != "pruned"]
+    assert ran and all(t["outcome"]["status"] == "ok" for t in ran), [
+        (t["config"], t["outcome"]["error"]) for t in ran]
+    return out, ran

@@ -19,6 +19,7 @@ import yaml
 from autotune.config import TrialConfig
 from autotune.errors import SpecError
 from autotune.spec import load_spec
+from tests.conftest import cli_search
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "examples" / "data"
@@ -172,15 +173,7 @@ def test_a_grpo_search_exports_a_config_that_trains_elsewhere(tmp_path):
     raw = grpo_spec(tmp_path) | {"search": {"space": str(tmp_path / "space.yaml"),
                                             "n_trials": 3, "confirm_repeats": 1,
                                             "trial_timeout": "3m", "timeout": "8m"}}
-    path = tmp_path / "model.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    proc = subprocess.run([sys.executable, "-m", "autotune", "search", str(path)],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = Path(raw["output"])
-    summary = json.loads((out / "summary.json").read_text())
-    ran = [t for t in summary["trials"] if t["outcome"]["status"] != "pruned"]
-    assert ran and all(t["outcome"]["status"] == "ok" for t in ran)
+    out, _ = cli_search(raw, tmp_path)
     report = (out / "report.md").read_text()
     assert "completions/s" in report and "| gen share |" in report  # its own column
     kwargs = json.loads((out / "grpo_config.json").read_text())

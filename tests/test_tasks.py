@@ -27,6 +27,7 @@ from autotune.space import build_space
 from autotune.spec import DEFAULT_TARGET_LEN, load_spec
 from autotune.tasks import objective_of
 from autotune.tasks.models import load_hf_config
+from tests.conftest import cli_search
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "examples" / "data"
@@ -393,16 +394,7 @@ def test_a_search_of_each_kind_exports_files_that_train(tmp_path, kind):
     raw = make(tmp_path) | {"search": {"space": str(tmp_path / "space.yaml"), "n_trials": 2,
                                        "confirm_repeats": 0, "trial_timeout": "3m",
                                        "timeout": "8m"}}
-    path = tmp_path / "model.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    proc = subprocess.run([sys.executable, "-m", "autotune", "search", str(path)],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = Path(raw["output"])
-    summary = json.loads((out / "summary.json").read_text())
-    ran = [t for t in summary["trials"] if t["outcome"]["status"] != "pruned"]
-    assert ran and all(t["outcome"]["status"] == "ok" for t in ran), [
-        (t["config"], t["outcome"]["error"]) for t in ran]
+    out, ran = cli_search(raw, tmp_path)
     assert all(t["outcome"]["predicted_memory_bytes"] for t in ran)
     kwargs = json.loads((out / file).read_text()) | {"output_dir": str(tmp_path / "x")}
     args = getattr(trl if cls == "DPOConfig" else transformers, cls)(**kwargs)
@@ -426,7 +418,7 @@ def test_a_search_of_each_kind_exports_files_that_train(tmp_path, kind):
                              env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert trained.returncode == 0, trained.stderr[-3000:]
     done = json.loads(trained.stdout.strip().splitlines()[-1])
-    best = summary["best"]["config"]
+    best = json.loads((out / "summary.json").read_text())["best"]["config"]
     assert (done["global_step"], done["batch"]) == (2, best["per_device_train_batch_size"])
     # The class the report tells the user to load the file with (the script builds the
     # one its kind names, so its own answer would prove nothing).

@@ -332,7 +332,7 @@ class Physics:
         """What the levers the trace does not apply (the tiled MLP, the checkpointing
         variant) keep of its activations: the formula's ratio with and without them."""
         plain = {k: knobs.knob(k).baseline for k in ("tiled_mlp", "checkpointing_variant")
-                 if getattr(c, k, knobs.knob(k).baseline) != knobs.knob(k).baseline}
+                 if getattr(c, k) != knobs.knob(k).baseline}
         if not plain:
             return 1.0
         without = self._formula_activations(c.family.replace(**plain).config(
@@ -344,7 +344,7 @@ class Physics:
         """The ranks a sample's sequence is split over: each holds 1/k of its tokens'
         activations and logits (Ulysses' attention holds all tokens for 1/k of the heads,
         the same share), while ZeRO shards the model states over all ranks."""
-        return getattr(c, "sequence_parallel", 1) * getattr(c, "context_parallel", 1)
+        return c.sequence_parallel * c.context_parallel
 
     @staticmethod
     def _compiled(c: TrialConfig) -> float:
@@ -375,7 +375,7 @@ class Physics:
         mlp_part = 19 + 16 * (self.shape.ffn_size / (4 * h) - 1)
         # DeepSpeed's TiledMLP keeps only the MLP's input (2 s h) and recomputes the rest
         # shard by shard in the backward (about h tokens a shard: negligible at length).
-        mlp = 15 + (2 if getattr(c, "tiled_mlp", False) else mlp_part)
+        mlp = 15 + (2 if c.tiled_mlp else mlp_part)
         linear = 0.0
         for layers, s, source in self._stacks():
             # A decoder layer's cross-attention: its norm, query, output projection and
@@ -386,7 +386,7 @@ class Physics:
                 # Layer inputs kept for every checkpointed layer, plus one layer
                 # recomputed in full; `every-2` checkpoints every other layer (the rest keep
                 # theirs), `selective` (TRL's) also keeps each attention's output.
-                variant = getattr(c, "checkpointing_variant", "non-reentrant")
+                variant = c.checkpointing_variant
                 kept = layers // 2 if variant == "every-2" else layers
                 inputs = 2 if variant == "selective" else 1
                 linear += kept * inputs * s * h * cb + (layers - kept + 1) * per_layer
@@ -412,7 +412,7 @@ class Physics:
         the compute precision. (Trainer drops the model's output, and with it the logits,
         before the backward; the forward's logits, upcast and log-softmax sum to no more.)
         Classification heads are negligible."""
-        if getattr(c, "tiled_loss", False):
+        if c.tiled_loss:
             return 0.0  # a shard at a time, whatever the batch: `logits_fixed_bytes`
         if self._liger_compiled(c):
             return LIGER_COMPILED_LOGITS * self._logits_formula() / self.sequence_split(c)
@@ -434,7 +434,7 @@ class Physics:
         a frozen head (under LoRA): Liger makes no gradient for a weight that needs none
         (liger-kernel 0.8.5; the H100's 8B QLoRA trials peaked 2-8 GiB under the
         prediction that counted it, 2026-11-27)."""
-        if getattr(c, "tiled_loss", False) and self.shape.has_lm_logits:
+        if c.tiled_loss and self.shape.has_lm_logits:
             return self.tiled_logits_bytes(c)
         if not (c.use_liger_kernel and self.shape.has_lm_logits) or self.shape.lora:
             return 0.0
@@ -585,7 +585,7 @@ class Physics:
         comps = states | {"activations": b * self.activation_bytes_per_sample(c),
                           "logits": b * self.logits_bytes_per_sample(c)
                           + self.logits_fixed_bytes(c) + self.chunked_logits_bytes(c)}
-        if getattr(c, "activation_offloading", False):
+        if c.activation_offloading:
             # TRL's offloading moves what autograd saves to host memory as the forward goes
             # and brings it back layer by layer in the backward: about one layer's stays.
             kept = comps["activations"] / max(1, self.shape.num_layers)

@@ -61,6 +61,10 @@ class Executor(ABC):
 
     capacity: int = 1
 
+    def use_spec(self, spec: Spec) -> None:  # noqa: B027 - a hook: most hold no spec
+        """The spec its trials are made from, where the search settled one of its fields
+        after this executor was made (`data.seq_len: longest`); nothing by default."""
+
     @abstractmethod
     def submit(self, config: TrialConfig, *, training_args: dict | None = None,
                steps: int | None = None) -> int:
@@ -201,6 +205,9 @@ class RayExecutor(Executor):
         self._remote: Any = None
         self._refs: dict[Any, _InFlight] = {}
         self._next = 0
+
+    def use_spec(self, spec: Spec) -> None:
+        self.spec = spec
 
     def prepare(self, shape: dict | None, budget: int | None) -> None:
         """Each request carries them: the worker caps its allocator at the budget and

@@ -87,8 +87,7 @@ def run_search(
             with executor.driver_work("finding the longest length"):
                 spec, said = resolve_longest(spec, device, limit)
             logger.warning(said)
-            if hasattr(executor, "spec"):
-                executor.spec = spec  # the trials' requests carry the length found
+            executor.use_spec(spec)  # the trials' requests carry the length found
         with executor.driver_work("reading the model"):
             shape = model_shape(spec)
         space = load_space(spec.search.space, spec.target_batch_size, spec.world_size)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.config import Family, TrialConfig
 from autotune.records import Record
+from autotune.tuning.numerics import twin_family
 
 if TYPE_CHECKING:
     from autotune.device import DeviceSpec
@@ -112,8 +113,6 @@ class Twins(Strategy):
 
     def ask(self, history: Sequence[Record],
             pending: Sequence[TrialConfig] = ()) -> Proposal | None:
-        from autotune.tuning.numerics import twin_family
-
         proposal = self.inner.ask(history, pending)
         if proposal is None or not proposal.run or proposal.repeat:
             return proposal
