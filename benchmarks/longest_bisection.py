@@ -8,6 +8,12 @@ bisected from the prediction (up by a quarter until one does not fit, then halve
 
     .venv/bin/python benchmarks/longest_bisection.py [--budget 1GiB] [--spec PATH]
         [--family "fp32 adamw_torch z1" ...]
+    .venv/bin/python benchmarks/longest_bisection.py --from benchmarks/longest_bisection_cpu.txt
+
+`--from` a recorded output runs nothing: each measured peak beside the physics' tensors
+at its length (the model as it is now), per family the slope and intercept of both (what
+a token costs, what does not grow), and the longest predicted now against the recorded
+measured one.
 
 On a GPU (`--spec examples/llama-8b-32k.yaml --budget 80GiB`) a trial that does not fit
 runs out of memory; on a CPU nothing does, and a peak over the budget is what does not
@@ -17,6 +23,8 @@ fit.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import re
 import time
 from pathlib import Path
 
@@ -97,17 +105,72 @@ def longest_measured(spec, family: Family, predicted: int, budget: int) -> tuple
     return lo * STEP, len(fits)
 
 
+def _fit(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """Least-squares slope (MiB a token) and intercept (MiB) of (tokens, MiB) points."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    var = sum((x - mx) ** 2 for x, _ in points) or 1.0
+    slope = sum((x - mx) * (y - my) for x, y in points) / var
+    return slope, my - slope * mx
+
+
+def replay(path: Path, spec, predicted: dict, shape) -> None:
+    """A recorded bisection against the physics as it is now (see the module's doc)."""
+    from autotune.plan.calibration import MemoryModel
+
+    measured: dict[str, list[tuple[int, float]]] = {}
+    family = None
+    for line in path.read_text().splitlines():
+        if m := re.match(r"(\S.*): predicted \d+", line):
+            family = m.group(1)
+            measured[family] = []
+        elif (m := re.match(r"\s+(\d+) tokens: peak ([\d.]+) GiB", line)) and family:
+            measured[family].append((int(m.group(1)), float(m.group(2)) * 1024))
+    device = local_device()
+    print("| family | tokens | measured MiB | tensors MiB | runtime MiB | ratio |\n"
+          "| --- | --- | --- | --- | --- | --- |")
+    fits = []
+    for label, points in measured.items():
+        fam = TrialConfig.from_label(f"b1x1 {label}").family
+        cfg = fam.config(1, 2, spec.world_size)
+        tensors = []
+        for n, mib in sorted(points):
+            model = MemoryModel(dataclasses.replace(shape, seq_len=n), device,
+                                spec.world_size)
+            model.traced = False
+            parts = model.physics(cfg).components
+            held = sum(v for k, v in parts.items() if k != "runtime") / 2**20
+            runtime = model.runtime_bytes(cfg) / 2**20
+            tensors.append((n, held))
+            print(f"| {label} | {n} | {mib:.0f} | {held:.0f} | {runtime:.0f} | "
+                  f"{(mib - runtime) / held:.2f} |")
+        fits.append((label, _fit(sorted(points)), _fit(tensors)))
+    print("\n| family | measured MiB/token | physics MiB/token | measured MiB at 0 | "
+          "physics MiB at 0 | longest predicted now |\n| --- | --- | --- | --- | --- | --- |")
+    for label, (ms, mi), (ps, pi) in fits:
+        fam = TrialConfig.from_label(f"b1x1 {label}").family
+        print(f"| {label} | {ms:.4f} | {ps:.4f} | {mi:.0f} | {pi:.0f} | "
+              f"{predicted.get(fam, '-')} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spec", type=Path, default=SPEC)
     ap.add_argument("--budget", default="1GiB", help="memory per rank")
     ap.add_argument("--family", action="append", help="a family by its label (repeatable; "
                     "default: the held-out spec's five)")
+    ap.add_argument("--from", dest="recorded", type=Path,
+                    help="a recorded output: split its peaks against the physics, run nothing")
     args = ap.parse_args()
     budget = parse_bytes(args.budget)
     spec = load_spec(args.spec, **{"hardware.memory_budget": args.budget,
                                    "target_batch_size": 2})
     result = estimate(spec, longest=True)
+    if args.recorded:
+        replay(args.recorded, spec, {r.family: r.seq_len for r in result.longest},
+               result.shape)
+        return
     predicted = {r.family: r.seq_len for r in result.longest}
     print(f"{result.shape.name}, {spec.world_size} ranks on {local_device().name}, budget "
           f"{args.budget} a rank; predicted by the physics (no trial calibrates it)")

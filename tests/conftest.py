@@ -3,7 +3,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import shutil
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -27,9 +29,32 @@ TINY_SPEC = {
 def _own_device_leases(tmp_path_factory):
     """The suite's trials lease devices among themselves (two searches of one test take
     turns), not against searches a developer runs on the same machine meanwhile, which
-    would stall them past their time limits."""
-    os.environ["AUTOTUNE_LEASE_DIR"] = str(tmp_path_factory.mktemp("leases"))
+    would stall them past their time limits. Under pytest-xdist the workers share one
+    folder: two workers' tests are two searches on one machine, whose timed trials take
+    turns on its cores as any two users' do."""
+    shared = os.environ.get(SHARED_LEASES)
+    os.environ["AUTOTUNE_LEASE_DIR"] = shared or str(tmp_path_factory.mktemp("leases"))
     os.environ[SESSION_MARK] = uuid.uuid4().hex
+
+
+SHARED_LEASES = "AUTOTUNE_TEST_SHARED_LEASES"
+
+
+def pytest_configure(config):
+    """pytest-xdist's controller makes the workers' shared lease folder before they start
+    (they inherit its environment) and removes it when they are done. Each worker drops
+    the COLUMNS=80 xdist sets, before the CLI's consoles are made on import: its output is
+    as wide as a serial run's (160 where no terminal is attached)."""
+    if getattr(config, "workerinput", None) is not None:
+        os.environ.pop("COLUMNS", None)
+    elif getattr(
+            config.option, "numprocesses", None):
+        os.environ[SHARED_LEASES] = tempfile.mkdtemp(prefix="autotune-test-leases-")
+
+
+def pytest_unconfigure(config):
+    if getattr(config, "workerinput", None) is None and SHARED_LEASES in os.environ:
+        shutil.rmtree(os.environ.pop(SHARED_LEASES), ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -119,6 +119,19 @@ class Cluster:
         shutil.rmtree(self.temp, ignore_errors=True)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _nodes_lease_apart(tmp_path_factory):
+    """This module's trials lease the machine's cores in a folder of their own. Its
+    clusters' nodes share one host, and a trial whose ranks span two of them leases each
+    node's core apart: beside another pytest-xdist worker's trial, which asks for both
+    cores, the two ranks each waited on the other's lease for minutes. (Real nodes lease
+    their own machines' cores.)"""
+    kept = os.environ["AUTOTUNE_LEASE_DIR"]
+    os.environ["AUTOTUNE_LEASE_DIR"] = str(tmp_path_factory.mktemp("cluster-leases"))
+    yield
+    os.environ["AUTOTUNE_LEASE_DIR"] = kept
+
+
 @pytest.fixture
 def open_cluster(tmp_path):
     """A cluster without token authentication (scheduling is what these tests test)."""
