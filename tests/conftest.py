@@ -25,6 +25,10 @@ TINY_SPEC = {
 }
 
 
+# Under pytest-xdist, the lease folder the controller made for its workers.
+SHARED_LEASES = "AUTOTUNE_TEST_SHARED_LEASES"
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _own_device_leases(tmp_path_factory):
     """The suite's trials lease devices among themselves (two searches of one test take
@@ -37,9 +41,6 @@ def _own_device_leases(tmp_path_factory):
     os.environ[SESSION_MARK] = uuid.uuid4().hex
 
 
-SHARED_LEASES = "AUTOTUNE_TEST_SHARED_LEASES"
-
-
 def pytest_configure(config):
     """pytest-xdist's controller makes the workers' shared lease folder before they start
     (they inherit its environment) and removes it when they are done. Each worker drops
@@ -47,8 +48,7 @@ def pytest_configure(config):
     as wide as a serial run's (160 where no terminal is attached)."""
     if getattr(config, "workerinput", None) is not None:
         os.environ.pop("COLUMNS", None)
-    elif getattr(
-            config.option, "numprocesses", None):
+    elif getattr(config.option, "numprocesses", None):
         os.environ[SHARED_LEASES] = tempfile.mkdtemp(prefix="autotune-test-leases-")
 
 
