@@ -203,8 +203,10 @@ def test_a_search_starts_its_ray_only_between_the_trials_of_another(tmp_path, le
 def test_a_search_reads_its_model_only_between_the_trials_of_another(tmp_path, lease_dir,
                                                                        tiny_spec):
     """Reading the model imports transformers and torch (seconds of CPU; beside another
-    search's timed trial it made that trial 40% slower): while another search's trial
-    holds the cores, a search on a CPU machine waits to read it, then searches."""
+    search's timed trial it made that trial 40% slower), and the search's own Ray starts
+    beside it: while another search's trial holds the cores, a search on a CPU machine
+    waits to do either (no Ray process appears), then searches."""
+    import psutil
     import yaml
 
     tiny_spec["search"] |= {"n_trials": 1, "confirm_repeats": 0}
@@ -214,11 +216,13 @@ def test_a_search_reads_its_model_only_between_the_trials_of_another(tmp_path, l
         proc = _started_while_held(lease_dir, ["-m", "autotune", "search", str(spec)],
                                    "reading the model")
         assert proc.poll() is None  # still waiting: nothing read, no trial
+        assert not psutil.Process(proc.pid).children(recursive=True)  # no Ray yet
         assert not (Path(tiny_spec["output"]) / "study.db").exists()
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
     said = " ".join(err.split())
-    assert "reading the model: waiting for" in said and "held by a trial of another search" in said
+    assert "reading the model (Ray starting beside it): waiting for" in said
+    assert "held by a trial of another search" in said
     assert json.loads((Path(tiny_spec["output"]) / "summary.json").read_text())["trials"]
 
 

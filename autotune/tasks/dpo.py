@@ -27,6 +27,7 @@ class DPO(TrainerKind):
     name = "dpo"
     config_class = "DPOConfig"
     export_file = "dpo_config.json"
+    preload = ("trl.trainer.dpo_trainer",)
     preference_pairs = True
     adds_adapters = True  # TRL adds LoRA's adapters (peft_config): its reference is the base
     keeps_reference = True

@@ -39,6 +39,7 @@ class GRPO(TrainerKind):
     name = "grpo"
     config_class = "GRPOConfig"
     export_file = "grpo_config.json"
+    preload = ("trl.trainer.grpo_trainer",)
     generates = True
     traced = False  # a step generates, then trains through TRL's chunked head: formulas
     # Its loss is of completions each config's policy samples anew (near 0 on-policy with

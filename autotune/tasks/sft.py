@@ -18,6 +18,7 @@ class SFT(TrainerKind):
     name = "sft"
     config_class = "SFTConfig"
     export_file = "sft_config.json"
+    preload = ("trl.trainer.sft_trainer",)
     refuses = {"padding_free": (
         "under trainer: sft, TRL batches padding-free only without max_length or with its "
         "own packing of several samples into a row, which would change the effective "

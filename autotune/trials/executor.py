@@ -15,11 +15,13 @@ import dataclasses
 import logging
 import os
 import socket
+import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psutil
 
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
     from autotune.spec import Spec
 
 log = logging.getLogger("autotune")
+T = TypeVar("T")
 RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 GRACE_S = 120.0  # beyond a trial's own time limit (start-up, queueing) before it is lost
 PROBE_TIMEOUT_S = 60.0
@@ -95,6 +98,12 @@ class Executor(ABC):
     def driver_work(self, what: str) -> contextlib.AbstractContextManager:
         """Held around the driver's own heavy work (`what`); the default holds nothing."""
         return contextlib.nullcontext()
+
+    def read_while_starting(self, what: str, read: Callable[[], T]) -> T:
+        """The driver's own heavy work `read` (`what`), under driver_work; an executor
+        that starts something of its own may start it meanwhile."""
+        with self.driver_work(what):
+            return read()
 
 
 def _trial_task(request: dict) -> dict:
@@ -225,8 +234,43 @@ class RayExecutor(Executor):
         return driver_work(f"autotune search (pid {os.getpid()}) {what}",
                            timeout_s=self.timeout_s)
 
+    def read_while_starting(self, what: str, read: Callable[[], T]) -> T:
+        """`read` in a thread while the embedded Ray starts in this one: the read is this
+        process's CPU (imports, the model's config), Ray's start its own processes', so
+        together they take about what the longer takes (3-4 s of each search's fixed
+        cost on 2 CPU cores). One lease of every core holds both on a CPU machine. A
+        cluster's Ray, or one already up, is not started here. What the read raises (the
+        spec's own error) comes first, then what the start raised."""
+        if self.address is not None or self._remote is not None:
+            return super().read_while_starting(what, read)
+        got: dict[str, Any] = {}
+
+        def reading() -> None:
+            try:
+                got["value"] = read()
+            except BaseException as exc:  # noqa: BLE001 - raised again in the caller
+                got["error"] = exc
+
+        with self.driver_work(f"{what} (Ray starting beside it)"):
+            thread = threading.Thread(target=reading, name="autotune-read", daemon=True)
+            thread.start()
+            try:
+                if self.device is None:
+                    self.discover()
+                self._init(leased=True)
+            except BaseException:
+                thread.join()
+                if "error" in got:
+                    raise got["error"] from None
+                raise
+            thread.join()
+        if "error" in got:
+            raise got["error"]
+        return got["value"]
+
     # --- connecting ---------------------------------------------------------------------
-    def _init(self) -> None:
+    def _init(self, leased: bool = False) -> None:
+        """Connect (`leased`: the caller holds the driver's lease already)."""
         if self.address is not None:
             # Ray's C++ client logs each failed attempt to stderr for its whole retry
             # period; the one line ClusterError gives says what went wrong.
@@ -262,7 +306,8 @@ class RayExecutor(Executor):
             try:
                 # Starting an embedded Ray on a CPU machine would slow another search's
                 # trial being timed on the same cores; GPU trials are timed on their GPUs.
-                with self.driver_work("starting Ray"):
+                with (contextlib.nullcontext() if leased
+                      else self.driver_work("starting Ray")):
                     ray.init(**init)
                 break
             except Exception as exc:  # noqa: BLE001 - every way of not connecting, one line

@@ -37,7 +37,9 @@ from autotune.trials.reaper import die_with_parent
 # What every trial imports; the optional ones only where installed. Importing them is
 # most of a cold trial's overhead (about 4-8 s on the development machine).
 PRELOAD = ("torch", "transformers", "transformers.trainer", "autotune.trials.worker",
-           "autotune.trials.model_builder")
+           "autotune.trials.model_builder",
+           # what the worker's run() imports itself (0.4 s of each forked trial's launch)
+           "autotune.spec", "autotune.tasks", "autotune.trials.long_context")
 PRELOAD_IF_INSTALLED = ("deepspeed", "bitsandbytes", "peft")
 START_TIMEOUT_S = 300.0
 
@@ -185,6 +187,8 @@ def _device_index(device: Any) -> int:
 # The spec's model section (JSON), whose transformers modeling module the server imports
 # too: a search's trials all build that class (a 0.5B Qwen's module took 1.5 s a trial).
 PRELOAD_MODEL = "AUTOTUNE_PRELOAD_MODEL"
+# The modules the search's trainer imports beyond Trainer's (TrainerKind.preload), by comma.
+PRELOAD_MODULES = "AUTOTUNE_PRELOAD_MODULES"
 
 
 def _preload() -> None:
@@ -198,6 +202,9 @@ def _preload() -> None:
                 with contextlib.suppress(Exception):  # an optional extra that fails: cold
                     importlib.import_module(name)
     _answer_cpu_info(asking)
+    for name in filter(None, os.environ.get(PRELOAD_MODULES, "").split(",")):
+        with contextlib.suppress(Exception):  # the trial itself says what is wrong with it
+            importlib.import_module(name)
     model = os.environ.get(PRELOAD_MODEL)
     if model:
         from autotune.tasks.models import model_class

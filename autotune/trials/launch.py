@@ -167,7 +167,10 @@ def _run_warm(request: TrialRequest, tmpdir: Path, env: dict[str, str],
               node_rank: int = 0) -> tuple[int, bool]:
     """(return code, timed out) of the trial forked from this process's warm launcher
     (of this node's ranks, where they span nodes)."""
+    from autotune.tasks import trainer
+
     model = {forkserver.PRELOAD_MODEL: json.dumps(request.spec.get("model") or {}),
+             forkserver.PRELOAD_MODULES: ",".join(trainer(request.spec.get("trainer")).preload),
              forkserver.PROBE_DEVICES: str(request.world_size // request.nodes)}
     with forkserver.borrowed(dict(os.environ) | model) as server:
         pid = server.start({"request": str(tmpdir / "request.json"),

@@ -77,9 +77,14 @@ def run_search(
         executor = RayExecutor(spec, address=address,
                                timeout_s=parse_duration(spec.search.trial_timeout))
     try:
-        # What the spec alone decides fails before Ray starts: the model it names, the
-        # output. Reading the model imports transformers: on a CPU machine, between
-        # another search's trials.
+        # What the spec alone decides and costs nothing to check fails before Ray
+        # starts: the space, the output.
+        space = load_space(spec.search.space, spec.target_batch_size, spec.world_size)
+        output = Path(spec.output)
+        if output.exists() and not output.is_dir():
+            raise SpecError(f"output: {spec.output!r} is a file, not a folder")
+        # Reading the model imports transformers: on a CPU machine, between another
+        # search's trials, and while this search's own Ray starts.
         if spec.data.seq_len == "longest":  # a length for this device, said once
             device = device or (executor.discover() if owns_executor else local_device())
             limit = memory_limit(device, spec.hardware.budget_bytes(),
@@ -88,12 +93,7 @@ def run_search(
                 spec, said = resolve_longest(spec, device, limit)
             logger.warning(said)
             executor.use_spec(spec)  # the trials' requests carry the length found
-        with executor.driver_work("reading the model"):
-            shape = model_shape(spec)
-        space = load_space(spec.search.space, spec.target_batch_size, spec.world_size)
-        output = Path(spec.output)
-        if output.exists() and not output.is_dir():
-            raise SpecError(f"output: {spec.output!r} is a file, not a folder")
+        shape = executor.read_while_starting("reading the model", lambda: model_shape(spec))
         if owns_executor:
             device = device or executor.discover()  # where trials run, not the driver
         device = device or local_device()
