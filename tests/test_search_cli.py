@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -369,3 +370,27 @@ def test_the_api_shows_each_trial_and_warns_when_there_is_no_winner(tmp_path, ca
     assert "gemm_4bit" not in err  # bitsandbytes' import noise stays out of the API too
     quiet = autotune.search(spec, n_trials=2, progress=False)  # resumed: nothing new runs
     assert quiet.best is None and "autotune: trial" not in capsys.readouterr().err
+
+
+def test_a_model_that_cannot_be_read_while_ray_starts_is_one_line_and_leaves_no_ray(
+        tmp_path):
+    """The driver reads the model while its embedded Ray starts beside it: a config that
+    transformers refuses is still the spec's one-line error (exit 2, no traceback), not
+    Ray's, and the Ray started beside the read is gone when the search has exited."""
+    import psutil
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(GPT2_64 | {"vocab_size": "many"}))
+    spec = _spec(tmp_path, 2, model={"name_or_path": str(folder)})
+    proc = _cli("search", str(spec), "--store", "off")
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 2, out[-3000:]
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: model.name_or_path:"), out
+    assert "vocab_size" in errors[0] and "Traceback" not in out
+    assert not (tmp_path / "out" / "summary.json").exists()  # no search ran
+    session = re.compile(rf"/session_[\d_-]+_{proc.pid}\b")  # Ray names it by its driver
+    left = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"])
+            if session.search(" ".join(p.info["cmdline"] or []))]
+    assert not left, left
