@@ -336,6 +336,8 @@ class RayExecutor(Executor):
         it); for a cluster, connect and ask a node where trials will run."""
         gpus = self.spec.world_size
         if self.address is None:
+            if self.device is not None:  # found once already (Ray started beside the read)
+                return self.device
             if (self.spec.hardware.nodes_per_trial or 1) > 1:
                 raise ClusterError(f"hardware.nodes_per_trial: "
                                    f"{self.spec.hardware.nodes_per_trial} nodes need a Ray "
