@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -179,10 +180,12 @@ def peak_flops_of(name: str) -> dict[str, float]:
 
 
 def local_device(gpu_index: int = 0) -> DeviceSpec:
-    """The device trials here run on: GPU `gpu_index` if CUDA is up, else the CPU."""
-    import torch
-
-    if torch.cuda.is_available():
+    """The device trials here run on: GPU `gpu_index` if CUDA is up, else the CPU. Without
+    an NVIDIA driver torch is not asked (importing it was 1-2 s of a CPU search's driver)."""
+    torch = None
+    if nvidia_driver_present() or "torch" in sys.modules:
+        import torch
+    if torch is not None and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(gpu_index)
         cc = (props.major, props.minor)
         flops = peak_flops_of(props.name)
@@ -194,6 +197,18 @@ def local_device(gpu_index: int = 0) -> DeviceSpec:
 
     return DeviceSpec("cpu", "cpu", psutil.virtual_memory().total, None, 1, {},
                       native_bf16=cpu_has_native_bf16())
+
+
+def _cpu_flags(path: str = "/proc/cpuinfo") -> set[str] | None:
+    """The CPU's feature flags as Linux lists them; None where it does not."""
+    try:
+        with open(path, encoding="utf-8") as info:
+            for line in info:
+                if line.startswith("flags"):
+                    return set(line.partition(":")[2].split())
+    except OSError:
+        return None
+    return None
 
 
 def gpu_link() -> str | None:
@@ -251,7 +266,11 @@ def nvidia_driver_present() -> bool:
 
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU computes in bf16 natively (AVX512-BF16 or AMX tiles); without,
-    torch emulates bf16 through fp32 and autocast runs slower than fp32."""
+    torch emulates bf16 through fp32 and autocast runs slower than fp32. Read from the
+    kernel's flags where it lists them (torch's own probe reads the same CPUID bits)."""
+    flags = _cpu_flags()
+    if flags is not None:
+        return bool(flags & {"avx512_bf16", "amx_tile"})
     import torch
 
     probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")

@@ -17,6 +17,7 @@ import math
 import subprocess
 import sys
 import threading
+import types
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -432,29 +433,23 @@ def _attention_prior(attn: str, device: DeviceSpec, world_size: int) -> float:
     return {"eager": math.log(0.8), "flash_attention_2": 0.02}.get(attn, 0.0)
 
 
-# The class attribute transformers sets where a model supports each kernel (4.x named
-# flash attention's `_supports_flash_attn_2`).
-_KERNEL_SUPPORT = {"sdpa": ("_supports_sdpa",),
-                   "flash_attention_2": ("_supports_flash_attn", "_supports_flash_attn_2")}
-
-
 def _attention_applies(spec: Spec, attn: Any) -> str | None:
-    flags = _KERNEL_SUPPORT.get(attn)
-    if not flags:
+    if attn not in ("sdpa", "flash_attention_2"):
         return None
-    cls = _model_class(spec)
-    if cls is None or any(getattr(cls, f, False) for f in flags):
+    facts = _class_facts(spec)
+    if facts is None or facts["kernels"].get(attn):
         return None
-    return f"{cls.__name__} does not support attn_implementation={attn}"
+    return f"{facts['class']} does not support attn_implementation={attn}"
 
 
-def _model_class(spec: Spec) -> type | None:
-    """The transformers class the spec's model is built with; None where not known (a
-    factory, a config transformers cannot map)."""
-    from autotune.tasks.models import model_class
+def _class_facts(spec: Spec) -> dict[str, Any] | None:
+    """What the knob rules ask of the transformers class the spec's model is built with
+    (tasks/models.py's class_facts); None where the class is not known (a factory, a
+    config transformers cannot map)."""
+    from autotune.tasks.models import class_facts
 
     with _TRANSFORMERS_IMPORT:
-        return model_class(spec.model.model_dump())
+        return class_facts(spec.model.model_dump())
 
 
 ATTENTION = Knob(
@@ -550,7 +545,7 @@ LIGER_MODEL_TYPES = ("llama", "mllama", "mistral", "mixtral", "gemma", "gemma2",
 
 
 def _liger_applies(spec: Spec, on: Any = True) -> str | None:
-    from autotune.tasks.models import load_hf_config
+    from autotune.tasks.models import model_facts
     from autotune.tasks.registry import task_of, trainer_of
 
     task = task_of(spec)
@@ -561,10 +556,8 @@ def _liger_applies(spec: Spec, on: Any = True) -> str | None:
     if refused:
         return refused
 
-    try:
-        model_type = getattr(load_hf_config(spec.model.model_dump()), "model_type", None)
-    except Exception:  # noqa: BLE001 - the spec's own checks report a broken model
-        model_type = None
+    with _TRANSFORMERS_IMPORT:
+        model_type = model_facts(spec.model.model_dump())["model_type"]
     if model_type not in LIGER_MODEL_TYPES:
         return (f"Liger kernels cover model types {', '.join(LIGER_MODEL_TYPES)}; this model "
                 f"is {model_type or 'of unknown type'}")
@@ -723,13 +716,13 @@ def _long_context_trainer(spec: Spec, what: str) -> str | None:
 
 
 def _text_config(spec: Spec) -> Any:
-    from autotune.tasks.models import load_hf_config
+    """The model's text config as far as the rules read it (tasks/models.py's TEXT_FACTS),
+    or None where it has none or it cannot be read."""
+    from autotune.tasks.models import model_facts
 
-    try:
-        cfg = load_hf_config(spec.model.model_dump())
-    except Exception:  # noqa: BLE001 - the spec's own checks report a broken model
-        return None
-    return cfg.get_text_config() if cfg is not None else None
+    with _TRANSFORMERS_IMPORT:
+        text = model_facts(spec.model.model_dump())["text"]
+    return types.SimpleNamespace(**text) if text is not None else None
 
 
 def _split_applies(spec: Spec, size: Any, what: str, chunks: int = 1) -> str | None:
@@ -761,10 +754,9 @@ def _split_applies(spec: Spec, size: Any, what: str, chunks: int = 1) -> str | N
 
 def _sequence_parallel_applies(spec: Spec, size: Any) -> str | None:
     why = _split_applies(spec, size, "sequence_parallel")
-    cls = None if why or size == 1 else _model_class(spec)
-    if cls is not None and not getattr(cls, "_supports_sdpa", False) and not any(
-            getattr(cls, f, False) for f in _KERNEL_SUPPORT["flash_attention_2"]):
-        return f"Ulysses runs SDPA or flash attention, which {cls.__name__} supports neither of"
+    facts = None if why or size == 1 else _class_facts(spec)
+    if facts is not None and not any(facts["kernels"].values()):
+        return f"Ulysses runs SDPA or flash attention, which {facts['class']} supports neither of"
     return why
 
 
@@ -847,22 +839,21 @@ CONTEXT_PARALLEL = Knob(
     speed=Speed(_sp_prior, sd=0.3))
 
 
-def _model_lacks(spec: Spec, knob: str, has: Callable[[type], bool], why: str) -> str | None:
+def _model_lacks(spec: Spec, knob: str, has: str, why: str) -> str | None:
     """Why `knob` cannot apply to the spec's model: a trainer that takes no long-context
-    lever, or a model class `has` refuses (`why`, formatted with its {name}); None."""
+    lever, or a model class without the fact `has` of class_facts (`why`, formatted with
+    its {name}); None."""
     said = _long_context_trainer(spec, knob)
     if said:
         return said
-    cls = _model_class(spec)
-    if cls is None or not has(cls):
-        return why.format(name=cls.__name__ if cls is not None else "this model")
+    facts = _class_facts(spec)
+    if facts is None or not facts[has]:
+        return why.format(name=facts["class"] if facts is not None else "this model")
     return None
 
 
 def _tiled_mlp_applies(spec: Spec, on: Any = True) -> str | None:
-    from autotune.tasks.models import gated_mlp_classes
-
-    return _model_lacks(spec, "tiled_mlp", lambda cls: bool(gated_mlp_classes(cls)),
+    return _model_lacks(spec, "tiled_mlp", "gated_mlp",
                         "tiled_mlp recomputes a gated MLP (down_proj(act(gate_proj(x)) * "
                         "up_proj(x)): Llama's, Qwen2's, Mistral's); {name} has none")
 
@@ -894,9 +885,7 @@ TILED_MLP = Knob(
 
 
 def _tiled_loss_applies(spec: Spec, on: Any = True) -> str | None:
-    from autotune.tasks.models import plain_head
-
-    why = _model_lacks(spec, "tiled_loss", plain_head,
+    why = _model_lacks(spec, "tiled_loss", "plain_head",
                        "tiled_loss recomputes logits straight from lm_head; {name}'s forward "
                        "changes them (a softcap, a logit scale) or is not known")
     if why:

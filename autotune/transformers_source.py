@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -16,13 +17,29 @@ TRAINING_ARGS = "transformers.training_args"
 
 
 @cache
+def _source() -> Path | None:
+    """training_args.py, found without importing transformers (finding the submodule
+    imports the package, and torch with it: 1-2 s of a driver that may need neither)."""
+    loaded = sys.modules.get(TRAINING_ARGS)
+    if loaded is not None:
+        origin = getattr(loaded, "__file__", None)
+        return Path(origin) if origin else None
+    package = importlib.util.find_spec("transformers")
+    for folder in (package.submodule_search_locations or []) if package else []:
+        path = Path(folder) / "training_args.py"
+        if path.is_file():
+            return path
+    return None
+
+
+@cache
 def _classes() -> dict[str, ast.ClassDef] | None:
     """The top-level classes of training_args.py by name, or None where it is unreadable."""
-    spec = importlib.util.find_spec(TRAINING_ARGS)
-    if spec is None or not spec.origin:
+    path = _source()
+    if path is None:
         return None
     try:
-        tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+        tree = ast.parse(path.read_text(encoding="utf-8"))
     except (OSError, SyntaxError, ValueError):
         return None
     return {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
@@ -52,10 +69,10 @@ def training_arguments_fields() -> set[str] | None:
 @cache
 def mentions(word: str) -> bool:
     """Whether training_args.py's source mentions `word` (a field or key it documents)."""
-    spec = importlib.util.find_spec(TRAINING_ARGS)
-    if spec is None or not spec.origin:
+    path = _source()
+    if path is None:
         return False
     try:
-        return word in Path(spec.origin).read_text(encoding="utf-8")
+        return word in path.read_text(encoding="utf-8")
     except OSError:
         return False

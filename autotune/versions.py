@@ -5,7 +5,11 @@ missed TRL, PEFT, flash-attn, Liger and torch's CUDA, and resumed across them.""
 
 from __future__ import annotations
 
+import ast
+import importlib.util
+import sys
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 # Libraries whose version can move a trial's speed or memory (torch's CUDA apart).
 MEASURING_LIBRARIES = ("torch", "transformers", "accelerate", "deepspeed", "bitsandbytes",
@@ -24,7 +28,32 @@ def library_versions() -> dict[str, str]:
     """Each measuring library's version ("absent" where not installed), and torch's CUDA
     ("none" for a CPU build)."""
     out = {name: installed(name) for name in MEASURING_LIBRARIES}
-    import torch
-
-    out["cuda"] = str(torch.version.cuda or "none")
+    out["cuda"] = torch_cuda()
     return out
+
+
+def torch_cuda() -> str:
+    """The CUDA torch was built with ("none" for a CPU build, "absent" without torch), read
+    from torch/version.py without importing torch (1-2 s of a driver that needs no more of
+    it)."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return str(torch.version.cuda or "none")
+    spec = importlib.util.find_spec("torch")
+    folders = (spec.submodule_search_locations or []) if spec else []
+    for folder in folders:
+        try:
+            tree = ast.parse((Path(folder) / "version.py").read_text(encoding="utf-8"))
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for node in tree.body:
+            target = node.target if isinstance(node, ast.AnnAssign) else (
+                node.targets[0] if isinstance(node, ast.Assign) and node.targets else None)
+            if isinstance(target, ast.Name) and target.id == "cuda" and isinstance(
+                    node.value, ast.Constant):
+                return str(node.value.value or "none")
+    if not folders:
+        return "absent"
+    import torch as imported  # a version.py this cannot read: ask torch itself
+
+    return str(imported.version.cuda or "none")

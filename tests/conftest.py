@@ -14,6 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from autotune.tasks.model_cache import ENV as MODEL_CACHE  # noqa: E402
 
 TINY_SPEC = {
     "model": {"config": {"model_type": "gpt2", "n_layer": 2, "n_embd": 32, "n_head": 2,
@@ -43,18 +44,25 @@ def _own_device_leases(tmp_path_factory):
 
 def pytest_configure(config):
     """pytest-xdist's controller makes the workers' shared lease folder before they start
-    (they inherit its environment) and removes it when they are done. Each worker drops
-    the COLUMNS=80 xdist sets, before the CLI's consoles are made on import: its output is
-    as wide as a serial run's (160 where no terminal is attached)."""
+    (they inherit its environment) and removes it when they are done; so too the suite's
+    own cache of model facts (tasks/model_cache.py: never the user's, and a model one test
+    read is not imported again by the next). Each worker drops the COLUMNS=80 xdist sets,
+    before the CLI's consoles are made on import: its output is as wide as a serial run's
+    (160 where no terminal is attached)."""
     if getattr(config, "workerinput", None) is not None:
         os.environ.pop("COLUMNS", None)
-    elif getattr(config.option, "numprocesses", None):
+        return
+    if getattr(config.option, "numprocesses", None):
         os.environ[SHARED_LEASES] = tempfile.mkdtemp(prefix="autotune-test-leases-")
+    os.environ[MODEL_CACHE] = tempfile.mkdtemp(prefix="autotune-test-models-")
 
 
 def pytest_unconfigure(config):
-    if getattr(config, "workerinput", None) is None and SHARED_LEASES in os.environ:
-        shutil.rmtree(os.environ.pop(SHARED_LEASES), ignore_errors=True)
+    if getattr(config, "workerinput", None) is not None:
+        return
+    for name in (SHARED_LEASES, MODEL_CACHE):
+        if name in os.environ:
+            shutil.rmtree(os.environ.pop(name), ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

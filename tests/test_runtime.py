@@ -248,29 +248,42 @@ def test_preloaded_libraries_learn_the_capability_from_nvml(monkeypatch):
     assert not torch.cuda.is_initialized()
 
 
-def test_the_launcher_asks_py_cpuinfo_once_for_every_trial_it_forks():
-    """DeepSpeed asks py-cpuinfo three times each time a trial loads CPU-Adam (1.1 s each
-    here, a subprocess each); the server asks once, beside its imports, and py-cpuinfo
-    then answers from that, a fresh copy each time, without a subprocess."""
+def test_py_cpuinfo_is_asked_once_a_boot_and_only_by_a_trial_that_asks(tmp_path):
+    """DeepSpeed asks py-cpuinfo three times each time a trial loads a CPU op (1.1 s each
+    here, a subprocess each). Nothing is asked until something asks; the first answer is
+    written down for this boot, and every later question, in that process or a new one
+    (another trial, another search), is answered from it, a fresh copy each time, without
+    a subprocess."""
     import json
     import subprocess
     import sys
 
+    folder = str(tmp_path)
     code = (
-        "import json, subprocess, cpuinfo\n"
+        "import json, subprocess, sys, cpuinfo\n"
         "from autotune.trials import forkserver\n"
-        "fresh = cpuinfo.get_cpu_info()\n"
-        "forkserver._answer_cpu_info(forkserver._ask_cpu_info())\n"
+        "forkserver.remember_cpu_info(sys.argv[1])\n"
+        "if sys.argv[2] == 'again':\n"
+        "    def asked(*a, **k): raise AssertionError('py-cpuinfo asked again')\n"
+        "    subprocess.Popen = asked\n"
+        "first = cpuinfo.get_cpu_info(); first['changed'] = True\n"
         "def asked(*a, **k): raise AssertionError('py-cpuinfo asked again')\n"
         "subprocess.Popen = asked\n"
-        "first = cpuinfo.get_cpu_info(); first['changed'] = True\n"
         "again = cpuinfo.get_cpu_info()\n"
-        "print(json.dumps([sorted(fresh) == sorted(again), again['flags'] == fresh['flags'],"
-        " 'changed' in again]))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == [True, True, False]
+        "print(json.dumps([sorted(again), again['flags'], 'changed' in again]))\n")
+
+    def run(mode: str) -> list:
+        out = subprocess.run([sys.executable, "-c", code, folder, mode], capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    assert not list(tmp_path.iterdir())  # installing the answerer asks nothing
+    first = run("first")
+    kept = list(tmp_path.glob("autotune-cpuinfo-*.json"))
+    assert len(kept) == 1 and json.loads(kept[0].read_text())["flags"] == first[1]
+    assert first[2] is False  # a copy each time: the caller's edit is not the next answer
+    assert run("again") == first  # a new process: read from the file, no subprocess
 
 
 @pytest.mark.slow

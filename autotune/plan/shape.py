@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import AutotuneError, SpecError
-from autotune.tasks import DEFAULT_TASK, task_of, trainer, trainer_of
+from autotune.tasks import DEFAULT_TASK, model_cache, task_of, trainer, trainer_of
 from autotune.tasks import task as named_task
 from autotune.tasks.images import image_pixels, image_tokens
 from autotune.tasks.models import auto_class, load_hf_config, max_positions
@@ -294,11 +294,36 @@ def spec_field(field: str) -> Iterator[None]:
 
 def model_shape(spec: Spec) -> ModelShape | None:
     """The architecture figures of the spec's model; None for a bare factory model (its
-    first trial reports them)."""
+    first trial reports them). Remembered on disk by what they were read from
+    (tasks/model_cache.py): a model searched again is not imported again."""
     if spec.data.seq_len == "longest":
         raise SpecError("data.seq_len: longest is found by autotune search and estimate "
                         "(plan/longest.py) before the model is read; here a length is "
                         "needed: a number of tokens")
+    model = spec.model.model_dump()
+    kind = task_of(spec)
+    lengths = kind.lengths(spec)
+    kinds = ({"trainer": spec.trainer} | kind.shape_fields(spec.target_len)
+             | trainer_of(spec).shape_fields(spec))
+    if not model_cache.cacheable(model):
+        read = _read_shape(spec, kinds)
+    else:
+        key = {"model": model, "config.json": model_cache.saved_config(model),
+               "seq_len": spec.data.seq_len, "task": kind.name, "kinds": kinds}
+        read = model_cache.remembered("shape", key, lambda: _read_shape(spec, kinds))
+    if read is None:
+        return None
+    limit = read["max_positions"]
+    for key_, n in lengths.items():
+        if limit is not None and n > limit:
+            raise SpecError(f"data.{key_}: {n} exceeds the model's {limit} positions")
+    return ModelShape.from_dict(read["shape"])
+
+
+def _read_shape(spec: Spec, kinds: dict[str, Any]) -> dict[str, Any] | None:
+    """{"shape": the ModelShape as it travels, "max_positions": the model's limit}, read
+    from transformers (its config, the model counted on the meta device); None for a bare
+    factory."""
     model = spec.model
     with spec_field("model.config" if model.config else "model.name_or_path"):
         hf_config = load_hf_config(model.model_dump())
@@ -307,13 +332,12 @@ def model_shape(spec: Spec) -> ModelShape | None:
     limit = max_positions(hf_config)
     kind = task_of(spec)
     for key, n in kind.lengths(spec).items():
-        if limit is not None and n > limit:
+        if limit is not None and n > limit:  # before counting: the spec's error, at once
             raise SpecError(f"data.{key}: {n} exceeds the model's {limit} positions")
     lora = model.lora.model_dump() if model.lora else None
     fields = ["model.task"] + (["model.attn_implementation"] if model.attn_implementation
                                else []) + (["model.lora"] if lora else [])
-    kinds = ({"trainer": spec.trainer} | kind.shape_fields(spec.target_len)
-             | trainer_of(spec).shape_fields(spec))
     with spec_field(" / ".join(fields)):
-        return shape_from_hf_config(kind.prepare_config(hf_config), spec.data.seq_len,
-                                    kind.name, model.attn_implementation, lora, **kinds)
+        shape = shape_from_hf_config(kind.prepare_config(hf_config), spec.data.seq_len,
+                                     kind.name, model.attn_implementation, lora, **kinds)
+    return {"shape": shape.to_dict(), "max_positions": limit}

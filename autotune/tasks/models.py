@@ -51,6 +51,56 @@ def model_class(model: dict[str, Any]) -> type | None:
         return None
 
 
+# The class attribute transformers sets where a model supports each kernel (4.x named
+# flash attention's `_supports_flash_attn_2`).
+KERNEL_SUPPORT = {"sdpa": ("_supports_sdpa",),
+                  "flash_attention_2": ("_supports_flash_attn", "_supports_flash_attn_2")}
+
+
+# What the long-context rules read of the (text) config: the heads a sequence split
+# divides, and whether the LM head is tied to the embeddings.
+TEXT_FACTS = ("num_attention_heads", "num_key_value_heads", "tie_word_embeddings")
+
+
+def model_facts(model: dict[str, Any]) -> dict[str, Any]:
+    """What the knob rules ask of a model section: its `model_type`, its text config's
+    TEXT_FACTS (`text`; None where there is no config), and of the class it
+    is built with its name (`class`), the attention kernels it supports, whether its module
+    has a gated MLP (TiledMLP's) and its forward takes the logits straight from lm_head
+    (the tiled loss's); `model_type` and `class` are None where not known (a factory, a
+    config transformers cannot map or read). Remembered on disk (model_cache.py): the
+    answer imports transformers and the modeling module."""
+    from autotune.tasks import model_cache
+
+    def read() -> dict[str, Any]:
+        try:
+            cfg = load_hf_config(model)
+        except Exception:  # noqa: BLE001 - the spec's own checks report a broken model
+            cfg = None
+        cls = model_class(model) if cfg is not None else None
+        text = cfg.get_text_config() if cfg is not None else None
+        facts: dict[str, Any] = {"model_type": getattr(cfg, "model_type", None),
+                                 "class": cls.__name__ if cls is not None else None,
+                                 "text": {k: getattr(text, k, None) for k in TEXT_FACTS}
+                                 if text is not None else None}
+        if cls is not None:
+            facts |= {"kernels": {k: any(bool(getattr(cls, f, False)) for f in flags)
+                                  for k, flags in KERNEL_SUPPORT.items()},
+                      "gated_mlp": bool(gated_mlp_classes(cls)), "plain_head": plain_head(cls)}
+        return facts
+
+    if not model_cache.cacheable(model):
+        return read()
+    return model_cache.remembered(
+        "class", {"model": model, "config.json": model_cache.saved_config(model)}, read)
+
+
+def class_facts(model: dict[str, Any]) -> dict[str, Any] | None:
+    """`model_facts` where the class is known, else None."""
+    facts = model_facts(model)
+    return facts if facts.get("class") else None
+
+
 def max_positions(hf_config: Any) -> int | None:
     """The longest sequence the model's config allows, where it says."""
     for name in ("n_positions", "max_position_embeddings", "n_ctx"):

@@ -192,7 +192,7 @@ PRELOAD_MODULES = "AUTOTUNE_PRELOAD_MODULES"
 
 
 def _preload() -> None:
-    asking = _ask_cpu_info()  # beside the imports: a subprocess of its own
+    remember_cpu_info()
     importlib.import_module("torch")
     with _capability_from_nvml():
         for name in PRELOAD:
@@ -201,7 +201,6 @@ def _preload() -> None:
             if importlib.util.find_spec(name) is not None:
                 with contextlib.suppress(Exception):  # an optional extra that fails: cold
                     importlib.import_module(name)
-    _answer_cpu_info(asking)
     for name in filter(None, os.environ.get(PRELOAD_MODULES, "").split(",")):
         with contextlib.suppress(Exception):  # the trial itself says what is wrong with it
             importlib.import_module(name)
@@ -213,45 +212,55 @@ def _preload() -> None:
             model_class(json.loads(model))
 
 
-def _ask_cpu_info() -> subprocess.Popen | None:
-    """py-cpuinfo's answer, started: DeepSpeed asks it three times each time a trial
-    loads CPU-Adam (the optimizer offload's; the flags of its JIT build), 1.1 s each in a
-    subprocess of its own, 3.3 s of a 0.5B trial's engine on this machine. The machine's
-    answer does not change, so the server asks once for every trial it forks."""
-    spec = importlib.util.find_spec("cpuinfo")
-    if spec is None or spec.origin is None or importlib.util.find_spec("deepspeed") is None:
-        return None
-    script = os.path.join(os.path.dirname(spec.origin), "cpuinfo.py")  # what it runs itself
-    if not os.path.exists(script):
-        return None
-    with contextlib.suppress(OSError):
-        return subprocess.Popen([sys.executable, script, "--json"],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL)
-    return None
-
-
-def _answer_cpu_info(asking: subprocess.Popen | None) -> None:
-    """py-cpuinfo answers from what it was told (a copy each time, as it makes a new
-    dict each time); where it could not tell, it asks again as before."""
-    if asking is None:
-        return
-    try:
-        out, _ = asking.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        asking.kill()
-        asking.wait()
-        return
-    if asking.returncode != 0 or not out.strip():
+def remember_cpu_info(folder: str | None = None) -> None:
+    """py-cpuinfo answering from a file kept per machine boot: DeepSpeed asks it three
+    times each time a trial loads a CPU op (CPU-Adam, the optimizer offload's; the flags
+    of its JIT build), 1.1 s each in a subprocess of its own, 3.3 s of a 0.5B trial's
+    engine on this machine. The answer does not change until the machine restarts, so the
+    first trial that asks writes it down and every later one (of any search here) reads
+    it; a search whose trials load no CPU op never asks (it asked once beside the
+    launcher's imports before: 1.1 core-seconds of every search)."""
+    if importlib.util.find_spec("cpuinfo") is None:
         return
     import copy
 
     import cpuinfo
 
-    with contextlib.suppress(ValueError):
-        info = json.loads(out, object_hook=getattr(cpuinfo, "_utf_to_str", None))
-        if info:
-            cpuinfo.get_cpu_info = lambda: copy.deepcopy(info)
+    path = _cpu_info_file(folder)
+    asked = cpuinfo.get_cpu_info
+    known: dict[str, Any] = {}
+
+    def get_cpu_info() -> dict[str, Any]:
+        if not known and path is not None:
+            with contextlib.suppress(OSError, ValueError), open(path, encoding="utf-8") as kept:
+                read = json.load(kept)
+                if isinstance(read, dict) and read:
+                    known.update(read)
+        if not known:
+            known.update(asked())
+            if path is not None:
+                with contextlib.suppress(OSError, TypeError, ValueError):
+                    tmp = f"{path}.{os.getpid()}.tmp"
+                    with open(tmp, "w", encoding="utf-8") as out:
+                        json.dump(known, out)
+                    os.replace(tmp, path)
+        return copy.deepcopy(known)  # a new dict each time, as py-cpuinfo's own
+
+    cpuinfo.get_cpu_info = get_cpu_info
+
+
+def _cpu_info_file(folder: str | None = None) -> str | None:
+    """Where this boot's answer is kept (the temporary folder, the machine's own), named by
+    the user and the kernel's boot id; None where Linux gives no boot id."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as boot:
+            booted = boot.read().strip()
+    except OSError:
+        return None
+    import tempfile
+
+    return os.path.join(folder or tempfile.gettempdir(),
+                        f"autotune-cpuinfo-{os.getuid()}-{booted}.json")
 
 
 def _child(job: dict[str, Any], channel: int) -> None:

@@ -753,9 +753,11 @@ def _whole(p) -> int:
 
 
 def main(argv: list[str]) -> int:
+    from autotune.trials.forkserver import remember_cpu_info
     from autotune.trials.reaper import die_with_parent
 
     die_with_parent()  # a rank dies with its leader or torchrun, however it dies
+    remember_cpu_info()  # a cold trial too reads this boot's answer (the warm ones do)
     request_path, result_path = argv[1], argv[2]
     request = TrialRequest.from_json(Path(request_path).read_text())
     # The trial runs in a scratch folder; model factories import from the spec's folder

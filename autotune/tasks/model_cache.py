@@ -1,0 +1,104 @@
+"""What reading a model section found, remembered on disk by what it was read from.
+
+A search's driver needs a handful of facts about its model (the parameter counts of
+plan/shape.py, which attention kernels its class supports) and, to learn them, imports
+torch, transformers and the model's modeling module: 4-6 s of a 2-core machine's CPU
+before the first trial, for the same answer every time the same model is searched again.
+The answer is a pure function of the model section (and of a saved folder's config.json),
+the sequence lengths and the libraries' versions, so it is kept under that key in
+$XDG_CACHE_HOME/autotune/models (or ~/.cache/autotune/models) and read back.
+
+Only answers are kept: a read that fails is not, so a broken model says why each time. A
+folder that cannot be written is no error (the facts are worked out each time).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from autotune.versions import installed
+
+ENV = "AUTOTUNE_MODEL_CACHE"  # a folder, or "off"
+# What the facts are computed with: a new version of any may count otherwise.
+LIBRARIES = ("torch", "transformers", "peft")
+
+
+def folder() -> Path | None:
+    """Where the facts are kept; None where $AUTOTUNE_MODEL_CACHE is "off"."""
+    said = os.environ.get(ENV, "").strip()
+    if said.lower() in ("off", "0", "none"):
+        return None
+    if said:
+        return Path(said)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "autotune" / (
+        "models")
+
+
+@cache
+def _code() -> str:
+    """A digest of the code that works the facts out (the tasks, and plan/shape.py): an
+    edited checkout does not read what its previous code counted."""
+    root = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted([*root.glob("*.py"), root.parent / "plan" / "shape.py"]):
+        with contextlib.suppress(OSError):
+            digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def saved_config(model: dict[str, Any]) -> str | None:
+    """A saved folder's config.json, as read (what AutoConfig reads of it); None where the
+    section names no readable local folder (a hub name is not remembered: what it names
+    can change)."""
+    path = model.get("name_or_path")
+    if not path:
+        return None
+    try:
+        return (Path(str(path)).expanduser() / "config.json").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def cacheable(model: dict[str, Any]) -> bool:
+    """Whether the section's facts can be keyed by content: an inline config, or a local
+    folder's config.json."""
+    return bool(model.get("config")) or saved_config(model) is not None
+
+
+def remembered(kind: str, key: dict[str, Any], work: Callable[[], dict[str, Any]]
+               ) -> dict[str, Any]:
+    """`work()`'s answer for `key` (JSON), read from the cache where it was worked out
+    before with these libraries and this code; worked out and kept otherwise."""
+    where = folder()
+    if where is None:
+        return work()
+    full = {"kind": kind, "key": key, "code": _code(),
+            "libraries": {name: installed(name) for name in LIBRARIES}}
+    name = hashlib.sha256(json.dumps(full, sort_keys=True, default=str).encode()).hexdigest()
+    path = where / f"{kind}-{name[:32]}.json"
+    with contextlib.suppress(OSError, ValueError):
+        kept = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(kept, dict) and kept.get("key") == json.loads(json.dumps(
+                full, sort_keys=True, default=str)):
+            return kept["value"]
+    value = work()
+    with contextlib.suppress(OSError, TypeError, ValueError):
+        where.mkdir(parents=True, exist_ok=True)
+        text = json.dumps({"key": full, "value": value}, sort_keys=True, default=str)
+        fd, tmp = tempfile.mkstemp(dir=where, prefix=f".{kind}-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                out.write(text)
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+    return value

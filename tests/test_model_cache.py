@@ -1,0 +1,95 @@
+"""A model's facts are remembered by what they were read from (tasks/model_cache.py): a
+search's driver that read a model once does not import torch, transformers or the
+modeling module for it again, and a changed model is read afresh."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+
+import yaml
+
+from autotune.tasks.model_cache import ENV
+from tests.conftest import TINY_SPEC
+
+# What a search's driver asks of its model before the first trial: the shape, the knob
+# rules over the whole table (the recipe's question), the device, the study's versions.
+DRIVER = """
+import json, sys
+from autotune.device import local_device
+from autotune.plan.shape import model_shape
+from autotune.spec import load_spec
+from autotune.tuning.recipe import available_values
+from autotune.versions import library_versions
+
+spec = load_spec(sys.argv[1])
+shape = model_shape(spec)
+values = {k: sorted(map(str, v)) for k, v in available_values(spec).items()}
+versions = library_versions()
+device = local_device()
+print(json.dumps({"shape": shape.to_dict(), "values": values, "versions": versions,
+                  "bf16": device.native_bf16,
+                  "imported": sorted(m for m in ("torch", "transformers") if m in sys.modules)}))
+"""
+
+
+def _drive(spec_path, cache, **env_more: str) -> dict:
+    env = os.environ | {ENV: str(cache)} | env_more
+    out = subprocess.run([sys.executable, "-c", DRIVER, str(spec_path)], capture_output=True,
+                         text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_model_read_once_is_answered_without_importing_it_and_a_changed_one_is_read(
+        tmp_path):
+    spec = copy.deepcopy(TINY_SPEC)
+    path = tmp_path / "model.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    cache = tmp_path / "cache"
+
+    first = _drive(path, cache)
+    assert first["imported"] == ["torch", "transformers"]  # read: counted on the meta device
+    assert sorted(p.name.split("-")[0] for p in cache.iterdir()) == ["class", "shape"]
+    again = _drive(path, cache)
+    assert again["imported"] == []
+    assert {k: v for k, v in again.items() if k != "imported"} == {
+        k: v for k, v in first.items() if k != "imported"}
+    assert again["shape"]["num_parameters"] > 0 and "sdpa" in again["values"][
+        "attn_implementation"]
+
+    spec["model"]["config"]["n_layer"] = 3  # another model: read, not remembered
+    path.write_text(yaml.safe_dump(spec))
+    deeper = _drive(path, cache)
+    assert deeper["imported"] == ["torch", "transformers"]
+    assert deeper["shape"]["num_layers"] == 3
+    assert deeper["shape"]["num_parameters"] > first["shape"]["num_parameters"]
+
+
+def test_a_saved_folder_is_remembered_by_its_config_file_and_off_keeps_nothing(tmp_path):
+    from transformers import GPT2Config
+
+    folder = tmp_path / "gpt2"
+    GPT2Config(**{k: v for k, v in TINY_SPEC["model"]["config"].items()
+                  if k != "model_type"}).save_pretrained(folder)
+    spec = copy.deepcopy(TINY_SPEC)
+    spec["model"] = {"name_or_path": str(folder)}
+    path = tmp_path / "model.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    cache = tmp_path / "cache"
+
+    first = _drive(path, cache)
+    assert len(list(cache.glob("shape-*.json"))) == 1
+    saved = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(saved | {"n_embd": 64}))  # retrained wider
+    wider = _drive(path, cache)
+    assert wider["imported"] == ["torch", "transformers"]
+    assert wider["shape"]["hidden_size"] == 64
+    assert wider["shape"]["num_parameters"] > first["shape"]["num_parameters"]
+
+    xdg = tmp_path / "xdg"  # where the cache would be without the variable
+    assert _drive(path, "off", XDG_CACHE_HOME=str(xdg))["imported"] == ["torch", "transformers"]
+    assert not xdg.exists()
