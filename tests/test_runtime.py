@@ -261,8 +261,8 @@ def test_py_cpuinfo_is_asked_once_a_boot_and_only_by_a_trial_that_asks(tmp_path)
     folder = str(tmp_path)
     code = (
         "import json, subprocess, sys, cpuinfo\n"
-        "from autotune.trials import forkserver\n"
-        "forkserver.remember_cpu_info(sys.argv[1])\n"
+        "from autotune.trials.cpu_info import remember_cpu_info\n"
+        "remember_cpu_info(sys.argv[1])\n"
         "if sys.argv[2] == 'again':\n"
         "    def asked(*a, **k): raise AssertionError('py-cpuinfo asked again')\n"
         "    subprocess.Popen = asked\n"

@@ -753,7 +753,7 @@ def _whole(p) -> int:
 
 
 def main(argv: list[str]) -> int:
-    from autotune.trials.forkserver import remember_cpu_info
+    from autotune.trials.cpu_info import remember_cpu_info
     from autotune.trials.reaper import die_with_parent
 
     die_with_parent()  # a rank dies with its leader or torchrun, however it dies
