@@ -180,10 +180,13 @@ def peak_flops_of(name: str) -> dict[str, float]:
 
 
 def local_device(gpu_index: int = 0) -> DeviceSpec:
-    """The device trials here run on: GPU `gpu_index` if CUDA is up, else the CPU. Without
-    an NVIDIA driver torch is not asked (importing it was 1-2 s of a CPU search's driver)."""
+    """The device trials here run on: GPU `gpu_index` if CUDA is up, else the CPU. A CPU
+    build of torch is not imported to ask (1-2 s of a CPU search's driver): it has no GPU
+    on any machine."""
+    from autotune.versions import torch_gpu_build
+
     torch = None
-    if nvidia_driver_present() or "torch" in sys.modules:
+    if "torch" in sys.modules or torch_gpu_build():
         import torch
     if torch is not None and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(gpu_index)

@@ -36,9 +36,22 @@ def torch_cuda() -> str:
     """The CUDA torch was built with ("none" for a CPU build, "absent" without torch), read
     from torch/version.py without importing torch (1-2 s of a driver that needs no more of
     it)."""
+    return _torch_build("cuda")
+
+
+def torch_gpu_build() -> bool:
+    """Whether the installed torch was built for a GPU (CUDA or ROCm): a CPU build's
+    `torch.cuda.is_available()` is False on any machine."""
+    return any(_torch_build(name) not in ("none", "absent") for name in ("cuda", "hip"))
+
+
+def _torch_build(field: str) -> str:
+    """torch.version's `field` ("cuda", "hip") as a string, "none" where None, "absent"
+    without torch; read from torch/version.py, or torch itself where imported already or
+    the file cannot be read so."""
     torch = sys.modules.get("torch")
     if torch is not None:
-        return str(torch.version.cuda or "none")
+        return str(getattr(torch.version, field, None) or "none")
     spec = importlib.util.find_spec("torch")
     folders = (spec.submodule_search_locations or []) if spec else []
     for folder in folders:
@@ -49,11 +62,11 @@ def torch_cuda() -> str:
         for node in tree.body:
             target = node.target if isinstance(node, ast.AnnAssign) else (
                 node.targets[0] if isinstance(node, ast.Assign) and node.targets else None)
-            if isinstance(target, ast.Name) and target.id == "cuda" and isinstance(
+            if isinstance(target, ast.Name) and target.id == field and isinstance(
                     node.value, ast.Constant):
                 return str(node.value.value or "none")
     if not folders:
         return "absent"
     import torch as imported  # a version.py this cannot read: ask torch itself
 
-    return str(imported.version.cuda or "none")
+    return str(getattr(imported.version, field, None) or "none")

@@ -29,10 +29,10 @@ spec = load_spec(sys.argv[1])
 shape = model_shape(spec)
 values = {k: sorted(map(str, v)) for k, v in available_values(spec).items()}
 versions = library_versions()
-device = local_device()
+imported = sorted(m for m in ("torch", "transformers") if m in sys.modules)
+device = local_device()  # a GPU build of torch is imported to ask: not counted above
 print(json.dumps({"shape": shape.to_dict(), "values": values, "versions": versions,
-                  "bf16": device.native_bf16,
-                  "imported": sorted(m for m in ("torch", "transformers") if m in sys.modules)}))
+                  "bf16": device.native_bf16, "imported": imported}))
 """
 
 
@@ -93,3 +93,62 @@ def test_a_saved_folder_is_remembered_by_its_config_file_and_off_keeps_nothing(t
     xdg = tmp_path / "xdg"  # where the cache would be without the variable
     assert _drive(path, "off", XDG_CACHE_HOME=str(xdg))["imported"] == ["torch", "transformers"]
     assert not xdg.exists()
+
+
+def test_only_whole_answers_are_kept_and_a_bad_cache_is_worked_around(tmp_path, monkeypatch):
+    """A partial read (NotKept) answers its call and is read again next time; a cache file
+    that is not JSON or has no value, or a folder that cannot be written, only costs the
+    work."""
+    from autotune.tasks import model_cache
+
+    calls = []
+
+    def work():
+        calls.append(1)
+        return {"n": len(calls)}
+
+    def partial():
+        calls.append(1)
+        raise model_cache.NotKept({"partial": True})
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(ENV, str(cache))
+    assert model_cache.remembered("t", {"k": 1}, partial) == {"partial": True}
+    assert not cache.exists() or not list(cache.iterdir())
+    assert model_cache.remembered("t", {"k": 1}, work) == {"n": 2}  # read again, then kept
+    assert model_cache.remembered("t", {"k": 1}, work) == {"n": 2} and len(calls) == 2
+    for kept in cache.iterdir():
+        kept.write_text(json.dumps({"key": json.loads(kept.read_text())["key"]}))  # no value
+    assert model_cache.remembered("t", {"k": 1}, work) == {"n": 3}
+    for kept in cache.iterdir():
+        kept.write_text("{not json")
+    assert model_cache.remembered("t", {"k": 1}, work) == {"n": 4}
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    monkeypatch.setenv(ENV, str(blocked))  # a "folder" that is a file: nothing kept
+    assert model_cache.remembered("t", {"k": 1}, work) == {"n": 5}
+    assert model_cache.remembered("t", {1: 1, "a": 2}, work) == {"n": 6}  # keys JSON cannot sort
+
+
+def test_a_model_class_that_fails_to_import_is_not_remembered(tmp_path, monkeypatch):
+    """The knob rules' facts of a model whose modeling module fails to import (a missing
+    optional package) answer without the class, and are read again once it imports."""
+    from autotune.tasks import models
+
+    monkeypatch.setenv(ENV, str(tmp_path / "cache"))
+    model = copy.deepcopy(TINY_SPEC["model"])
+    model["config"]["n_layer"] = 5  # a model no other test keeps
+
+    class Broken:
+        class _model_mapping:  # noqa: N801 - stands in for transformers' lazy mapping
+            def __getitem__(self, key):
+                raise ImportError("the modeling module needs a package that is missing")
+        _model_mapping = _model_mapping()
+
+    real = models.auto_class
+    monkeypatch.setattr(models, "auto_class", lambda m: Broken)
+    assert models.model_facts(model)["class"] is None
+    assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").iterdir())
+    monkeypatch.setattr(models, "auto_class", real)
+    assert models.model_facts(model)["class"] == "GPT2LMHeadModel"
+    assert len(list((tmp_path / "cache").iterdir())) == 1

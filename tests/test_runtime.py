@@ -278,6 +278,11 @@ def test_py_cpuinfo_is_asked_once_a_boot_and_only_by_a_trial_that_asks(tmp_path)
         assert out.returncode == 0, out.stderr[-2000:]
         return json.loads(out.stdout.strip().splitlines()[-1])
 
+    installed = subprocess.run(
+        [sys.executable, "-c", "import sys\nfrom autotune.trials.cpu_info import "
+         "remember_cpu_info\nremember_cpu_info(sys.argv[1])", folder],
+        capture_output=True, text=True, timeout=120)
+    assert installed.returncode == 0, installed.stderr[-2000:]
     assert not list(tmp_path.iterdir())  # installing the answerer asks nothing
     first = run("first")
     kept = list(tmp_path.glob("autotune-cpuinfo-*.json"))

@@ -31,15 +31,28 @@ ENV = "AUTOTUNE_MODEL_CACHE"  # a folder, or "off"
 LIBRARIES = ("torch", "transformers", "peft")
 
 
+class NotKept(Exception):  # noqa: N818 - a value carried out, not an error
+    """Raised by a `work` whose answer stands for this call but must not be kept (a read
+    that failed in part: an import a fixed environment would pass)."""
+
+    def __init__(self, value: dict[str, Any]) -> None:
+        super().__init__("not kept")
+        self.value = value
+
+
 def folder() -> Path | None:
-    """Where the facts are kept; None where $AUTOTUNE_MODEL_CACHE is "off"."""
+    """Where the facts are kept; None where $AUTOTUNE_MODEL_CACHE is "off" (or there is
+    no home to keep them in)."""
     said = os.environ.get(ENV, "").strip()
     if said.lower() in ("off", "0", "none"):
         return None
     if said:
         return Path(said)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "autotune" / (
-        "models")
+    try:
+        home = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    except RuntimeError:  # a user with no home (an arbitrary UID in a container)
+        return None
+    return Path(home) / "autotune" / "models"
 
 
 @cache
@@ -76,23 +89,29 @@ def cacheable(model: dict[str, Any]) -> bool:
 def remembered(kind: str, key: dict[str, Any], work: Callable[[], dict[str, Any]]
                ) -> dict[str, Any]:
     """`work()`'s answer for `key` (JSON), read from the cache where it was worked out
-    before with these libraries and this code; worked out and kept otherwise."""
+    before with these libraries and this code; worked out and kept otherwise (not where
+    `work` raises NotKept, nor a value JSON would not give back as it is)."""
     where = folder()
-    if where is None:
-        return work()
     full = {"kind": kind, "key": key, "code": _code(),
             "libraries": {name: installed(name) for name in LIBRARIES}}
-    name = hashlib.sha256(json.dumps(full, sort_keys=True, default=str).encode()).hexdigest()
-    path = where / f"{kind}-{name[:32]}.json"
+    try:
+        said = json.dumps(full, sort_keys=True, default=str)
+    except (TypeError, ValueError):  # a key JSON cannot order (mixed key types)
+        where = None
+    if where is None:
+        return _worked(work)[0]
+    path = where / f"{kind}-{hashlib.sha256(said.encode()).hexdigest()[:32]}.json"
     with contextlib.suppress(OSError, ValueError):
         kept = json.loads(path.read_text(encoding="utf-8"))
-        if isinstance(kept, dict) and kept.get("key") == json.loads(json.dumps(
-                full, sort_keys=True, default=str)):
+        if (isinstance(kept, dict) and kept.get("key") == json.loads(said)
+                and isinstance(kept.get("value"), dict)):
             return kept["value"]
-    value = work()
+    value, keep = _worked(work)
+    if not keep:
+        return value
     with contextlib.suppress(OSError, TypeError, ValueError):
+        text = json.dumps({"key": json.loads(said), "value": value}, sort_keys=True)
         where.mkdir(parents=True, exist_ok=True)
-        text = json.dumps({"key": full, "value": value}, sort_keys=True, default=str)
         fd, tmp = tempfile.mkstemp(dir=where, prefix=f".{kind}-", suffix=".tmp")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as out:
@@ -102,3 +121,11 @@ def remembered(kind: str, key: dict[str, Any], work: Callable[[], dict[str, Any]
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
     return value
+
+
+def _worked(work: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], bool]:
+    """(work's answer, whether it may be kept)."""
+    try:
+        return work(), True
+    except NotKept as partial:
+        return partial.value, False

@@ -4,6 +4,7 @@ builds it with, how many positions it has. Read by the spec's checks and the kno
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import sys
 from functools import cache
@@ -73,11 +74,15 @@ def model_facts(model: dict[str, Any]) -> dict[str, Any]:
     from autotune.tasks import model_cache
 
     def read() -> dict[str, Any]:
+        failed = False
+        cfg = cls = None
         try:
             cfg = load_hf_config(model)
+            if cfg is not None:
+                with contextlib.suppress(KeyError):  # a config the task's class cannot map
+                    cls = auto_class(model)._model_mapping[type(cfg)]
         except Exception:  # noqa: BLE001 - the spec's own checks report a broken model
-            cfg = None
-        cls = model_class(model) if cfg is not None else None
+            failed = True  # answered for now, not kept: a fixed environment reads again
         text = cfg.get_text_config() if cfg is not None else None
         facts: dict[str, Any] = {"model_type": getattr(cfg, "model_type", None),
                                  "class": cls.__name__ if cls is not None else None,
@@ -87,6 +92,8 @@ def model_facts(model: dict[str, Any]) -> dict[str, Any]:
             facts |= {"kernels": {k: any(bool(getattr(cls, f, False)) for f in flags)
                                   for k, flags in KERNEL_SUPPORT.items()},
                       "gated_mlp": bool(gated_mlp_classes(cls)), "plain_head": plain_head(cls)}
+        if failed:
+            raise model_cache.NotKept(facts)
         return facts
 
     if not model_cache.cacheable(model):

@@ -8,6 +8,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import stat
 from typing import Any
 
 
@@ -31,18 +32,11 @@ def remember_cpu_info(folder: str | None = None) -> None:
 
     def get_cpu_info() -> dict[str, Any]:
         if not known and path is not None:
-            with contextlib.suppress(OSError, ValueError), open(path, encoding="utf-8") as kept:
-                read = json.load(kept)
-                if isinstance(read, dict) and read:
-                    known.update(read)
+            known.update(_read_own(path))
         if not known:
             known.update(asked())
             if path is not None:
-                with contextlib.suppress(OSError, TypeError, ValueError):
-                    tmp = f"{path}.{os.getpid()}.tmp"
-                    with open(tmp, "w", encoding="utf-8") as out:
-                        json.dump(known, out)
-                    os.replace(tmp, path)
+                _write(path, known)
         return copy.deepcopy(known)  # a new dict each time, as py-cpuinfo's own
 
     cpuinfo.get_cpu_info = get_cpu_info
@@ -60,3 +54,36 @@ def _cpu_info_file(folder: str | None = None) -> str | None:
 
     return os.path.join(folder or tempfile.gettempdir(),
                         f"autotune-cpuinfo-{os.getuid()}-{booted}.json")
+
+
+def _read_own(path: str) -> dict[str, Any]:
+    """The answer kept at `path`, where it is a plain file of this user's (the folder is
+    shared: another user's file is not believed); {} otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return {}
+    with os.fdopen(fd, encoding="utf-8") as kept:
+        info = os.fstat(kept.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+            return {}
+        with contextlib.suppress(ValueError):
+            read = json.load(kept)
+            if isinstance(read, dict):
+                return read
+    return {}
+
+
+def _write(path: str, answer: dict[str, Any]) -> None:
+    """`answer` at `path`, whole or not at all (a temporary file of its own, replaced)."""
+    import tempfile
+
+    with contextlib.suppress(OSError, TypeError, ValueError):
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".autotune-cpuinfo-")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                json.dump(answer, out)
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
