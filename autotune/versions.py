@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import sys
+from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -50,23 +51,32 @@ def _torch_build(field: str) -> str:
     without torch; read from torch/version.py, or torch itself where imported already or
     the file cannot be read so."""
     torch = sys.modules.get("torch")
-    if torch is not None:
-        return str(getattr(torch.version, field, None) or "none")
+    if torch is None:
+        read = _version_file()
+        if read is not None:
+            return read.get(field) or "none"
+        if importlib.util.find_spec("torch") is None:
+            return "absent"
+        import torch  # a version.py this cannot read: ask torch itself
+    return str(getattr(torch.version, field, None) or "none")
+
+
+@cache
+def _version_file() -> dict[str, str | None] | None:
+    """torch/version.py's constant assignments (read once), or None where there is no
+    torch or it cannot be read so."""
     spec = importlib.util.find_spec("torch")
-    folders = (spec.submodule_search_locations or []) if spec else []
-    for folder in folders:
+    for folder in (spec.submodule_search_locations or []) if spec else []:
         try:
             tree = ast.parse((Path(folder) / "version.py").read_text(encoding="utf-8"))
         except (OSError, SyntaxError, ValueError):
             continue
+        out: dict[str, str | None] = {}
         for node in tree.body:
             target = node.target if isinstance(node, ast.AnnAssign) else (
                 node.targets[0] if isinstance(node, ast.Assign) and node.targets else None)
-            if isinstance(target, ast.Name) and target.id == field and isinstance(
-                    node.value, ast.Constant):
-                return str(node.value.value or "none")
-    if not folders:
-        return "absent"
-    import torch as imported  # a version.py this cannot read: ask torch itself
-
-    return str(getattr(imported.version, field, None) or "none")
+            if isinstance(target, ast.Name) and isinstance(node.value, ast.Constant):
+                value = node.value.value
+                out[target.id] = None if value is None else str(value)
+        return out
+    return None

@@ -300,27 +300,28 @@ def model_shape(spec: Spec) -> ModelShape | None:
         raise SpecError("data.seq_len: longest is found by autotune search and estimate "
                         "(plan/longest.py) before the model is read; here a length is "
                         "needed: a number of tokens")
-    model = spec.model.model_dump()
     kind = task_of(spec)
-    lengths = kind.lengths(spec)
     kinds = ({"trainer": spec.trainer} | kind.shape_fields(spec.target_len)
              | trainer_of(spec).shape_fields(spec))
-    if not model_cache.cacheable(model):
-        read = _read_shape(spec, kinds)
+    key = model_cache.content_key(spec.model.model_dump())
+    if key is None:
+        read = _read_shape(spec, kind, kinds)
     else:
-        key = {"model": model, "config.json": model_cache.saved_config(model),
-               "seq_len": spec.data.seq_len, "task": kind.name, "kinds": kinds}
-        read = model_cache.remembered("shape", key, lambda: _read_shape(spec, kinds))
+        key |= {"seq_len": spec.data.seq_len, "task": kind.name, "kinds": kinds}
+        read = model_cache.remembered("shape", key, lambda: _read_shape(spec, kind, kinds))
     if read is None:
         return None
-    limit = read["max_positions"]
-    for key_, n in lengths.items():
-        if limit is not None and n > limit:
-            raise SpecError(f"data.{key_}: {n} exceeds the model's {limit} positions")
+    _within_positions(spec, kind, read["max_positions"])  # a kept shape is checked too
     return ModelShape.from_dict(read["shape"])
 
 
-def _read_shape(spec: Spec, kinds: dict[str, Any]) -> dict[str, Any] | None:
+def _within_positions(spec: Spec, kind: Task, limit: int | None) -> None:
+    for key, n in kind.lengths(spec).items():
+        if limit is not None and n > limit:
+            raise SpecError(f"data.{key}: {n} exceeds the model's {limit} positions")
+
+
+def _read_shape(spec: Spec, kind: Task, kinds: dict[str, Any]) -> dict[str, Any] | None:
     """{"shape": the ModelShape as it travels, "max_positions": the model's limit}, read
     from transformers (its config, the model counted on the meta device); None for a bare
     factory."""
@@ -330,10 +331,7 @@ def _read_shape(spec: Spec, kinds: dict[str, Any]) -> dict[str, Any] | None:
     if hf_config is None:
         return None
     limit = max_positions(hf_config)
-    kind = task_of(spec)
-    for key, n in kind.lengths(spec).items():
-        if limit is not None and n > limit:  # before counting: the spec's error, at once
-            raise SpecError(f"data.{key}: {n} exceeds the model's {limit} positions")
+    _within_positions(spec, kind, limit)  # before counting: the spec's error, at once
     lora = model.lora.model_dump() if model.lora else None
     fields = ["model.task"] + (["model.attn_implementation"] if model.attn_implementation
                                else []) + (["model.lora"] if lora else [])

@@ -67,23 +67,20 @@ def _code() -> str:
     return digest.hexdigest()[:16]
 
 
-def saved_config(model: dict[str, Any]) -> str | None:
-    """A saved folder's config.json, as read (what AutoConfig reads of it); None where the
-    section names no readable local folder (a hub name is not remembered: what it names
-    can change)."""
-    path = model.get("name_or_path")
-    if not path:
+def content_key(model: dict[str, Any]) -> dict[str, Any] | None:
+    """What a model section's facts are keyed by: the section, and a saved folder's
+    config.json as read (what AutoConfig reads of it); None where they cannot be keyed by
+    content (a hub name, whose contents can change; a factory)."""
+    saved = None
+    if model.get("name_or_path"):
+        try:
+            path = Path(str(model["name_or_path"])).expanduser() / "config.json"
+            saved = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return None
+    elif not model.get("config"):
         return None
-    try:
-        return (Path(str(path)).expanduser() / "config.json").read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def cacheable(model: dict[str, Any]) -> bool:
-    """Whether the section's facts can be keyed by content: an inline config, or a local
-    folder's config.json."""
-    return bool(model.get("config")) or saved_config(model) is not None
+    return {"model": model, "config.json": saved}
 
 
 def remembered(kind: str, key: dict[str, Any], work: Callable[[], dict[str, Any]]
@@ -101,16 +98,17 @@ def remembered(kind: str, key: dict[str, Any], work: Callable[[], dict[str, Any]
     if where is None:
         return _worked(work)[0]
     path = where / f"{kind}-{hashlib.sha256(said.encode()).hexdigest()[:32]}.json"
+    expected = json.loads(said)
     with contextlib.suppress(OSError, ValueError):
         kept = json.loads(path.read_text(encoding="utf-8"))
-        if (isinstance(kept, dict) and kept.get("key") == json.loads(said)
+        if (isinstance(kept, dict) and kept.get("key") == expected
                 and isinstance(kept.get("value"), dict)):
             return kept["value"]
     value, keep = _worked(work)
     if not keep:
         return value
     with contextlib.suppress(OSError, TypeError, ValueError):
-        text = json.dumps({"key": json.loads(said), "value": value}, sort_keys=True)
+        text = json.dumps({"key": expected, "value": value}, sort_keys=True)
         where.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=where, prefix=f".{kind}-", suffix=".tmp")
         try:

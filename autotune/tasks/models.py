@@ -96,10 +96,8 @@ def model_facts(model: dict[str, Any]) -> dict[str, Any]:
             raise model_cache.NotKept(facts)
         return facts
 
-    if not model_cache.cacheable(model):
-        return read()
-    return model_cache.remembered(
-        "class", {"model": model, "config.json": model_cache.saved_config(model)}, read)
+    key = model_cache.content_key(model)
+    return read() if key is None else model_cache.remembered("class", key, read)
 
 
 def class_facts(model: dict[str, Any]) -> dict[str, Any] | None:
