@@ -152,3 +152,23 @@ def test_a_model_class_that_fails_to_import_is_not_remembered(tmp_path, monkeypa
     monkeypatch.setattr(models, "auto_class", real)
     assert models.model_facts(model)["class"] == "GPT2LMHeadModel"
     assert len(list((tmp_path / "cache").iterdir())) == 1
+
+
+def test_a_length_past_the_models_positions_is_the_specs_error_each_time(tmp_path, monkeypatch):
+    """A sequence longer than the model's positions fails naming the field, before the
+    model is counted, and is never kept as an answer."""
+    import pytest
+
+    from autotune.errors import SpecError
+    from autotune.plan.shape import model_shape
+    from autotune.spec import load_spec
+
+    monkeypatch.setenv(ENV, str(tmp_path / "cache"))
+    spec = copy.deepcopy(TINY_SPEC) | {"data": {"seq_len": 128}}  # n_positions is 64
+    path = tmp_path / "model.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    loaded = load_spec(path)
+    for _ in range(2):
+        with pytest.raises(SpecError, match=r"data.seq_len: 128 exceeds the model's 64"):
+            model_shape(loaded)
+    assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").iterdir())
