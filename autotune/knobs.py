@@ -434,7 +434,9 @@ def _attention_prior(attn: str, device: DeviceSpec, world_size: int) -> float:
 
 
 def _attention_applies(spec: Spec, attn: Any) -> str | None:
-    if attn not in ("sdpa", "flash_attention_2"):
+    from autotune.tasks.models import KERNEL_SUPPORT
+
+    if attn not in KERNEL_SUPPORT:
         return None
     facts = _class_facts(spec)
     if facts is None or facts["kernels"].get(attn):
@@ -442,14 +444,19 @@ def _attention_applies(spec: Spec, attn: Any) -> str | None:
     return f"{facts['class']} does not support attn_implementation={attn}"
 
 
-def _class_facts(spec: Spec) -> dict[str, Any] | None:
-    """What the knob rules ask of the transformers class the spec's model is built with
-    (tasks/models.py's class_facts); None where the class is not known (a factory, a
-    config transformers cannot map)."""
-    from autotune.tasks.models import class_facts
+def _model_facts(spec: Spec) -> dict[str, Any]:
+    """What the knob rules ask of the spec's model (tasks/models.py's model_facts)."""
+    from autotune.tasks.models import model_facts
 
     with _TRANSFORMERS_IMPORT:
-        return class_facts(spec.model.model_dump())
+        return model_facts(spec.model.model_dump())
+
+
+def _class_facts(spec: Spec) -> dict[str, Any] | None:
+    """`_model_facts` where the transformers class is known; None otherwise (a factory, a
+    config transformers cannot map)."""
+    facts = _model_facts(spec)
+    return facts if facts["class"] else None
 
 
 ATTENTION = Knob(
@@ -545,7 +552,6 @@ LIGER_MODEL_TYPES = ("llama", "mllama", "mistral", "mixtral", "gemma", "gemma2",
 
 
 def _liger_applies(spec: Spec, on: Any = True) -> str | None:
-    from autotune.tasks.models import model_facts
     from autotune.tasks.registry import task_of, trainer_of
 
     task = task_of(spec)
@@ -556,8 +562,7 @@ def _liger_applies(spec: Spec, on: Any = True) -> str | None:
     if refused:
         return refused
 
-    with _TRANSFORMERS_IMPORT:
-        model_type = model_facts(spec.model.model_dump())["model_type"]
+    model_type = _model_facts(spec)["model_type"]
     if model_type not in LIGER_MODEL_TYPES:
         return (f"Liger kernels cover model types {', '.join(LIGER_MODEL_TYPES)}; this model "
                 f"is {model_type or 'of unknown type'}")
@@ -718,10 +723,7 @@ def _long_context_trainer(spec: Spec, what: str) -> str | None:
 def _text_config(spec: Spec) -> Any:
     """The model's text config as far as the rules read it (tasks/models.py's TEXT_FACTS),
     or None where it has none or it cannot be read."""
-    from autotune.tasks.models import model_facts
-
-    with _TRANSFORMERS_IMPORT:
-        text = model_facts(spec.model.model_dump())["text"]
+    text = _model_facts(spec)["text"]
     return types.SimpleNamespace(**text) if text is not None else None
 
 
@@ -841,7 +843,7 @@ CONTEXT_PARALLEL = Knob(
 
 def _model_lacks(spec: Spec, knob: str, has: str, why: str) -> str | None:
     """Why `knob` cannot apply to the spec's model: a trainer that takes no long-context
-    lever, or a model class without the fact `has` of class_facts (`why`, formatted with
+    lever, or a model class without the fact `has` of model_facts (`why`, formatted with
     its {name}); None."""
     said = _long_context_trainer(spec, knob)
     if said:

@@ -100,12 +100,6 @@ def model_facts(model: dict[str, Any]) -> dict[str, Any]:
     return read() if key is None else model_cache.remembered("class", key, read)
 
 
-def class_facts(model: dict[str, Any]) -> dict[str, Any] | None:
-    """`model_facts` where the class is known, else None."""
-    facts = model_facts(model)
-    return facts if facts.get("class") else None
-
-
 def max_positions(hf_config: Any) -> int | None:
     """The longest sequence the model's config allows, where it says."""
     for name in ("n_positions", "max_position_embeddings", "n_ctx"):
