@@ -119,9 +119,11 @@ def test_only_whole_answers_are_kept_and_a_bad_cache_is_worked_around(tmp_path, 
     assert model_cache.remembered("t", {"k": 1}, work) == {"n": 2} and len(calls) == 2
     for kept in cache.iterdir():
         kept.write_text(json.dumps({"key": json.loads(kept.read_text())["key"]}))  # no value
+    monkeypatch.setattr(model_cache, "_READ", {})  # as a new process: read from the file
     assert model_cache.remembered("t", {"k": 1}, work) == {"n": 3}
     for kept in cache.iterdir():
         kept.write_text("{not json")
+    monkeypatch.setattr(model_cache, "_READ", {})
     assert model_cache.remembered("t", {"k": 1}, work) == {"n": 4}
     blocked = tmp_path / "a-file"
     blocked.write_text("")

@@ -15,6 +15,7 @@ folder that cannot be written is no error (the facts are worked out each time).
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import os
@@ -55,6 +56,15 @@ def folder() -> Path | None:
     return Path(home) / "autotune" / "models"
 
 
+# This process's answers by file: read (or worked out and kept) once a process.
+_READ: dict[str, dict[str, Any]] = {}
+
+
+@cache
+def _libraries() -> dict[str, str]:
+    return {name: installed(name) for name in LIBRARIES}
+
+
 @cache
 def _code() -> str:
     """A digest of the code that works the facts out (the tasks, and plan/shape.py): an
@@ -89,8 +99,7 @@ def remembered(kind: str, key: dict[str, Any], work: Callable[[], dict[str, Any]
     before with these libraries and this code; worked out and kept otherwise (not where
     `work` raises NotKept, nor a value JSON would not give back as it is)."""
     where = folder()
-    full = {"kind": kind, "key": key, "code": _code(),
-            "libraries": {name: installed(name) for name in LIBRARIES}}
+    full = {"kind": kind, "key": key, "code": _code(), "libraries": _libraries()}
     try:
         said = json.dumps(full, sort_keys=True, default=str)
     except (TypeError, ValueError):  # a key JSON cannot order (mixed key types)
@@ -98,15 +107,19 @@ def remembered(kind: str, key: dict[str, Any], work: Callable[[], dict[str, Any]
     if where is None:
         return _worked(work)[0]
     path = where / f"{kind}-{hashlib.sha256(said.encode()).hexdigest()[:32]}.json"
+    if str(path) in _READ:  # the knob rules ask once per value of every knob
+        return copy.deepcopy(_READ[str(path)])
     expected = json.loads(said)
     with contextlib.suppress(OSError, ValueError):
         kept = json.loads(path.read_text(encoding="utf-8"))
         if (isinstance(kept, dict) and kept.get("key") == expected
                 and isinstance(kept.get("value"), dict)):
-            return kept["value"]
+            _READ[str(path)] = kept["value"]
+            return copy.deepcopy(kept["value"])
     value, keep = _worked(work)
     if not keep:
         return value
+    _READ[str(path)] = copy.deepcopy(value)
     with contextlib.suppress(OSError, TypeError, ValueError):
         text = json.dumps({"key": expected, "value": value}, sort_keys=True)
         where.mkdir(parents=True, exist_ok=True)
