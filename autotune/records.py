@@ -128,6 +128,8 @@ class Measurement(Part):
     flop_parameters: int | None = None  # N for MFU: input embeddings left out
     flop_trainable_parameters: int | None = None
     cpu_threads: int | None = None
+    # glibc's mmap threshold a CPU trial held (trials/host_malloc.py); None: not held
+    mmap_threshold: int | None = None
 
 
 @dataclass

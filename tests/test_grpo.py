@@ -20,6 +20,7 @@ from autotune.config import TrialConfig
 from autotune.errors import SpecError
 from autotune.spec import load_spec
 from tests.conftest import cli_search
+from tests.test_host_malloc import GLIBC
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "examples" / "data"
@@ -176,6 +177,8 @@ def test_a_grpo_search_exports_a_config_that_trains_elsewhere(tmp_path):
     out, _ = cli_search(raw, tmp_path)
     report = (out / "report.md").read_text()
     assert "completions/s" in report and "| gen share |" in report  # its own column
+    # The trials held glibc's mmap threshold (a CPU's): the run is told to do the same.
+    assert ("MALLOC_MMAP_THRESHOLD_=131072 in the environment" in report) is GLIBC
     kwargs = json.loads((out / "grpo_config.json").read_text())
     assert kwargs["num_generations"] == 4 and kwargs["max_completion_length"] == 8
     elsewhere = tmp_path / "elsewhere"

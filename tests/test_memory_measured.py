@@ -44,9 +44,10 @@ def test_calibrated_prediction_of_real_cpu_trials(tmp_path):
         return out.peak_memory_bytes
 
     measured = [(cfg, peak(cfg)) for cfg in configs]
-    # RSS growth is noisy (malloc arenas): once in about twenty runs batch 4 measured
-    # above batch 8. Where the plain family's peaks fall with the batch, the noise is
-    # confirmed: those trials run again and keep their lower peak.
+    # RSS growth was noisy (malloc's high-water, before trials/host_malloc.py held the
+    # mmap threshold): once in about twenty runs batch 4 measured above batch 8. Where the
+    # plain family's peaks fall with the batch, the noise is confirmed: those trials run
+    # again and keep their lower peak.
     plain = measured[:3]
     if any(a[1] > b[1] for a, b in zip(plain, plain[1:], strict=False)):
         measured[:3] = [(cfg, min(m, peak(cfg))) for cfg, m in plain]

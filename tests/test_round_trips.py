@@ -99,7 +99,7 @@ OUTCOME = Outcome(
         lengths=Lengths(min=3.0, p50=20.0, p90=30.0, max=32.0, mean=19.5, seq_len=32.0,
                         padding=0.4, truncated=0.125, loss_tokens=0.5),
         num_parameters=1000, trainable_parameters=100, flop_parameters=900,
-        flop_trainable_parameters=90, cpu_threads=2),
+        flop_trainable_parameters=90, cpu_threads=2, mmap_threshold=131072),
     phases=Phases(launch=0.5, model=1.5, engine=0.25, warmup=2.0, steps=0.75,
                   model_build=ModelBuild(
                       weights="random", device="cuda:0", partitioned=False,

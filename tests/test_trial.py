@@ -6,8 +6,10 @@ import pytest
 
 from autotune.config import TrialConfig
 from autotune.records import RanWith
+from autotune.trials.host_malloc import THRESHOLD
 from autotune.trials.launch import run_trial
 from tests.conftest import trial_request
+from tests.test_host_malloc import GLIBC
 
 pytestmark = pytest.mark.slow
 
@@ -41,6 +43,8 @@ def test_ok_trial_measures_throughput_and_memory(tiny_spec):
         # One rank on a CPU: Trainer wraps the model in nothing (no DDP, engine or FSDP).
         attn_implementation="sdpa", wrapped_as="GPT2LMHeadModel")
     assert out.phases.model_build.weights == "random"
+    # its peak is its tensors', not malloc's high-water (trials/host_malloc.py)
+    assert out.measured.mmap_threshold == (THRESHOLD if GLIBC else None)
 
 
 def test_budget_exceeded_is_oom(tiny_spec):

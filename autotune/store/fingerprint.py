@@ -13,7 +13,8 @@ The exact fingerprint (`Fingerprint.exact`):
 - the space (its batch sizes and knob values) and what the rules ruled out of it, so
   the winner was chosen among the same;
 - the versions of the libraries that change what a trial measures (autotune/versions.py,
-  the list a resumed study checks too).
+  the list a resumed study checks too), and on a CPU how its RSS is measured (the mmap
+  threshold held: trials/host_malloc.py).
 
 The near fingerprint (`Fingerprint.near`) keeps what a record's winners carry over: the
 architecture's figures (model type, parameters, layers, widths, vocabulary), the task,
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune import versions
+from autotune.trials.host_malloc import measured_under
 
 if TYPE_CHECKING:
     from autotune.device import DeviceSpec
@@ -163,6 +165,8 @@ def fingerprint_of(spec: Spec, device: DeviceSpec, space: SpaceResult,
         "space": space.space.choices(), "ruled_out": sorted(space.pruned),
         "versions": versions.library_versions(),
     }
+    if heap := measured_under(device.is_cuda):  # a CPU's peaks: trials/host_malloc.py
+        exact["heap"] = heap
     near = {"model": near_model(spec, shape), "data": near_data, "trainer": spec.trainer,
             "world_size": spec.world_size, "device": device_family(dev)}
     return Fingerprint(exact, near)

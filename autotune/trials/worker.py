@@ -414,6 +414,7 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
     from autotune.spec import Spec
     from autotune.tasks import task_of, trainer_of
     from autotune.trials.build_lock import install as guard_build_locks
+    from autotune.trials.host_malloc import hold_mmap_threshold
     from autotune.trials.long_context import Levers
     from autotune.trials.model_builder import build_model, prepare_quantized
     from autotune.trials.oom import is_oom_exception
@@ -451,6 +452,8 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
         return Outcome(ERROR, wall_seconds=time.time() - started, error=unfit,
                        diagnostics={"bitsandbytes": bnb})
     budget = request.memory_budget_bytes
+    # A CPU trial's peak RSS is its tensors', not malloc's high-water: trials/host_malloc.py
+    mmap_threshold = hold_mmap_threshold() if request.on_cpu else None
     base_rss = _rss()
     shape = request.shape
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else (
@@ -527,6 +530,7 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
                            counted.tokens())
         trained_by.finish(spec, task, outcome, trainer)
         outcome.measured.micro_batches = counted.sizes()
+        outcome.measured.mmap_threshold = mmap_threshold
         if lengths:  # the rows' real tokens: what padding and packing are judged on
             outcome.measured.lengths = Lengths.from_dict(lengths)
         if timer.peaks:  # running (allocated, reserved) peak bytes after each step

@@ -28,6 +28,7 @@ from autotune.spec import Spec, load_spec, parse_duration
 from autotune.summary import Summary
 from autotune.tasks import objective_of, trainer_of
 from autotune.trials.executor import Executor, RayExecutor
+from autotune.trials.host_malloc import measured_under
 from autotune.tuning import confirm, numerics
 from autotune.tuning.loop import Limits, drive
 from autotune.tuning.recipe import available_values, recipe_rungs
@@ -51,6 +52,8 @@ def fingerprint(spec: Spec, device: DeviceSpec, space: Space) -> str:
                                                   device.compute_capability, device.count]
            + ([device.nodes] if device.nodes > 1 else []),
            "space": space.choices(), "versions": versions.library_versions()}
+    if heap := measured_under(device.is_cuda):  # a CPU's peaks: trials/host_malloc.py
+        key["heap"] = heap
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
 
 
