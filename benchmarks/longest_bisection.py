@@ -13,7 +13,11 @@ bisected from the prediction (up by a quarter until one does not fit, then halve
 `--from` a recorded output runs nothing: each measured peak beside the physics' tensors
 at its length (the model as it is now), per family the slope and intercept of both (what
 a token costs, what does not grow), and the longest predicted now against the recorded
-measured one.
+measured one, with the error.
+
+A CPU trial holds glibc's mmap threshold (autotune/trials/host_malloc.py): its peak is
+its tensors'. The files recorded before it did (2026-11-28/29, malloc's high-water) were
+replaced; their figures are in docs/results.md.
 
 On a GPU (`--spec examples/llama-8b-32k.yaml --budget 80GiB`) a trial that does not fit
 runs out of memory; on a CPU nothing does, and a peak over the budget is what does not
@@ -120,6 +124,7 @@ def replay(path: Path, spec, predicted: dict, shape) -> None:
     from autotune.plan.calibration import MemoryModel
 
     measured: dict[str, list[tuple[int, float]]] = {}
+    longest: dict[str, int] = {}  # the bisection's answer, from its table
     family = None
     for line in path.read_text().splitlines():
         if m := re.match(r"(\S.*): predicted \d+", line):
@@ -127,6 +132,8 @@ def replay(path: Path, spec, predicted: dict, shape) -> None:
             measured[family] = []
         elif (m := re.match(r"\s+(\d+) tokens: peak ([\d.]+) GiB", line)) and family:
             measured[family].append((int(m.group(1)), float(m.group(2)) * 1024))
+        elif m := re.match(r"\| (\S[^|]*?) \| \d+ \| (\d+) \| [+-]", line):
+            longest[m.group(1)] = int(m.group(2))
     device = local_device()
     print("| family | tokens | measured MiB | tensors MiB | runtime MiB | ratio |\n"
           "| --- | --- | --- | --- | --- | --- |")
@@ -152,6 +159,13 @@ def replay(path: Path, spec, predicted: dict, shape) -> None:
         fam = TrialConfig.from_label(f"b1x1 {label}").family
         print(f"| {label} | {ms:.4f} | {ps:.4f} | {mi:.0f} | {pi:.0f} | "
               f"{predicted.get(fam, '-')} |")
+    rows = [(label, predicted[fam], longest[label]) for label in longest
+            if (fam := TrialConfig.from_label(f"b1x1 {label}").family) in predicted]
+    if rows:
+        print("\n| family | predicted now | measured | error |\n| --- | --- | --- | --- |")
+        for label, p, m in rows:
+            print(f"| {label} | {p} | {m} | {(p - m) / m:+.1%} |")
+        print(f"\nworst error {max(abs(p - m) / m for _, p, m in rows):.1%} (bar: 15%)")
 
 
 def main() -> None:

@@ -344,10 +344,12 @@ def test_the_memory_model_splits_and_tiles_the_long_context_terms():
 
     hidden = 32768 * 64 * 4  # the hidden states' fp32 gradient grows with the tokens
     assert tiled_at(65536) == pytest.approx(tiled_at(32768) + hidden, rel=1e-3)
-    # Tiled, an MLP keeps its input only: 11 of Korthikanti's 26 s h a layer go here
-    # (this MLP is half the usual width).
+    # Llama's MLP is gated (SwiGLU): its input and four ffn-wide tensors, 2 + 8 ffn/h of
+    # Korthikanti's s h units (this MLP is half the usual width: 18 of 33 a layer), not
+    # GPT-2's 3 + 4 ffn/h (11 of 26). Tiled, an MLP keeps its input only.
+    assert shape.gated_mlp
     assert comps(tiled_mlp=True)["activations"] == pytest.approx(
-        base["activations"] * 17 / 26, rel=0.02)
+        base["activations"] * 17 / 33, rel=0.02)
     # Offloaded, about one layer's activations stay on the device; the rest is host's.
     off = model.physics(Family.of(zero_stage=3, activation_offloading=True).config(1, 2, 2))
     assert off.components["activations"] == pytest.approx(base["activations"] / 2, rel=1e-6)
@@ -365,7 +367,7 @@ def test_the_longest_length_per_family_by_bisection(tmp_path):
 
     spec = _spec(tmp_path, world=2, target=2, data={"seq_len": "longest"},
                  model={"config": LLAMA | {"max_position_embeddings": 65536}},
-                 hardware={"gpus_per_trial": 2, "memory_budget": "1GiB"})
+                 hardware={"gpus_per_trial": 2, "memory_budget": "256MiB"})
     space = tmp_path / "space.yaml"
     space.write_text("per_device_train_batch_size: [1]\nzero_stage: [3]\n"
                      "sequence_parallel: [1, 2]\ntiled_loss: [false, true]\n")
@@ -428,3 +430,27 @@ def test_init_at_32k_writes_a_spec_whose_space_holds_the_levers(tmp_path):
     # One rank a trial: the sequence split is left out, saying why.
     assert "hardware.gpus_per_trial 1" in p.left_out["sequence_parallel=2"]
     assert "tiled_loss: False, True" in render(p)
+
+
+def test_checkpointings_recomputed_layer_never_sits_beside_the_logits_on_a_cpu():
+    """The loss's backward (the logits and their gradients) ends before the first layer is
+    recomputed: on a CPU the checkpointed peak is the layer inputs and the larger of the
+    two (the bisection's checkpointed family peaked 11-14% under their sum); on a GPU the
+    formula keeps the sum where no trace says when each tensor lives."""
+    from transformers import LlamaConfig
+
+    from autotune.plan.calibration import MemoryModel
+    from autotune.plan.shape import shape_from_hf_config
+
+    cfg = LlamaConfig(**(LLAMA | {"max_position_embeddings": 4096, "vocab_size": 32000}))
+    shape = shape_from_hf_config(cfg, 4096, "causal-lm")
+    ckpt = Family.of(gradient_checkpointing=True).config(1, 1, 1)
+    on_cpu, on_gpu = MemoryModel(shape, CPU, 1), MemoryModel(shape, named_device("H100-80GB"), 1)
+    on_gpu.traced = False
+    cpu, gpu = on_cpu.physics(ckpt).components, on_gpu.physics(ckpt).components
+    inputs = 2 * 4096 * 64 * 4  # each layer's fp32 input, kept
+    layer = on_cpu.recomputed_bytes_per_sample(ckpt)
+    assert 0 < layer < cpu["logits"]  # a 32k vocabulary's logits outweigh a layer
+    assert cpu["activations"] == pytest.approx(inputs, rel=1e-6)
+    assert gpu["activations"] == pytest.approx(inputs + layer, rel=1e-6)
+    assert on_gpu.recomputed_bytes_per_sample(ckpt) == 0

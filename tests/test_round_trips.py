@@ -138,7 +138,7 @@ SHAPE = ModelShape(1_000_000, 2, 64, 2, 512, 32, causal_lm=False, intermediate_s
                    trainable_parameters=1000, hf_config={"model_type": "bert"},
                    lora={"r": 8}, embedding_parameters=32768, quantizable_parameters=4096,
                    largest_linear=256, decoder_layers=2, target_len=16, pixels=3072,
-                   trainer="dpo", generated_len=8, reference=True)
+                   trainer="dpo", generated_len=8, reference=True, gated_mlp=True)
 RECORD = Record(_config(), OUTCOME, "recipe", 3, TOKENS_PER_SECOND)
 CONFIRMATION = Confirmation(
     3, 8, [ConfirmedConfig("best", _config(), 3, [12.0, 12.5, 13.0], [7, 8, 9])],

@@ -72,10 +72,22 @@ COMPILED_ACTIVATIONS = 0.7
 # The caching allocator rounds and fragments: the reserved peak runs a few percent over
 # the tensors live at the peak.
 FRAGMENTATION = 0.05
-# A CPU trial's peak RSS growth ran 1.2-2.8x (median 1.95x) the bytes of its tensors over
-# 40 trials (benchmarks/memory_accuracy.txt): malloc arenas keep freed blocks and CPU
-# kernels keep fp32 intermediates. Uncalibrated CPU predictions use the median.
-CPU_OVERHEAD_FACTOR = 0.95
+# A CPU trial holds glibc's mmap threshold (trials/host_malloc.py), so its RSS is its
+# tensors and the heap's small blocks. Fitted on the 40 GPT-2 trials of
+# benchmarks/memory_accuracy.txt and the 1 GiB long-context bisection
+# (benchmarks/longest_bisection_cpu.txt), 2026-11-29: 5% (uncalibrated median error 7.1%,
+# worst longest length 5.7%); 0 gave 6.7% and 7.9%, 10% 10.7% and 10.0%. Before the
+# threshold was held, RSS ran 1.2-2.6x the tensors (malloc's high-water mark) and this
+# was 0.95.
+CPU_OVERHEAD_FACTOR = 0.05
+# Where a transformers config keeps its attention probabilities' dropout (GPT-2's,
+# Llama's and BART's, BERT's).
+ATTENTION_DROPOUT_KEYS = ("attn_pdrop", "attention_dropout", "attention_probs_dropout_prob")
+# An MLP activation's saved tensors, in its input's size, where transformers writes it in
+# unfused torch ops (GELU's and SiLU's own kernels save their input alone, as Korthikanti
+# counts): counted with saved_tensors_hooks, transformers 5.24. The config's key for it.
+ACTIVATION_SAVES = {"gelu_new": 4, "gelu_fast": 7, "quick_gelu": 3}
+ACTIVATION_KEYS = ("activation_function", "hidden_act", "hidden_activation")
 COMPONENTS = ("weights", "quantized", "gradients", "optimizer", "activations", "logits",
               "generation", "runtime")
 # TRL's chunked LM head (DPO's log-probs) projects at most this many tokens by this many
@@ -299,8 +311,9 @@ class Physics:
         and checkpointing (plan/trace.py); None where the model's config is not known
         or its code cannot be traced (the formulas then stand alone). Only for a GPU: a
         CPU trial's peak is RSS, which grew 1.1-3.1x its traced tensor bytes over the 40
-        recorded CPU trials (malloc arenas), so tensor bytes predicted it no better than
-        the formula (benchmarks/memory_accuracy.txt)."""
+        recorded CPU trials when malloc's high-water set it, so tensor bytes predicted it
+        no better than the formula. (With the mmap threshold held, trials/host_malloc.py,
+        a CPU trace might now; not tried.)"""
         args = self.trace_args(c)
         return None if args is None else trace_activations(*args)
 
@@ -320,8 +333,9 @@ class Physics:
     def activation_bytes_per_sample(self, c: TrialConfig) -> float:
         """Traced where the model is known: the step's peak per sample less the logits
         term (booked apart). Otherwise Korthikanti et al.: s*h*(34 + 5*a*s/h) bytes per
-        layer in 16-bit; the a*s^2 term (attention scores, softmax, dropout mask) only
-        where attention is eager."""
+        layer in 16-bit (`_layer_bytes`: a gated MLP's and an unfused activation's more);
+        the a*s^2 term (attention scores, softmax, dropout mask) only where the scores are
+        kept (`materialises_attention`)."""
         traced = self.trace(c)
         if traced is not None:
             return (max(0.0, traced.per_sample - self._logits_formula()) * self._compiled(c)
@@ -370,18 +384,9 @@ class Physics:
         input: the fp32 pixels its patch embedding keeps (and their 16-bit copy under
         autocast)."""
         h, cb = self.shape.hidden_size, _compute_bytes(c.precision)
-        scale = cb / 2
-        # Korthikanti's 34: attention 11, norms 4, the MLP 19, of which 16 scale with ffn.
-        mlp_part = 19 + 16 * (self.shape.ffn_size / (4 * h) - 1)
-        # DeepSpeed's TiledMLP keeps only the MLP's input (2 s h) and recomputes the rest
-        # shard by shard in the backward (about h tokens a shard: negligible at length).
-        mlp = 15 + (2 if c.tiled_mlp else mlp_part)
         linear = 0.0
         for layers, s, source in self._stacks():
-            # A decoder layer's cross-attention: its norm, query, output projection and
-            # dropout on its own tokens (11 s h, as self-attention's), keys and values
-            # of the source (4 source h).
-            per_layer = (s * h * mlp + (11 * s * h + 4 * source * h if source else 0)) * scale
+            per_layer = self._layer_bytes(c, s, source)
             if c.gradient_checkpointing:
                 # Layer inputs kept for every checkpointed layer, plus one layer
                 # recomputed in full; `every-2` checkpoints every other layer (the rest keep
@@ -395,6 +400,38 @@ class Physics:
         pixels = self.shape.pixels * (4 + (2 if cb == 2 else 0))
         return linear + pixels + (self.attention_bytes_per_sample(c)
                                   if self.materialises_attention(c) else 0.0)
+
+    def _layer_bytes(self, c: TrialConfig, s: int, source: int) -> float:
+        """One layer's saved bytes a sample at `s` tokens (Korthikanti's, without the s^2
+        term): attention 11 s h, norms 4, the MLP 19 of which 16 scale with ffn; a gated
+        MLP (SwiGLU) keeps its input and four ffn-wide tensors (the gate's and the up
+        projection's outputs, the activation's, their product) and no dropout mask; a
+        decoder layer's cross-attention its norm, query, output projection and dropout on
+        its own tokens (11 s h, as self-attention's), keys and values of the source
+        (4 source h)."""
+        h, ffn = self.shape.hidden_size, self.shape.ffn_size
+        mlp_part = (2 + 8 * ffn / h) if self.shape.gated_mlp else 19 + 16 * (ffn / (4 * h) - 1)
+        mlp_part += 2 * (self.activation_saves() - 1) * ffn / h  # an unfused activation's
+        # DeepSpeed's TiledMLP keeps only the MLP's input (2 s h) and recomputes the rest
+        # shard by shard in the backward (about h tokens a shard: negligible at length).
+        mlp = 15 + (2 if c.tiled_mlp else mlp_part)
+        cross = 11 * s * h + 4 * source * h if source else 0
+        return (s * h * mlp + cross) * _compute_bytes(c.precision) / 2
+
+    def recomputed_bytes_per_sample(self, c: TrialConfig) -> float:
+        """Under checkpointing, the one layer recomputed in full in the backward, a
+        sample's share of a rank (the largest stack's layer): it lives after the loss's
+        backward has freed the logits' gradients, never beside them (`physics`). Measured
+        on a CPU only (the long-context bisection's checkpointed family peaked 11-14% under
+        the sum, benchmarks/longest_bisection_cpu.txt); on a GPU the trace knows when each
+        tensor lives where it runs, and where it cannot the sum stands (0 here), the side
+        that does not OOM."""
+        if not c.gradient_checkpointing or self.device.is_cuda:
+            return 0.0
+        layer = max(self._layer_bytes(c, s, source) for _, s, source in self._stacks())
+        if self.materialises_attention(c):  # its scores, recomputed with it
+            layer += self.attention_bytes_per_sample(c)
+        return layer * self._compiled(c) / self.sequence_split(c)
 
     def attention_bytes_per_sample(self, c: TrialConfig) -> float:
         """The s^2 attention term alone: 5*a*s^2 bytes per layer in 16-bit (Korthikanti),
@@ -496,8 +533,8 @@ class Physics:
 
     def mapped_bytes(self, c: TrialConfig) -> float:
         """Of the tensors, what a CPU's allocator maps for itself and unmaps when freed
-        (RSS holds exactly them, no arena beside): the chunked head's vocabulary-wide
-        temporaries, each far above glibc's mmap threshold (32 MiB at most). 0 on a GPU."""
+        (RSS holds exactly them, no heap beside): the chunked head's vocabulary-wide
+        temporaries, each far above glibc's mmap threshold. 0 on a GPU."""
         return 0.0 if self.device.is_cuda else self.chunked_logits_bytes(c)
 
     def reference_bytes(self, c: TrialConfig) -> float:
@@ -550,16 +587,36 @@ class Physics:
                 * zero_replay.bucket_buffers(c.zero_stage))
 
     def materialises_attention(self, c: TrialConfig | None = None) -> bool:
-        """Eager attention keeps the seq x seq scores; SDPA/flash kernels do not. The
-        config's attention knob decides; at "auto" the model's own, and where the shape
-        does not say either, assume flash kernels exist from Ampere (8.0) on, and that
-        older GPUs materialise the scores."""
+        """Eager attention keeps the seq x seq scores; SDPA/flash kernels do not, but for
+        SDPA with dropout on a CPU (its math path). The config's attention knob decides;
+        at "auto" the model's own, and where the shape does not say either, assume flash
+        kernels exist from Ampere (8.0) on, and that older GPUs materialise the scores."""
         attn = c.attn_implementation if c is not None else "auto"
         if attn == "auto":
             attn = self.shape.attn_implementation
         if attn == "auto":
             return self.device.is_cuda and (self.device.compute_capability or (0, 0)) < (8, 0)
+        if attn == "sdpa" and not self.device.is_cuda and self.attention_dropout() > 0:
+            # torch's CPU flash kernel takes no dropout: SDPA falls back to its math path,
+            # which keeps the scores, their softmax and the dropout mask (15 MiB saved
+            # against 4 without dropout, a 4x4x256x64 fp32 call; torch 2.13).
+            return True
         return attn == "eager"
+
+    def activation_saves(self) -> int:
+        """The MLP activation's saved tensors in its input's size (1 but for
+        ACTIVATION_SAVES')."""
+        cfg = self.shape.hf_config or {}
+        act = next((cfg[k] for k in ACTIVATION_KEYS if isinstance(cfg.get(k), str)), "")
+        return ACTIVATION_SAVES.get(act, 1)
+
+    def attention_dropout(self) -> float:
+        """The attention probabilities' dropout the model trains with (0: none, not known,
+        or its trainer turns dropout off)."""
+        if self.shape.trained_by.disables_dropout:
+            return 0.0
+        cfg = self.shape.hf_config or {}
+        return float(next((cfg[k] for k in ATTENTION_DROPOUT_KEYS if cfg.get(k)), 0.0))
 
     def generation_bytes(self, c: TrialConfig) -> float:
         """A generating trainer's (GRPO's) generation, beyond what its training step holds
@@ -585,6 +642,9 @@ class Physics:
         comps = states | {"activations": b * self.activation_bytes_per_sample(c),
                           "logits": b * self.logits_bytes_per_sample(c)
                           + self.logits_fixed_bytes(c) + self.chunked_logits_bytes(c)}
+        # The loss's peak (the logits and their gradients) comes before any layer is
+        # recomputed: checkpointing's peak is the larger of the two, not their sum.
+        comps["activations"] -= min(b * self.recomputed_bytes_per_sample(c), comps["logits"])
         if c.activation_offloading:
             # TRL's offloading moves what autograd saves to host memory as the forward goes
             # and brings it back layer by layer in the backward: about one layer's stays.
@@ -613,9 +673,10 @@ class Physics:
     def _slack_factor(self, c: TrialConfig, tensors: float) -> float:
         """What the allocator holds beyond the tensors, as a fraction of them: on a GPU
         the replayed reserved peak where the step can be replayed, else FRAGMENTATION;
-        on a CPU, malloc's arenas. (Negative where the replay's peak, which knows when
-        each tensor lives, is below the components' sum, which has them all at once; the
-        components are then scaled to it.)"""
+        on a CPU, the heap's small blocks (its mmap threshold held: trials/host_malloc.py).
+        (Negative where the replay's peak, which knows when each tensor lives, is below
+        the components' sum, which has them all at once; the components are then scaled
+        to it.)"""
         if not self.device.is_cuda:
             return CPU_OVERHEAD_FACTOR
         reserved = None if self.beyond_device(c) else self.reserved_peak(c)

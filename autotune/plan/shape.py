@@ -70,6 +70,9 @@ class ModelShape:
     # and whether the algorithm keeps a reference model beside the policy.
     generated_len: int = 0
     reference: bool = False
+    # Its MLP is transformers' gated one (Llama's, Qwen2's, Mistral's: SwiGLU), which
+    # keeps four intermediate-wide tensors a token for the backward, not GPT-2's two.
+    gated_mlp: bool = False
 
     @property
     def has_lm_logits(self) -> bool:
@@ -151,13 +154,13 @@ def _first(cfg: Any, keys: tuple[str, ...]) -> Any:
 
 
 def count_parameters(hf_config: Any, task: str = DEFAULT_TASK,
-                     lora: dict[str, Any] | None = None) -> tuple[int, str, int | None, int,
-                                                                  tuple[int, int], int | None]:
+                     lora: dict[str, Any] | None = None
+                     ) -> tuple[int, str, int | None, int, tuple[int, int], int | None, bool]:
     """Parameters of the model the config describes, built on the meta device (no weights
     allocated, so a 70B model counts in seconds), the attention implementation
     transformers resolves for it, under LoRA the adapters' (trainable) count, the
-    trainable parameters of its embeddings, what a quantized base quantizes, and an
-    image model's sequence (`image_tokens`)."""
+    trainable parameters of its embeddings, what a quantized base quantizes, an
+    image model's sequence (`image_tokens`), and whether its MLP is gated."""
     import torch
 
     kind = named_task(task)
@@ -166,6 +169,7 @@ def count_parameters(hf_config: Any, task: str = DEFAULT_TASK,
         model = auto.from_config(hf_config)
         attn = getattr(model.config, "_attn_implementation", None) or "eager"
         quantizable = quantizable_parameters(model)
+        gated = has_gated_mlp(model)
         trainable = None
         if lora is not None:
             import warnings
@@ -178,7 +182,14 @@ def count_parameters(hf_config: Any, task: str = DEFAULT_TASK,
             trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     n = sum(p.numel() for p in model.parameters())
     return n, str(attn), trainable, embedding_parameters(model), quantizable, (
-        image_tokens(model) if kind.reads_images else None)
+        image_tokens(model) if kind.reads_images else None), gated
+
+
+def has_gated_mlp(model: Any) -> bool:
+    """Whether the model's MLPs are transformers' gated ones (tasks/models.py)."""
+    from autotune.tasks.models import gated_mlp
+
+    return any(gated_mlp(type(m)) for m in model.modules())
 
 
 def quantizable_parameters(model: Any) -> tuple[int, int]:
@@ -256,7 +267,8 @@ def shape_from_model(model: Any, seq_len: int, task: str = DEFAULT_TASK,
                         str(getattr(cfg, "model_type", "model")),
                         str(getattr(cfg, "_attn_implementation", None) or "auto"),
                         trainable if trainable < sum(p.numel() for p in params) else None,
-                        embeddings=embedding_parameters(model), **kinds)
+                        embeddings=embedding_parameters(model), gated_mlp=has_gated_mlp(model),
+                        **kinds)
 
 
 def shape_from_hf_config(hf_config: Any, seq_len: int, task: str = DEFAULT_TASK,
@@ -266,12 +278,12 @@ def shape_from_hf_config(hf_config: Any, seq_len: int, task: str = DEFAULT_TASK,
     (an image model's seq_len is its patches, counted here)."""
     if attn_implementation:
         hf_config._attn_implementation = attn_implementation
-    n_params, resolved, trainable, embeddings, quantizable, patches = count_parameters(
+    n_params, resolved, trainable, embeddings, quantizable, patches, gated = count_parameters(
         hf_config, task, lora)
     name = str(getattr(hf_config, "name_or_path", "") or hf_config.model_type)
     return _from_config(hf_config, n_params, patches or seq_len, task, name,
                         attn_implementation or resolved, trainable, lora, embeddings,
-                        quantizable, **kinds)
+                        quantizable, gated_mlp=gated, **kinds)
 
 
 @contextmanager

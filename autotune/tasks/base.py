@@ -147,6 +147,8 @@ class TrainerKind:
     # for the search's trials (TRL: 0.4 s of every trial's launch otherwise)
     preload: ClassVar[tuple[str, ...]] = ()
     preference_pairs: ClassVar[bool] = False  # a sample is a chosen and a rejected row
+    # Its config turns the model's dropout off by default (TRL's `disable_dropout`)
+    disables_dropout: ClassVar[bool] = False
     adds_adapters: ClassVar[bool] = False  # it adds LoRA's adapters itself
     adapters_note: ClassVar[str] = ""  # what it makes of them, said beside lora_config.json
     keeps_reference: ClassVar[bool] = False  # a reference model beside the policy

@@ -29,6 +29,7 @@ class DPO(TrainerKind):
     export_file = "dpo_config.json"
     preload = ("trl.trainer.dpo_trainer",)
     preference_pairs = True
+    disables_dropout = True  # DPOConfig.disable_dropout, True by default (TRL 1.16)
     adds_adapters = True  # TRL adds LoRA's adapters (peft_config): its reference is the base
     keeps_reference = True
     adapters_note = "given to DPOTrainer: its reference is the base with the adapters off"
