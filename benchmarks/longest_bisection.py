@@ -159,13 +159,22 @@ def replay(path: Path, spec, predicted: dict, shape) -> None:
         fam = TrialConfig.from_label(f"b1x1 {label}").family
         print(f"| {label} | {ms:.4f} | {ps:.4f} | {mi:.0f} | {pi:.0f} | "
               f"{predicted.get(fam, '-')} |")
-    rows = [(label, predicted[fam], longest[label]) for label in longest
+    rows = [(label, predicted[fam], longest[label], None) for label in longest
             if (fam := TrialConfig.from_label(f"b1x1 {label}").family) in predicted]
     if rows:
-        print("\n| family | predicted now | measured | error |\n| --- | --- | --- | --- |")
-        for label, p, m in rows:
-            print(f"| {label} | {p} | {m} | {(p - m) / m:+.1%} |")
-        print(f"\nworst error {max(abs(p - m) / m for _, p, m in rows):.1%} (bar: 15%)")
+        print_errors(rows, "predicted now")
+
+
+def print_errors(rows: list[tuple[str, int, int, int | None]],
+                 predicted: str = "predicted") -> None:
+    """Each family's predicted and measured longest, the error and, after a run, the
+    trials it took; then the worst error. (`replay` reads a run's table back.)"""
+    trials = rows[0][3] is not None
+    cols = ["family", predicted, "measured", "error"] + (["trials"] if trials else [])
+    print("\n| " + " | ".join(cols) + " |\n|" + " --- |" * len(cols))
+    for label, p, m, t in rows:
+        print(f"| {label} | {p} | {m} | {(p - m) / m:+.1%} |" + (f" {t} |" if trials else ""))
+    print(f"\nworst error {max(abs(p - m) / m for _, p, m, _ in rows):.1%} (bar: 15%)")
 
 
 def main() -> None:
@@ -198,11 +207,7 @@ def main() -> None:
         print(f"{family.label()}: predicted {predicted[family]}", flush=True)
         measured, trials = longest_measured(spec, family, predicted[family], budget)
         rows.append((family.label(), predicted[family], measured, trials))
-    print("\n| family | predicted | measured | error | trials |\n| --- | --- | --- | --- | --- |")
-    for label, p, m, t in rows:
-        print(f"| {label} | {p} | {m} | {(p - m) / m:+.1%} | {t} |")
-    worst = max(abs(p - m) / m for _, p, m, _ in rows)
-    print(f"\nworst error {worst:.1%} (bar: 15%)")
+    print_errors(rows)
 
 
 if __name__ == "__main__":

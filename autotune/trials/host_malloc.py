@@ -8,11 +8,11 @@ on, where a freed block's pages stay resident until the heap's top is free. A tr
 step frees and allocates blocks of 1-32 MiB by the thousand (a layer's activations and
 gradients at long context), so the heap's high-water mark, not the tensors live at once,
 set a CPU rank's RSS: 10-120% more than with the threshold held, varying between runs of
-one config (1,703-1,872 MiB) and creeping up step after step (benchmarks/
-longest_bisection.py's notes, docs/memory.md). Held at glibc's starting value
-(`mallopt(M_MMAP_THRESHOLD)`, which also ends the adjustment), the peak is what the
-tensors need, reproducibly, and the memory model's physics predicts it; the price is
-the page faults of fresh mappings, about a tenth of a long-context CPU step's speed.
+one config (1,703-1,872 MiB) and creeping up step after step (docs/memory.md). Held at
+glibc's starting value (`mallopt(M_MMAP_THRESHOLD)`, which also ends the adjustment, and
+the trim threshold with it), the peak is what the tensors need, reproducibly, and the
+memory model's physics predicts it; the price is the page faults of fresh mappings,
+8-22% of a long-context CPU step's speed (ZeRO-1 at 8192 tokens).
 
 A CPU run of the exported config reproduces the trials' memory with the same setting in
 its environment: `MALLOC_MMAP_THRESHOLD_=131072` (glibc reads it at start)."""
