@@ -137,6 +137,12 @@ class Knob:
     # Changes how the model is built (attention kernel, adapters): a model that fails to
     # build under a non-baseline value may be this knob's fault, not the spec's.
     affects_model: bool = False
+    # Values the memory physics gives the same bytes take the same bytes (fp16 and bf16,
+    # two fused attention kernels, two AdamW implementations): a family never measured
+    # is predicted from its measured twin (plan/calibration.py `_stand_in`). Not for a
+    # knob whose engine holds what the physics lacks (ZeRO on one CPU rank: 4-14% over
+    # its twin without DeepSpeed in benchmarks/memory_accuracy.txt).
+    memory_twins: bool = False
     # Why a value other than the baseline's cannot apply to this spec's model or data
     # (None: it can): a Liger kernel for a model type it does not cover, packing synthetic
     # rows that have no padding, an attention kernel the model's class does not support.
@@ -226,6 +232,7 @@ PRECISION = Knob(
     # fp16 on a GPU; fp32 with tf32 matmuls is what is left on Ampere+ without 16-bit.
     recipe=lambda d, real: (["bf16", "fp16", "tf32", "fp32"] if d.is_cuda
                             else ["bf16", "fp32"] if d.native_bf16 else ["fp32"]),
+    memory_twins=True,
     speed=Speed(_precision_prior, sd=0.2, batch_sd=0.25, kin_sd=0.7,
                 kin=lambda p: "16-bit" if p in ("fp16", "bf16") else "32-bit"))
 
@@ -248,7 +255,7 @@ OPTIM = Knob(
              install=True),
     ),
     recipe=lambda d, real: ["adamw_torch_fused", "adamw_torch"],  # fused on CUDA (rules)
-    speed=Speed(_optim_prior, sd=0.15))
+    memory_twins=True, speed=Speed(_optim_prior, sd=0.15))
 
 
 # --- gradient checkpointing ------------------------------------------------------------
@@ -486,6 +493,7 @@ ATTENTION = Knob(
     applies=_attention_applies, scope="models whose class supports the kernel",
     # The guide: flash-attention 2 where installed and the dtype allows, else SDPA.
     recipe=lambda d, real: ["flash_attention_2", "sdpa", "auto"],
+    memory_twins=True,
     speed=Speed(_attention_prior, sd=0.1, batch_sd=0.1, kin_sd=0.2,
                 kin=lambda a: "materialised" if a == "eager" else "fused"))
 

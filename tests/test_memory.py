@@ -617,3 +617,33 @@ def _llama_config():
                                 num_hidden_layers=2, num_attention_heads=4,
                                 num_key_value_heads=2, vocab_size=512,
                                 max_position_embeddings=512)
+
+
+def test_a_family_never_measured_takes_its_memory_twins_measurement():
+    """fp16 beside bf16, flash-attention 2 beside SDPA, fused AdamW beside AdamW: the
+    physics gives each pair the same bytes, and the pair measures the same. A family of
+    one is predicted from the other's measurement, not the shared fit alone; a ZeRO stage
+    is no twin (its engine holds what the physics lacks)."""
+    m, _ = _toy_model()
+    sdpa = {"attn_implementation": "sdpa"}
+    m.observe(_knobs(4, **sdpa), 9 * GiB)
+    m.observe(_knobs(8, optim="sgd", gradient_checkpointing=True, **sdpa), 5 * GiB)
+    fp16 = _knobs(4, precision="fp16", **sdpa)
+    flash = _knobs(4, attn_implementation="flash_attention_2")
+    fused = _knobs(4, optim="adamw_torch_fused", **sdpa)
+    for twin in (fp16, flash, fused):
+        assert m.predict_total(twin) == m.predict_total(_knobs(4, **sdpa)) == 9 * GiB
+        assert m.extrapolated_bytes(twin) == 0
+    # At another batch, the twin's line: the same figure as the measured family's.
+    assert m.predict_total(_knobs(8, precision="fp16", **sdpa)) == m.predict_total(
+        _knobs(8, **sdpa))
+    alone, _ = _toy_model()  # what the shared fit alone says of the ZeRO family
+    alone.observe(_knobs(4, **sdpa), 9 * GiB)
+    alone.observe(_knobs(8, optim="sgd", gradient_checkpointing=True, **sdpa), 5 * GiB)
+    zero = _knobs(4, zero_stage=1, **sdpa)
+    assert m.predict_total(zero) == alone._unmeasured(zero) * alone.oom_factor(zero)
+    assert m.predict_total(zero) != 9 * GiB
+    # A twin's OOM holds for it too.
+    m.observe_oom(_knobs(16, **sdpa), 24 * GiB)
+    assert m.predict_total(_knobs(16, precision="fp16", **sdpa)) > 24 * GiB
+

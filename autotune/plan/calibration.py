@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from autotune import knobs
 from autotune.config import Family, TrialConfig
 from autotune.plan.memory import COMPONENTS, DEVIATIONS, FEATURES, GiB, MemoryEstimate, Physics
 from autotune.plan.shape import ModelShape
@@ -97,6 +98,7 @@ class MemoryModel(Physics):
         self._unexplained: list[tuple[TrialConfig, float]] = []
         self._combos: list[tuple[frozenset, int, float]] = []
         self._alike: dict[tuple[Family, TrialConfig], bool] = {}  # see `_same_memory`
+        self._twins: dict[Family, Family | None] = {}  # see `_stand_in`
         # Bounds of the fit: scales stay positive; the attention deviation adds the s^2
         # term where the physics left it out (>= 0), or takes it away where it put it in
         # (>= -1); the other deviations may take away at most their whole term.
@@ -155,6 +157,14 @@ class MemoryModel(Physics):
 
     def _predict_total(self, c: TrialConfig) -> float:
         b = c.per_device_train_batch_size
+        stand_in = self._stand_in(c)
+        if stand_in is not c:
+            # Its memory twin's measurements answer for it; so does the twin's OOM.
+            predicted = self._predict_total(stand_in)
+            oom = self._oom_at.get(stand_in.family)
+            if oom is not None and b >= oom:
+                predicted = max(predicted, max(self._ooms.values()) * (1 + OOM_OVERSHOOT))
+            return predicted
         points = self._points.get(c.family, {})
         if points and self.reserved_peak(c) is not None:
             # The replay (Trainer's step, or ZeRO's engine beside it) knows how the
@@ -196,6 +206,34 @@ class MemoryModel(Physics):
                     out = max(out, need)
         return out
 
+    def _stand_in(self, c: TrialConfig) -> TrialConfig:
+        """`c`, or where its family has no measurement, `c`'s batch of the measured family
+        whose physics terms are `c`'s within SAME_MEMORY (the nearest): knob values that
+        change no memory (two fused attention kernels, fp16 and bf16, two AdamW
+        implementations) share what was measured, rather than the one never run being
+        predicted from the shared fit alone (Qwen2-1.5B on an A10G: 23.4 GiB for SDPA
+        beside 21.7 measured with flash-attention 2, the same kernel's memory)."""
+        fam = c.family
+        if fam in self._points or not self._points:
+            return c
+        if fam not in self._twins:
+            there = self.features(c)
+            scale = float(np.abs(there).sum())
+            near = []
+            for twin, points in self._points.items():
+                if not _twins_in_memory(fam, twin):
+                    continue
+                b = min(points)
+                ref = self._configs[twin, b]
+                here = self.features(TrialConfig(b, ref.gradient_accumulation_steps, fam))
+                d = float(np.abs(here - self.features(ref)).sum())
+                if d <= SAME_MEMORY * max(float(np.abs(self.features(ref)).sum()), 1.0):
+                    near.append((d, -len(points), twin.label(), twin))
+            self._twins[fam] = min(near)[-1] if near and scale else None
+        twin = self._twins[fam]
+        return c if twin is None else TrialConfig(
+            c.per_device_train_batch_size, c.gradient_accumulation_steps, twin)
+
     def _same_memory(self, fam: Family, oom: TrialConfig) -> bool:
         """Whether `fam` is `oom`'s family to the memory model: its own, or one whose every
         term the physics puts within a percent of `oom`'s at `oom`'s batch (values of knobs
@@ -236,6 +274,7 @@ class MemoryModel(Physics):
         """How much of the prediction is not pinned by a measurement: the activations
         between `c` and its family's nearest measured batch, or everything when the family
         has none. Headroom for error scales with it."""
+        c = self._stand_in(c)
         points = self._points.get(c.family)
         if not points:
             return self.predict_total(c)
@@ -271,6 +310,8 @@ class MemoryModel(Physics):
         """A trial that ran: its measured peak (device, per rank) refines the model."""
         if not measured_bytes:
             return
+        if c.family not in self._points:
+            self._twins.clear()
         self._points.setdefault(c.family, {})[c.per_device_train_batch_size] = measured_bytes
         self._configs[c.family, c.per_device_train_batch_size] = c
         self._memo.clear()
@@ -356,7 +397,7 @@ class MemoryModel(Physics):
         self._unexplained, self._combos = [], []
         missed = []  # how far under its limit each OOM was predicted, relative
         for c, limit in self._ooms.items():
-            measured = c.family in self._points
+            measured = self._stand_in(c).family in self._points
             predicted = self._predict_total(c) if measured else self._unmeasured(c)
             need = limit * (1 + OOM_OVERSHOOT) / max(predicted, 1.0)
             if need <= 1.0:
@@ -403,6 +444,14 @@ class MemoryModel(Physics):
                 if m / fitted - 1.0 < (factor - 1.0) / 2:
                     return True
         return False
+
+
+def _twins_in_memory(a: Family, b: Family) -> bool:
+    """Whether two families differ only in knobs whose values the physics may call equal
+    in memory (the knob table's `memory_twins`)."""
+    free = {g for g, members in knobs.groups().items() if all(k.memory_twins for k in members)}
+    return all(x == y or g in free
+               for (g, x), (_, y) in zip(a.levels(), b.levels(), strict=True))
 
 
 def _fit_term_scales(X: np.ndarray, y: np.ndarray, lower: np.ndarray,

@@ -55,6 +55,22 @@ class Limits:
         return self.budget_seconds is not None and bool(costs) and (
             sum(costs) + committed + max(costs) > self.budget_seconds)
 
+    def trials_left(self, costs: list[float], in_flight: int) -> float | None:
+        """About how many more trials of the median cost so far the limits leave room for
+        (None: no limit bounds them yet), for a strategy that spends its last trials
+        differently from its first."""
+        left = []
+        if self.max_trials is not None:
+            left.append(float(self.max_trials - len(costs) - in_flight))
+        if costs and (typical := statistics.median(costs)) > 0:
+            committed = in_flight * typical
+            if self.budget_seconds is not None:
+                left.append((self.budget_seconds - sum(costs) - committed) / typical)
+            if self.deadline is not None:
+                reserve = self.reserve() if self.reserve is not None else 0.0
+                left.append((self.deadline - time.time() - reserve - committed) / typical)
+        return max(0.0, min(left)) if left else None
+
 
 def drive(
     strategy: Strategy,
@@ -93,6 +109,7 @@ def drive(
                     costs, len(in_flight)):
                 pending = ([p.config for _, p in in_flight.values()] + log.running_elsewhere()
                            + claimed)
+                strategy.ctx.trials_left = limits.trials_left(costs, len(in_flight))
                 proposal = strategy.ask(history, pending)
                 if proposal is None or pruned_in_a_row >= MAX_PRUNED_IN_A_ROW:
                     asking = False

@@ -46,6 +46,9 @@ class SearchContext:
     # The memory model's term scales from a similar search (plan/calibration.py
     # `term_scales`), its prior's centre; None: the physics' own (1).
     memory_prior: dict[str, float] | None = None
+    # About how many more trials the search's limits allow (`Limits.trials_left`), set
+    # by the loop before each ask; None: not bounded.
+    trials_left: float | None = None
 
 
 @dataclass

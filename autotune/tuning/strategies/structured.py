@@ -10,10 +10,15 @@
 3. A knob value that failed (nan, error, crash) weighs its configs' expected improvement
    by its chance of working, (works + 1) / (works + fails + 2); twice failed and never
    worked, it is written off. One divergence thus costs at most one more trial of it.
+   Once a value is written off, its failures are no longer held against the values
+   beside it (`_blame`).
 4. Stop when no remaining config is expected to beat the best by `min_gain`, but first
    give up to NEAR_TIES neighbours (one knob group or one batch step away) of the best
    measured config a look, the most promising first: the model cannot tell configs
    within noise apart, and a short measurement's noise can hide the best among them.
+   Where the search's limits leave room for no more than NEAR_TIES trials, that look
+   comes now: a search that ends on its budget polishes its best before it ends, rather
+   than spending its last trials on exploring.
 
 Everything is rebuilt from the history, so a resumed search continues where it stopped.
 """
@@ -84,6 +89,7 @@ class AutotuneStrategy(Strategy):
         if proposal is not None:
             return proposal
         ran = {r.config for r in history if r.outcome.ran} | set(pending)
+        endgame = self.ctx.trials_left is not None and self.ctx.trials_left <= NEAR_TIES
         pruned = {r.config for r in history if not r.outcome.ran}
         ok = [(r.config, r.score) for r in history
               if r.outcome.ok and r.score and self.throughput.knows(r.config)]
@@ -118,6 +124,10 @@ class AutotuneStrategy(Strategy):
             self._pos = 0
         dead = self._dead_levels(history)
         self._p_run = self._run_threshold(history)
+        if endgame and best is not None:
+            polish = self._near_tie(history, ran)
+            if polish is not None:
+                return polish
         while self._pos < len(self._order):
             i = self._order[self._pos]
             c = self.ctx.candidates[i]
@@ -197,14 +207,7 @@ class AutotuneStrategy(Strategy):
 
     def _success(self, history: Sequence[Record]) -> np.ndarray:
         """Per candidate, the chance its knob values work, from the failures seen."""
-        works: dict[tuple, int] = {}
-        fails: dict[tuple, int] = {}
-        for r in history:
-            for lv in r.config.family.levels(blamed_only=True):
-                if r.outcome.ok:
-                    works[lv] = works.get(lv, 0) + 1
-                elif r.outcome.status in FAILED:
-                    fails[lv] = fails.get(lv, 0) + 1
+        works, fails = _blame(history)
         if not fails:
             return np.ones(len(self.ctx.candidates))
         p = {lv: (works.get(lv, 0) + 1) / (works.get(lv, 0) + n + 2) for lv, n in fails.items()}
@@ -263,13 +266,30 @@ def _dead(history: Sequence[Record]) -> set[tuple[str, tuple]]:
     """Knob values that failed (nan, error, crash) at least twice and never worked: for
     example fp16 overflowing to nan, or an optimizer this install cannot build. Knobs the
     table does not blame (checkpointing) are never written off."""
+    works, fails = _counts(history)
+    return {lv for lv, n in fails.items() if n >= 2 and lv not in works}
+
+
+def _counts(history: Sequence[Record],
+            dead: set[tuple[str, tuple]] = frozenset()) -> tuple[dict, dict]:
+    """Per blamed knob value, the trials with it that worked and that failed; a failure
+    of a config holding a `dead` value counts against the dead values alone."""
+    works: dict[tuple[str, tuple], int] = {}
     fails: dict[tuple[str, tuple], int] = {}
-    works: set[tuple[str, tuple]] = set()
     for r in history:
         levels = r.config.family.levels(blamed_only=True)
         if r.outcome.ok:
-            works.update(levels)
-        elif r.outcome.status in FAILED:
             for lv in levels:
+                works[lv] = works.get(lv, 0) + 1
+        elif r.outcome.status in FAILED:
+            for lv in dead.intersection(levels) or levels:
                 fails[lv] = fails.get(lv, 0) + 1
-    return {lv for lv, n in fails.items() if n >= 2 and lv not in works}
+    return works, fails
+
+
+def _blame(history: Sequence[Record]) -> tuple[dict, dict]:
+    """`_counts` with the failures explained away: once a value is written off (`_dead`:
+    fp16 that diverged twice), the configs' other values are not blamed for its failures
+    (GPT-Neo on an L4: an fp16 ZeRO-2 divergence kept ZeRO-2's chance at a third, and
+    the search stopped before the best config, bf16 ZeRO-2)."""
+    return _counts(history, _dead(history))

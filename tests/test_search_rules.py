@@ -1,0 +1,64 @@
+"""The autotune strategy's rules that the bench's averages hide: how a failure is
+blamed, and how a search spends the last trials its limits allow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autotune.config import TrialConfig
+from autotune.records import Outcome, Record
+from autotune.tuning.loop import Limits
+from autotune.tuning.strategies.structured import _blame, _dead, _neighbours
+
+LANDSCAPES = Path(__file__).resolve().parents[2] / "shared" / "landscapes"
+
+
+def _rec(status: str, **values) -> Record:
+    sps = 1.0 if status == "ok" else None
+    return Record(TrialConfig.of(8, 8, **values), Outcome(status, samples_per_second=sps))
+
+
+def test_a_failure_is_put_down_to_a_written_off_value_not_to_the_values_beside_it():
+    """fp16 diverged with ZeRO-2 and 8-bit Adam, then with SGD: fp16 is written off, and
+    ZeRO-2, 8-bit Adam and SGD carry none of its failures (before, each kept a third of
+    its chance, and a search could stop short of the best config, bf16 with ZeRO-2)."""
+    history = [_rec("ok", precision="bf16"),
+               _rec("nan", precision="fp16", zero_stage=2, optim="adamw_bnb_8bit"),
+               _rec("nan", precision="fp16", optim="sgd")]
+    assert ("precision", ("fp16",)) in _dead(history)
+    works, fails = _blame(history)
+    assert fails == {("precision", ("fp16",)): 2}
+    # One failure alone is still shared by every value it holds: nothing is written off.
+    works, fails = _blame(history[:2])
+    assert fails[("sharding", (2, "none", "none"))] == 1 and fails[("precision", ("fp16",))] == 1
+
+
+def test_limits_say_how_many_trials_are_left():
+    assert Limits().trials_left([10.0], 0) is None
+    assert Limits(max_trials=10).trials_left([1.0] * 4, 1) == 5
+    assert Limits(budget_seconds=100).trials_left([10.0, 10.0, 20.0], 0) == 6
+    assert Limits(budget_seconds=100).trials_left([10.0, 10.0, 20.0], 1) == 5
+    assert Limits(budget_seconds=100, max_trials=5).trials_left([10.0] * 3, 0) == 2
+    assert Limits(budget_seconds=10).trials_left([20.0], 0) == 0
+
+
+@pytest.mark.skipif(not LANDSCAPES.is_dir(), reason="needs ../shared/landscapes")
+def test_the_last_trials_a_budget_allows_go_to_the_best_configs_neighbours():
+    from autotune.bench.bench import context, replay
+    from autotune.bench.landscape import load_landscape
+    from autotune.tuning.strategies.structured import NEAR_TIE_REASON, AutotuneStrategy
+
+    land = load_landscape(LANDSCAPES / "sim-gpt2-medium-a10g-24gb")
+    history, _ = replay(land, "autotune", 0, 0.03)
+    start = next(i for i, r in enumerate(history) if r.reason == "model")
+    early = history[:start + 4]  # a few of the model's trials in: still exploring
+    best = max((r for r in early if r.outcome.ok), key=lambda r: r.outcome.samples_per_second)
+    for left, reasons in ((None, {"model"}), (20.0, {"model"}), (3.0, {NEAR_TIE_REASON})):
+        ctx = context(land, 0)
+        ctx.trials_left = left
+        proposal = AutotuneStrategy(ctx).ask(early)
+        assert proposal is not None and proposal.reason in reasons, (left, proposal)
+        if left == 3.0:
+            assert _neighbours(proposal.config, best.config)
