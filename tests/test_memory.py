@@ -643,7 +643,9 @@ def test_a_family_never_measured_takes_its_memory_twins_measurement():
     zero = _knobs(4, zero_stage=1, **sdpa)
     assert m.predict_total(zero) == alone._unmeasured(zero) * alone.oom_factor(zero)
     assert m.predict_total(zero) != 9 * GiB
-    # A twin's OOM holds for it too.
+    # A twin's OOM holds for it too, and so does its own.
     m.observe_oom(_knobs(16, **sdpa), 24 * GiB)
     assert m.predict_total(_knobs(16, precision="fp16", **sdpa)) > 24 * GiB
+    m.observe_oom(flash, 24 * GiB)
+    assert m.predict_total(flash) > 24 * GiB and m.predict_total(fp16) == 9 * GiB
 

@@ -47,6 +47,11 @@ def main(export_dir: str, output_dir: str, spec: str | None = None) -> None:
 if __name__ == "__main__":
     try:
         main(*sys.argv[1:4])
+        if torch.distributed.is_initialized():
+            # Both ranks leave together: once in CI a rank aborted in gloo's thread as its
+            # peer tore the group down (SIGABRT, "terminate called without an active
+            # exception", 2026-11-29).
+            torch.distributed.barrier()
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()

@@ -161,8 +161,8 @@ class MemoryModel(Physics):
         if stand_in is not c:
             # Its memory twin's measurements answer for it; so does the twin's OOM.
             predicted = self._predict_total(stand_in)
-            oom = self._oom_at.get(stand_in.family)
-            if oom is not None and b >= oom:
+            if any(oom is not None and b >= oom for oom in (
+                    self._oom_at.get(stand_in.family), self._oom_at.get(c.family))):
                 predicted = max(predicted, max(self._ooms.values()) * (1 + OOM_OVERSHOOT))
             return predicted
         points = self._points.get(c.family, {})
@@ -217,8 +217,6 @@ class MemoryModel(Physics):
         if fam in self._points or not self._points:
             return c
         if fam not in self._twins:
-            there = self.features(c)
-            scale = float(np.abs(there).sum())
             near = []
             for twin, points in self._points.items():
                 if not _twins_in_memory(fam, twin):
@@ -229,7 +227,7 @@ class MemoryModel(Physics):
                 d = float(np.abs(here - self.features(ref)).sum())
                 if d <= SAME_MEMORY * max(float(np.abs(self.features(ref)).sum()), 1.0):
                     near.append((d, -len(points), twin.label(), twin))
-            self._twins[fam] = min(near)[-1] if near and scale else None
+            self._twins[fam] = min(near)[-1] if near else None
         twin = self._twins[fam]
         return c if twin is None else TrialConfig(
             c.per_device_train_batch_size, c.gradient_accumulation_steps, twin)
