@@ -34,16 +34,27 @@ RAY = str(Path(sys.executable).with_name("ray"))
 
 
 def _free_port(*taken: int) -> int:
-    """A port free now and none of `taken`: the kernel may hand back a port just released
-    (CI once gave the head's GCS and Ray Client the same one, and `ray start` refused)."""
+    """A port free now, none of `taken`, and outside both the kernel's ephemeral range and
+    Ray's worker ports (10002-19999): the kernel may hand back a port just released (CI
+    once gave the head's GCS and Ray Client the same one), and any outgoing connection,
+    another test's Ray say, may take an ephemeral one before `ray start` binds it (CI
+    once lost the head's GCS port so, 2026-11-29)."""
+    import random
     import socket
 
+    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    low = int(ephemeral.read_text().split()[0]) if ephemeral.is_file() else 32768
+    pick = random.Random()
     while True:
+        port = pick.randrange(20000, max(low, 20001))
+        if port in taken:
+            continue
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in taken:
-            return port
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
 
 
 class Cluster:
