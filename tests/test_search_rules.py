@@ -62,3 +62,30 @@ def test_the_last_trials_a_budget_allows_go_to_the_best_configs_neighbours():
         assert proposal is not None and proposal.reason in reasons, (left, proposal)
         if left == 3.0:
             assert _neighbours(proposal.config, best.config)
+
+
+@pytest.mark.skipif(not LANDSCAPES.is_dir(), reason="needs ../shared/landscapes")
+def test_a_recipe_that_errors_leaves_the_search_exploring():
+    """The recipe's first rung errors (compile with flash-attention 2 on a model without
+    it, say) before anything but the baseline worked. Its failure blamed every knob value
+    it held, those every config holds too (a dozen groups the space keeps fixed): each
+    took a half off every config's chance to work, no config was worth a trial, and the
+    search went straight to the baseline's near-ties (BERT-large on an A10G ended at 0.963
+    of its best for it)."""
+    import dataclasses
+
+    from autotune.bench.bench import replay
+    from autotune.bench.landscape import load_landscape
+    from autotune.records import ERROR
+    from autotune.tuning.strategies.structured import NEAR_TIE_REASON
+
+    land = load_landscape(LANDSCAPES / "sim-llama-3b-h100-80gb-gpuknobs")
+    history, _ = replay(land, "autotune", 0, 0.005)
+    recipe = next(r.config for r in history if r.reason == "recipe")
+    table = dict(land.table)
+    table[recipe] = Outcome(ERROR, wall_seconds=3.0)
+    broken = dataclasses.replace(land, table=table, candidates={})
+    history, _ = replay(broken, "autotune", 0, 0.005)
+    after = [r for r in history if r.outcome.ran and r.reason not in ("baseline", "recipe")]
+    assert after[0].reason == "model", [(r.reason, r.config.label()) for r in history[:6]]
+    assert sum(r.reason == NEAR_TIE_REASON for r in after[:4]) == 0
