@@ -424,6 +424,41 @@ def test_oom_of_two_families_lifts_the_lever_they_share_unless_a_measurement_ref
     assert m.predict_total(held) == pytest.approx(first[held], rel=0.05)
 
 
+def test_an_oom_every_value_of_which_was_measured_bounds_the_configs_one_knob_above_it():
+    """SGD without checkpointing at batch 8 runs out, though SGD, no checkpointing and
+    every other value of it ran at their predicted peaks elsewhere: what ran out is the
+    batch's bytes. The same with ZeRO-1 (one knob away, and on one GPU only its buffers
+    more) will too (BERT-base on a T4 ran both); below it, a knob further, a smaller
+    batch, or a family measured on its own line, nothing moves."""
+    m, limit = _toy_model()
+    sdpa = {"attn_implementation": "sdpa"}
+    for c in (_knobs(4, **sdpa),
+              _knobs(2, optim="sgd", gradient_checkpointing=True, zero_stage=1, **sdpa)):
+        m.observe(c, int(m.predict_total(c)))  # at the physics' figure: every value cleared
+    oom = _knobs(8, optim="sgd", **sdpa)
+    above = [_knobs(b, optim="sgd", zero_stage=1, **sdpa) for b in (8, 16)]
+    left = [_knobs(8, optim="sgd", gradient_checkpointing=True, **sdpa),  # needs less
+            _knobs(4, optim="sgd", zero_stage=1, **sdpa),  # a smaller batch
+            _knobs(8, optim="adafactor", zero_stage=1, **sdpa),  # two knobs away
+            _knobs(8, **sdpa)]  # AdamW: measured at batch 4, its own line
+    before = {c: m.predict_total(c) for c in above + left}
+    assert m.predict_total(oom) < limit and all(before[c] < limit for c in above[:1])
+    m.observe_oom(oom, limit)
+    assert all(m.predict_total(c) > limit for c in above)
+    assert all(m.predict_total(c) == before[c] for c in left)
+    # An OOM holding a value never measured (8-bit Adam) may be that value's doing: it
+    # bounds its own family only.
+    m2, _ = _toy_model()
+    for c in (_knobs(4, **sdpa),
+              _knobs(2, optim="sgd", gradient_checkpointing=True, zero_stage=1, **sdpa)):
+        m2.observe(c, int(m2.predict_total(c)))
+    untried = _knobs(8, optim="adamw_bnb_8bit", zero_stage=1, **sdpa)
+    beside = _knobs(8, optim="adamw_bnb_8bit", zero_stage=2, **sdpa)
+    first = m2.predict_total(beside)
+    m2.observe_oom(_knobs(8, optim="adamw_bnb_8bit", **sdpa), limit)
+    assert m2.predict_total(untried) < limit and m2.predict_total(beside) == first
+
+
 @pytest.mark.skipif(not LANDSCAPES.is_dir(), reason="needs ../shared/landscapes")
 def test_a_family_never_rises_as_its_batch_falls_after_a_search_with_ooms():
     import itertools

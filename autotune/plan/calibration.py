@@ -11,7 +11,8 @@ config holds. Where the measurements still put it under its limit, it may raise 
 is particular to it: a deviation (what one lever changes of a term) that OOMs of two
 families hold, then a factor on its family (and families the physics cannot tell apart
 from it) at its batch and above, and on a lever combination it shares with an OOM of
-another family, which configs holding that combination carry and no other.
+another family, which configs holding that combination carry and no other. An OOM whose
+every knob value ran elsewhere bounds the configs one knob from it that need more.
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ class MemoryModel(Physics):
         # least batch, factor).
         self._unexplained: list[tuple[TrialConfig, float]] = []
         self._combos: list[tuple[frozenset, int, float]] = []
+        self._cleared: list[tuple[TrialConfig, float]] = []  # see `_above_cleared`
         self._alike: dict[tuple[Family, TrialConfig], bool] = {}  # see `_same_memory`
         self._twins: dict[Family, Family | None] = {}  # see `_stand_in`
         # Bounds of the fit: scales stay positive; the attention deviation adds the s^2
@@ -195,7 +197,7 @@ class MemoryModel(Physics):
         the largest of an OOM of its family's memory at `c`'s batch or below, and of the
         lever combinations it holds from their batch up. None falls as the batch grows, so
         neither does a family's prediction; none reaches a smaller batch of an OOM's own."""
-        b, out = c.per_device_train_batch_size, 1.0
+        b, out = c.per_device_train_batch_size, self._above_cleared(c)
         for oom, need in self._unexplained:
             if b >= oom.per_device_train_batch_size and self._same_memory(c.family, oom):
                 out = max(out, need)
@@ -392,7 +394,7 @@ class MemoryModel(Physics):
         says only that its batch and larger ones do not fit: `known_oom`.) Every OOM
         predicted under its limit widens `family_error`, the headroom the search keeps."""
         self._memo.clear()
-        self._unexplained, self._combos = [], []
+        self._unexplained, self._combos, self._cleared = [], [], []
         missed = []  # how far under its limit each OOM was predicted, relative
         for c, limit in self._ooms.items():
             measured = self._stand_in(c).family in self._points
@@ -406,7 +408,29 @@ class MemoryModel(Physics):
         self.family_error = self._family_error(missed)
         if len({c.family for c, _ in self._unexplained}) >= 2:
             self._shared_levers()
+        # An OOM every one of whose knob values a measurement cleared (`_refuted`, at any
+        # batch): what ran out is the batch's bytes, or how the values meet.
+        self._cleared = [(c, need) for c, need in self._unexplained if all(
+            self._refuted(frozenset([lv]), 0, need) for lv in c.family.levels())]
         self._memo.clear()
+
+    def _above_cleared(self, c: TrialConfig) -> float:
+        """The factor of an OOM whose every knob value a measurement cleared (`_bound`) on
+        `c`, one knob group from it, at its batch or above, where the shared fit puts `c`'s
+        family at the OOM's memory or more at the OOM's batch: `c` then needs at least as
+        much of what ran out (BERT-base on a T4: SGD without ZeRO at batch 32,
+        then with ZeRO-1, which on one GPU adds buffers and cuts nothing)."""
+        b, out = c.per_device_train_batch_size, 1.0
+        for oom, need in self._cleared:
+            if b < oom.per_device_train_batch_size or need <= out:
+                continue
+            apart = sum(x != y for x, y in zip(c.family.levels(), oom.family.levels(),
+                                               strict=True))
+            if apart == 1 and self._regressed(TrialConfig(
+                    oom.per_device_train_batch_size, oom.gradient_accumulation_steps,
+                    c.family)) >= self._regressed(oom):
+                out = need
+        return out
 
     def _shared_levers(self) -> None:
         """The lever combinations `_bound` lifts: each knob group's value, and each pair,
