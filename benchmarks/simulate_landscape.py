@@ -76,7 +76,6 @@ import csv
 import itertools
 import json
 import math
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -667,7 +666,13 @@ def main(out: str, gpuknobs: bool = False, near_too: bool = False,
 
 
 if __name__ == "__main__":
-    flags = ("--gpuknobs", "--near", "--held-out", "--held-out-2")
-    args = [a for a in sys.argv[1:] if a not in flags]
-    main(args[0] if args else "benchmarks/landscapes", "--gpuknobs" in sys.argv[1:],
-         "--near" in sys.argv[1:], "--held-out" in sys.argv[1:], "--held-out-2" in sys.argv[1:])
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", nargs="?", default="benchmarks/landscapes")
+    parser.add_argument("--gpuknobs", action="store_true")
+    parser.add_argument("--near", action="store_true")
+    parser.add_argument("--held-out", action="store_true")
+    parser.add_argument("--held-out-2", action="store_true")
+    a = parser.parse_args()
+    main(a.out, a.gpuknobs, a.near, a.held_out, a.held_out_2)
