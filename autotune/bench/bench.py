@@ -33,7 +33,7 @@ from autotune.tuning.study import StudyLog
 
 if TYPE_CHECKING:
     from autotune.bench.seeding import Seeding
-    from autotune.records import Outcome, Record
+    from autotune.records import Record
 
 DEFAULT_BUDGET_FRACTION = 0.03
 
@@ -109,22 +109,11 @@ def replay(land: Landscape, strategy_name: str, seed: int, budget_fraction: floa
     return history, clock
 
 
-def reachable_best(land: Landscape) -> tuple[TrialConfig, Outcome] | None:
-    """The fastest config a search may run, what quality is measured against: the table's
-    best among the configs the device rules leave. A simulated table may time configs that
-    real runs found failing (Liger's loss under ZeRO-3, compile under ZeRO-3), which no
-    strategy here runs; our own simulator put the best of three landscapes there, up to 4%
-    above anything a search could reach."""
-    allowed = set(context(land, 0).candidates)
-    ok = [(c, o) for c, o in land.table.items() if o.ok and c in allowed]
-    return max(ok, key=lambda co: co[1].samples_per_second or 0.0) if ok else None
-
-
 def run_one(land: Landscape, strategy_name: str, seed: int, budget_fraction: float,
             workers: int = 1, seeding: Seeding | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     history, clock = replay(land, strategy_name, seed, budget_fraction, workers, seeding)
-    best_table = reachable_best(land)
+    best_table = land.best()
     top = best_table[1].samples_per_second if best_table else None
     trajectory, spent, best_so_far = [], 0.0, 0.0
     for r, wall in zip(history, clock, strict=True):
