@@ -397,8 +397,11 @@ class MemoryModel(Physics):
         self._unexplained, self._combos, self._cleared = [], [], []
         missed = []  # how far under its limit each OOM was predicted, relative
         for c, limit in self._ooms.items():
-            measured = self._stand_in(c).family in self._points
-            predicted = self._predict_total(c) if measured else self._unmeasured(c)
+            # A twin's measurements, not the lift its own OOM puts on them: that it ran out
+            # where they put it under the limit is a miss like any other.
+            stand_in = self._stand_in(c)
+            measured = stand_in.family in self._points
+            predicted = self._predict_total(stand_in) if measured else self._unmeasured(c)
             need = limit * (1 + OOM_OVERSHOOT) / max(predicted, 1.0)
             if need <= 1.0:
                 continue
