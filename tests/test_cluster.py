@@ -46,7 +46,7 @@ def _free_port(*taken: int) -> int:
     low = int(ephemeral.read_text().split()[0]) if ephemeral.is_file() else 32768
     pick = random.Random()
     while True:
-        port = pick.randrange(20000, max(low, 20001))
+        port = pick.randrange(20000, low if low > 20001 else 65536)
         if port in taken:
             continue
         with socket.socket() as s:
