@@ -64,6 +64,51 @@ def test_the_last_trials_a_budget_allows_go_to_the_best_configs_neighbours():
             assert _neighbours(proposal.config, best.config)
 
 
+def test_nothing_is_written_off_before_a_trial_worked():
+    """Two unrelated failures before any success share every value no trial has cleared:
+    the space's fixed values, no sharding, no compile. Written off, they took every config
+    with them."""
+    history = [_rec("error", precision="fp32"), _rec("error", precision="bf16", optim="sgd")]
+    assert _dead(history) == set()
+    assert ("precision", ("bf16",)) not in _dead(history + [_rec("ok", precision="bf16")])
+    # After one: what failed twice and never worked, unless every config holds it.
+    history += [_rec("ok", precision="fp16", zero_stage=2)]
+    assert ("sharding", (0, "none", "none")) in _dead(history)
+    assert ("sharding", (0, "none", "none")) not in _dead(history, fixed={"sharding"})
+
+
+@pytest.mark.skipif(not LANDSCAPES.is_dir(), reason="needs ../shared/landscapes")
+def test_two_references_that_error_leave_the_search_exploring_and_a_space_that_fails_stops():
+    """Trainer's defaults and the recipe's first rung both error (fp32 that a kernel
+    rejects, a kernel that fails to build, say) before anything worked. Every value they
+    shared was written off, the fixed ones with it, so every config was dead and the
+    search ended after two trials with no winner. Where every config fails, the search
+    still stops early (`FAILING`)."""
+    import dataclasses
+
+    from autotune.bench.bench import replay
+    from autotune.bench.landscape import load_landscape
+    from autotune.records import ERROR
+    from autotune.tuning.strategies.structured import FAILING
+
+    land = load_landscape(LANDSCAPES / "sim-gpt2-medium-a10g-24gb")
+    history, _ = replay(land, "autotune", 0, 0.03)
+    refs = {r.config for r in history if r.reason in ("baseline", "recipe") and r.outcome.ran}
+    table = dict(land.table)
+    table.update({c: Outcome(ERROR, wall_seconds=3.0) for c in refs})
+    broken = dataclasses.replace(land, table=table, candidates={})
+    history, _ = replay(broken, "autotune", 0, 0.03)
+    best = max((r.score for r in history if r.outcome.ok and r.score), default=0.0)
+    top = max(o.samples_per_second or 0.0 for c, o in table.items() if c not in refs)
+    assert best >= 0.95 * top, [(r.reason, r.config.label(), r.outcome.status)
+                                for r in history[:8]]
+
+    failing = dataclasses.replace(land, table={c: Outcome(ERROR, wall_seconds=3.0)
+                                               for c in land.table}, candidates={})
+    history, _ = replay(failing, "autotune", 0, 0.03)
+    assert sum(r.outcome.ran for r in history) == FAILING
+
+
 @pytest.mark.skipif(not LANDSCAPES.is_dir(), reason="needs ../shared/landscapes")
 def test_a_recipe_that_errors_leaves_the_search_exploring():
     """The recipe's first rung errors (compile with flash-attention 2 on a model without

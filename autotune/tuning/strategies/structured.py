@@ -11,7 +11,8 @@
    by its chance of working, (works + 1) / (works + fails + 2); twice failed and never
    worked, it is written off. One divergence thus costs at most one more trial of it.
    Once a value is written off, its failures are no longer held against the values
-   beside it (`_blame`).
+   beside it (`_blame`). Nothing is written off before a trial worked; FAILING failures
+   with none that worked stop the search.
 4. Stop when no remaining config is expected to beat the best by `min_gain`, but first
    give up to NEAR_TIES neighbours (one knob group or one batch step away) of the best
    measured config a look, the most promising first: the model cannot tell configs
@@ -26,7 +27,7 @@ Everything is rebuilt from the history, so a resumed search continues where it s
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 
@@ -61,6 +62,9 @@ P_RUN_MAX = 0.9
 OOM_PENALTY = 0.02
 # An OOM's cost as a share of a full trial's, before trials have been timed.
 OOM_COST_SHARE = 0.3
+# Failed trials, with none that worked, after which the search stops (`_failing`): the
+# references' two and one config the strategy chose away from them.
+FAILING = 3
 
 
 class AutotuneStrategy(Strategy):
@@ -91,6 +95,8 @@ class AutotuneStrategy(Strategy):
     def ask(self, history: Sequence[Record],
             pending: Sequence[TrialConfig] = ()) -> Proposal | None:
         self.gate.update(history)
+        if _failing(history):
+            return None
         proposal = (self.baseline.next(history, pending, self.gate)
                     or self.recipe.next(history, pending, self.gate))
         if proposal is not None:
@@ -218,7 +224,7 @@ class AutotuneStrategy(Strategy):
         failure seen before a success put a half on each (BERT-large on an A10G: the
         recipe's error took eleven such halves, 0.0005, off every config, and no config was
         worth a trial after the first)."""
-        works, fails = _blame(history)
+        works, fails = _blame(history, self._fixed)
         fails = {lv: n for lv, n in fails.items() if lv[0] not in self._fixed}
         if not fails:
             return np.ones(len(self.ctx.candidates))
@@ -258,10 +264,9 @@ class AutotuneStrategy(Strategy):
         return any(not self.gate.fits(o)[0] for o in self._families[c.family]
                    if o.per_device_train_batch_size < b)
 
-    @staticmethod
-    def _dead_levels(history: Sequence[Record]) -> set[tuple[str, tuple]]:
+    def _dead_levels(self, history: Sequence[Record]) -> set[tuple[str, tuple]]:
         """Knob values that failed at least twice and never worked."""
-        return _dead(history)
+        return _dead(history, self._fixed)
 
 
 def _neighbours(a: TrialConfig, b: TrialConfig) -> bool:
@@ -274,12 +279,29 @@ def _neighbours(a: TrialConfig, b: TrialConfig) -> bool:
     return sum(x != y for x, y in zip(a.family.levels(), b.family.levels(), strict=True)) == 1
 
 
-def _dead(history: Sequence[Record]) -> set[tuple[str, tuple]]:
+def _dead(history: Sequence[Record],
+          fixed: Collection[str] = frozenset()) -> set[tuple[str, tuple]]:
     """Knob values that failed (nan, error, crash) at least twice and never worked: for
     example fp16 overflowing to nan, or an optimizer this install cannot build. Knobs the
-    table does not blame (checkpointing) are never written off."""
+    table does not blame (checkpointing) are never written off, nor are the `fixed`
+    groups (every config holds their value), nor is anything before a trial worked: two
+    failures then share every value no success has cleared (Trainer's defaults erroring
+    and the recipe's kernel failing to build shared no sharding, no compile and a dozen
+    fixed values, and each written off, the search stopped after two trials). A run of
+    failures with nothing working is `_failing`'s to stop."""
+    if not any(r.outcome.ok for r in history):
+        return set()
     works, fails = _counts(history)
-    return {lv for lv, n in fails.items() if n >= 2 and lv not in works}
+    return {lv for lv, n in fails.items()
+            if n >= 2 and lv not in works and lv[0] not in fixed}
+
+
+def _failing(history: Sequence[Record]) -> bool:
+    """FAILING configs have failed (nan, error, crash) and none has worked: a fault they
+    all share that autotune did not recognise as the setup's (the model, the data), or one
+    no config of the space avoids. The search stops rather than spend its budget on it."""
+    return (not any(r.outcome.ok for r in history)
+            and sum(r.outcome.status in FAILED for r in history) >= FAILING)
 
 
 def _counts(history: Sequence[Record],
@@ -299,9 +321,10 @@ def _counts(history: Sequence[Record],
     return works, fails
 
 
-def _blame(history: Sequence[Record]) -> tuple[dict, dict]:
+def _blame(history: Sequence[Record],
+           fixed: Collection[str] = frozenset()) -> tuple[dict, dict]:
     """`_counts` with the failures explained away: once a value is written off (`_dead`:
     fp16 that diverged twice), the configs' other values are not blamed for its failures
     (GPT-Neo on an L4: an fp16 ZeRO-2 divergence kept ZeRO-2's chance at a third, and
     the search stopped before the best config, bf16 ZeRO-2)."""
-    return _counts(history, _dead(history))
+    return _counts(history, _dead(history, fixed))
