@@ -424,7 +424,7 @@ def test_oom_of_two_families_lifts_the_lever_they_share_unless_a_measurement_ref
     assert m.predict_total(held) == pytest.approx(first[held], rel=0.05)
 
 
-def test_an_oom_every_value_of_which_was_measured_bounds_the_configs_one_knob_above_it():
+def test_an_oom_bounds_the_configs_one_knob_above_it():
     """SGD without checkpointing at batch 8 runs out, though SGD, no checkpointing and
     every other value of it ran at their predicted peaks elsewhere: what ran out is the
     batch's bytes. The same with ZeRO-1 (one knob away, and on one GPU only its buffers
@@ -447,16 +447,23 @@ def test_an_oom_every_value_of_which_was_measured_bounds_the_configs_one_knob_ab
     assert all(m.predict_total(c) > limit for c in above)
     assert all(m.predict_total(c) == before[c] for c in left)
     # An OOM holding a value never measured (8-bit Adam) may be that value's doing: it
-    # bounds its own family only.
+    # bounds only the configs that hold every one of its values but one whose bytes the
+    # physics has (sharding, optimizer, checkpointing) and that the physics puts above it.
     m2, _ = _toy_model()
     for c in (_knobs(4, **sdpa),
               _knobs(2, optim="sgd", gradient_checkpointing=True, zero_stage=1, **sdpa)):
         m2.observe(c, int(m2.predict_total(c)))
-    untried = _knobs(8, optim="adamw_bnb_8bit", zero_stage=1, **sdpa)
-    beside = _knobs(8, optim="adamw_bnb_8bit", zero_stage=2, **sdpa)
-    first = m2.predict_total(beside)
-    m2.observe_oom(_knobs(8, optim="adamw_bnb_8bit", **sdpa), limit)
-    assert m2.predict_total(untried) < limit and m2.predict_total(beside) == first
+    oom = _knobs(8, optim="adamw_bnb_8bit", **sdpa)
+    above = [_knobs(b, optim="adamw_bnb_8bit", zero_stage=1, **sdpa)  # + ZeRO's buffers
+             for b in (8, 16)]
+    left = [_knobs(8, optim="adamw_bnb_8bit", gradient_checkpointing=True, **sdpa),  # less
+            _knobs(8, optim="adamw_bnb_8bit", torch_compile=True, **sdpa),  # not physics'
+            _knobs(8, optim="adamw_bnb_8bit", zero_stage=1, attn_implementation="eager")]
+    before = {c: m2.predict_total(c) for c in above + left}
+    assert m2.predict_total(oom) < limit and before[above[0]] < limit
+    m2.observe_oom(oom, limit)
+    assert all(m2.predict_total(c) > limit for c in above)
+    assert all(m2.predict_total(c) == before[c] for c in left)
 
 
 @pytest.mark.skipif(not LANDSCAPES.is_dir(), reason="needs ../shared/landscapes")

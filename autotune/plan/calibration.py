@@ -98,7 +98,7 @@ class MemoryModel(Physics):
         # least batch, factor).
         self._unexplained: list[tuple[TrialConfig, float]] = []
         self._combos: list[tuple[frozenset, int, float]] = []
-        self._cleared: list[tuple[TrialConfig, float]] = []  # see `_above_cleared`
+        self._cleared: set[TrialConfig] = set()  # see `_above`
         self._alike: dict[tuple[Family, TrialConfig], bool] = {}  # see `_same_memory`
         self._twins: dict[Family, Family | None] = {}  # see `_stand_in`
         # Bounds of the fit: scales stay positive; the attention deviation adds the s^2
@@ -197,7 +197,7 @@ class MemoryModel(Physics):
         the largest of an OOM of its family's memory at `c`'s batch or below, and of the
         lever combinations it holds from their batch up. None falls as the batch grows, so
         neither does a family's prediction; none reaches a smaller batch of an OOM's own."""
-        b, out = c.per_device_train_batch_size, self._above_cleared(c)
+        b, out = c.per_device_train_batch_size, self._above(c)
         for oom, need in self._unexplained:
             if b >= oom.per_device_train_batch_size and self._same_memory(c.family, oom):
                 out = max(out, need)
@@ -394,7 +394,7 @@ class MemoryModel(Physics):
         says only that its batch and larger ones do not fit: `known_oom`.) Every OOM
         predicted under its limit widens `family_error`, the headroom the search keeps."""
         self._memo.clear()
-        self._unexplained, self._combos, self._cleared = [], [], []
+        self._unexplained, self._combos, self._cleared = [], [], set()
         missed = []  # how far under its limit each OOM was predicted, relative
         for c, limit in self._ooms.items():
             # A twin's measurements, not the lift its own OOM puts on them: that it ran out
@@ -413,25 +413,33 @@ class MemoryModel(Physics):
             self._shared_levers()
         # An OOM every one of whose knob values a measurement cleared (`_refuted`, at any
         # batch): what ran out is the batch's bytes, or how the values meet.
-        self._cleared = [(c, need) for c, need in self._unexplained if all(
-            self._refuted(frozenset([lv]), 0, need) for lv in c.family.levels())]
+        self._cleared = {c for c, need in self._unexplained if all(
+            self._refuted(frozenset([lv]), 0, need) for lv in c.family.levels())}
         self._memo.clear()
 
-    def _above_cleared(self, c: TrialConfig) -> float:
-        """The factor of an OOM whose every knob value a measurement cleared (`_bound`) on
-        `c`, one knob group from it, at its batch or above, where the shared fit puts `c`'s
-        family at the OOM's memory or more at the OOM's batch: `c` then needs at least as
-        much of what ran out (BERT-base on a T4: SGD without ZeRO at batch 32,
-        then with ZeRO-1, which on one GPU adds buffers and cuts nothing)."""
+    def _above(self, c: TrialConfig) -> float:
+        """The factor of an unexplained OOM on `c`, one knob group from it, at its batch or
+        above, where the shared fit puts `c`'s family above the OOM's at the OOM's batch:
+        `c` holds whatever else ran out, and more of the bytes that group adds. The group
+        is one whose bytes the physics orders (`Knob.memory_ordered`: ZeRO's buffers, an
+        optimizer's states, checkpointing); or any, at the OOM's memory or more, where
+        every knob value of the OOM a measurement cleared (`_bound`): what ran out is the
+        batch's bytes (BERT-base on a T4: SGD without ZeRO at batch 32, then with ZeRO-1,
+        which on one GPU adds buffers and cuts nothing). Not a group the physics may lack
+        bytes of (compile, Liger): that group's value may be what ran out."""
         b, out = c.per_device_train_batch_size, 1.0
-        for oom, need in self._cleared:
+        for oom, need in self._unexplained:
             if b < oom.per_device_train_batch_size or need <= out:
                 continue
-            apart = sum(x != y for x, y in zip(c.family.levels(), oom.family.levels(),
-                                               strict=True))
-            if apart == 1 and self._regressed(TrialConfig(
-                    oom.per_device_train_batch_size, oom.gradient_accumulation_steps,
-                    c.family)) >= self._regressed(oom):
+            apart = [g for (g, x), (_, y) in zip(c.family.levels(), oom.family.levels(),
+                                                 strict=True) if x != y]
+            cleared = oom in self._cleared
+            if len(apart) != 1 or not (cleared or _ordered(apart[0])):
+                continue
+            here = self._regressed(TrialConfig(oom.per_device_train_batch_size,
+                                               oom.gradient_accumulation_steps, c.family))
+            there = self._regressed(oom)
+            if here > there or (cleared and here == there):
                 out = need
         return out
 
@@ -469,6 +477,11 @@ class MemoryModel(Physics):
                 if m / fitted - 1.0 < (factor - 1.0) / 2:
                     return True
         return False
+
+
+def _ordered(group: str) -> bool:
+    """Whether the physics orders a knob group's values by memory (`Knob.memory_ordered`)."""
+    return all(k.memory_ordered for k in knobs.groups()[group])
 
 
 def _twins_in_memory(a: Family, b: Family) -> bool:
