@@ -143,11 +143,16 @@ class Knob:
     # knob whose engine holds what the physics lacks (ZeRO on one CPU rank: 4-14% over
     # its twin without DeepSpeed in benchmarks/memory_accuracy.txt).
     memory_twins: bool = False
-    # The physics has this knob's bytes, so it orders its values' memory (ZeRO stage and
-    # offload, the optimizer's states, checkpointing): an OOM bounds a config that holds
-    # its other values and one of these the physics puts above it (plan/calibration.py
-    # `_above_cleared`). Not for a lever whose bytes the physics may lack (compile, Liger).
+    # The physics has this knob's bytes, so it orders its values' memory (ZeRO stage,
+    # offload, FSDP, the optimizer's states): an OOM bounds a config that holds its other
+    # values and one of these the physics puts above it (plan/calibration.py `_above`).
+    # A group is ordered only where every knob in it is. Not for a lever whose bytes the
+    # physics may lack (compile, Liger, checkpointing's variants).
     memory_ordered: bool = False
+    # Its values other than the baseline's run the model under an engine (DeepSpeed,
+    # FSDP) that holds bytes the physics lacks (4-14% on one CPU rank): an OOM under it
+    # bounds no config outside it (`_above`).
+    memory_engine: bool = False
     # Why a value other than the baseline's cannot apply to this spec's model or data
     # (None: it can): a Liger kernel for a model type it does not cover, packing synthetic
     # rows that have no padding, an attention kernel the model's class does not support.
@@ -301,7 +306,6 @@ def _checkpointing_args(on: bool) -> dict[str, Any]:
 GRADIENT_CHECKPOINTING = Knob(
     "gradient_checkpointing", (False, True), False, "gradient checkpointing", "ckpt", kind=bool,
     tag=lambda on: "ckpt" if on else "", training_args=_checkpointing_args, blamed=False,
-    memory_ordered=True,
     # One more forward pass per step: about 4/3 of the compute.
     speed=Speed(lambda on, d, w: math.log(0.75) if on else 0.0, sd=0.2, batch_sd=0.1))
 
@@ -333,7 +337,7 @@ ZERO_STAGE = Knob(
     tag=lambda z: f"z{z}" if z else "", group="sharding",
     rules=(Rule("zero_stage>0", "ZeRO needs deepspeed, which is not installed",
                 lambda c, d: c.zero_stage > 0 and not _installed("deepspeed"), install=True),),
-    memory_ordered=True, speed=Speed(_zero_prior, sd=0.4))
+    memory_ordered=True, memory_engine=True, speed=Speed(_zero_prior, sd=0.4))
 
 OFFLOAD = Knob(
     "offload", ("none", "optimizer", "optimizer+param"), "none", "offload", "offload",
@@ -374,7 +378,7 @@ def _fsdp_args(mode: str) -> dict[str, Any]:
 
 FSDP = Knob(
     "fsdp", FSDP_MODES, "none", "FSDP", "FSDP", tag=lambda f: "" if f == "none" else f"fsdp:{f}",
-    training_args=_fsdp_args, group="sharding", memory_ordered=True,
+    training_args=_fsdp_args, group="sharding", memory_ordered=True, memory_engine=True,
     rules=(
         Rule("fsdp with zero_stage>0", "FSDP and DeepSpeed ZeRO are two sharding backends; "
              "a run uses one", lambda c, d: c.fsdp != "none" and c.zero_stage > 0),

@@ -23,7 +23,8 @@ from autotune.config import TrialConfig
 # on the config, which a later session runs again.
 OK, OOM, NAN, ERROR, TIMEOUT, CRASHED, PRUNED, LOST = (
     "ok", "oom", "nan", "error", "timeout", "crashed", "pruned", "lost")
-# The config itself failed (two such, and the strategy stops trying its knob values).
+# The config itself failed (two such after a trial worked, and the strategy stops trying
+# its knob values; three with none that worked, and it stops: tuning/strategies/structured.py).
 FAILED = (NAN, ERROR, TIMEOUT, CRASHED)
 
 # What a search maximises (Record.objective): samples/s, or real (non-pad) tokens/s

@@ -457,13 +457,30 @@ def test_an_oom_bounds_the_configs_one_knob_above_it():
     above = [_knobs(b, optim="adamw_bnb_8bit", zero_stage=1, **sdpa)  # + ZeRO's buffers
              for b in (8, 16)]
     left = [_knobs(8, optim="adamw_bnb_8bit", gradient_checkpointing=True, **sdpa),  # less
-            _knobs(8, optim="adamw_bnb_8bit", torch_compile=True, **sdpa),  # not physics'
+            # One group away and above it, but a group whose bytes the physics may lack.
+            _knobs(8, optim="adamw_bnb_8bit", attn_implementation="eager"),
             _knobs(8, optim="adamw_bnb_8bit", zero_stage=1, attn_implementation="eager")]
     before = {c: m2.predict_total(c) for c in above + left}
     assert m2.predict_total(oom) < limit and before[above[0]] < limit
+    assert before[left[1]] > m2.predict_total(oom)
     m2.observe_oom(oom, limit)
     assert all(m2.predict_total(c) > limit for c in above)
     assert all(m2.predict_total(c) == before[c] for c in left)
+
+
+def test_an_oom_under_an_engine_bounds_no_config_outside_it():
+    """DeepSpeed and FSDP hold bytes the physics lacks: leaving the engine is not a step
+    up in the ordered group, whatever the physics says."""
+    from autotune.plan.calibration import _leaves_engine
+
+    def fam(**v):
+        return _knobs(8, **v).family
+
+    assert _leaves_engine(fam(zero_stage=1), fam())
+    assert _leaves_engine(fam(zero_stage=2), fam(fsdp="full_shard"))
+    assert _leaves_engine(fam(fsdp="full_shard"), fam(zero_stage=3))
+    assert not _leaves_engine(fam(), fam(zero_stage=1))
+    assert not _leaves_engine(fam(zero_stage=1), fam(zero_stage=2, offload="optimizer"))
 
 
 @pytest.mark.skipif(not LANDSCAPES.is_dir(), reason="needs ../shared/landscapes")

@@ -68,13 +68,15 @@ def test_nothing_is_written_off_before_a_trial_worked():
     """Two unrelated failures before any success share every value no trial has cleared:
     the space's fixed values, no sharding, no compile. Written off, they took every config
     with them."""
+    none = ("sharding", (0, "none", "none"))
     history = [_rec("error", precision="fp32"), _rec("error", precision="bf16", optim="sgd")]
+    assert _dead(history + history) == set()
+    history += [_rec("ok", precision="fp16", zero_stage=2)]  # a success that lacks it
     assert _dead(history) == set()
-    assert ("precision", ("bf16",)) not in _dead(history + [_rec("ok", precision="bf16")])
-    # After one: what failed twice and never worked, unless every config holds it.
-    history += [_rec("ok", precision="fp16", zero_stage=2)]
-    assert ("sharding", (0, "none", "none")) in _dead(history)
-    assert ("sharding", (0, "none", "none")) not in _dead(history, fixed={"sharding"})
+    # After one: what failed twice since and never worked, unless every config holds it.
+    history += [_rec("error", precision="fp32", optim="sgd"), _rec("nan", precision="fp32")]
+    assert ("precision", ("fp32",)) in _dead(history) and none in _dead(history)
+    assert none not in _dead(history, fixed={"sharding"})
 
 
 @pytest.mark.skipif(not LANDSCAPES.is_dir(), reason="needs ../shared/landscapes")
@@ -100,7 +102,7 @@ def test_two_references_that_error_leave_the_search_exploring_and_a_space_that_f
     history, _ = replay(broken, "autotune", 0, 0.03)
     best = max((r.score for r in history if r.outcome.ok and r.score), default=0.0)
     top = max(o.samples_per_second or 0.0 for c, o in table.items() if c not in refs)
-    assert best >= 0.95 * top, [(r.reason, r.config.label(), r.outcome.status)
+    assert best >= 0.99 * top, [(r.reason, r.config.label(), r.outcome.status)
                                 for r in history[:8]]
 
     failing = dataclasses.replace(land, table={c: Outcome(ERROR, wall_seconds=3.0)

@@ -421,12 +421,12 @@ class MemoryModel(Physics):
         """The factor of an unexplained OOM on `c`, one knob group from it, at its batch or
         above, where the shared fit puts `c`'s family above the OOM's at the OOM's batch:
         `c` holds whatever else ran out, and more of the bytes that group adds. The group
-        is one whose bytes the physics orders (`Knob.memory_ordered`: ZeRO's buffers, an
-        optimizer's states, checkpointing); or any, at the OOM's memory or more, where
-        every knob value of the OOM a measurement cleared (`_bound`): what ran out is the
-        batch's bytes (BERT-base on a T4: SGD without ZeRO at batch 32, then with ZeRO-1,
-        which on one GPU adds buffers and cuts nothing). Not a group the physics may lack
-        bytes of (compile, Liger): that group's value may be what ran out."""
+        is one whose bytes the physics orders (`Knob.memory_ordered`); or any, at the
+        OOM's memory or more, where every knob value of the OOM a measurement cleared
+        (`_bound`): what ran out is the batch's bytes (BERT-base on a T4: SGD without ZeRO
+        at batch 32, then with ZeRO-1, which on one GPU adds buffers and cuts nothing).
+        Never across compile or Liger, whose bytes may be what ran out, nor out of an
+        engine the OOM ran under (`Knob.memory_engine`), whose own bytes may be."""
         b, out = c.per_device_train_batch_size, 1.0
         for oom, need in self._unexplained:
             if b < oom.per_device_train_batch_size or need <= out:
@@ -434,7 +434,8 @@ class MemoryModel(Physics):
             apart = [g for (g, x), (_, y) in zip(c.family.levels(), oom.family.levels(),
                                                  strict=True) if x != y]
             cleared = oom in self._cleared
-            if len(apart) != 1 or not (cleared or _ordered(apart[0])):
+            if (len(apart) != 1 or not (cleared or _ordered(apart[0]))
+                    or _leaves_engine(oom.family, c.family)):
                 continue
             here = self._regressed(TrialConfig(oom.per_device_train_batch_size,
                                                oom.gradient_accumulation_steps, c.family))
@@ -482,6 +483,13 @@ class MemoryModel(Physics):
 def _ordered(group: str) -> bool:
     """Whether the physics orders a knob group's values by memory (`Knob.memory_ordered`)."""
     return all(k.memory_ordered for k in knobs.groups()[group])
+
+
+def _leaves_engine(oom: Family, other: Family) -> bool:
+    """Whether `other` runs outside an engine `oom` ran under (`Knob.memory_engine`)."""
+    a, b = oom.to_dict(), other.to_dict()
+    return any(k.memory_engine and a[k.name] != k.baseline and b[k.name] == k.baseline
+               for k in knobs.table())
 
 
 def _twins_in_memory(a: Family, b: Family) -> bool:

@@ -11,8 +11,8 @@
    by its chance of working, (works + 1) / (works + fails + 2); twice failed and never
    worked, it is written off. One divergence thus costs at most one more trial of it.
    Once a value is written off, its failures are no longer held against the values
-   beside it (`_blame`). Nothing is written off before a trial worked; FAILING failures
-   with none that worked stop the search.
+   beside it (`_blame`). Only failures after a trial worked count; FAILING failures
+   with none that worked stop the search once the references have run.
 4. Stop when no remaining config is expected to beat the best by `min_gain`, but first
    give up to NEAR_TIES neighbours (one knob group or one batch step away) of the best
    measured config a look, the most promising first: the model cannot tell configs
@@ -62,8 +62,8 @@ P_RUN_MAX = 0.9
 OOM_PENALTY = 0.02
 # An OOM's cost as a share of a full trial's, before trials have been timed.
 OOM_COST_SHARE = 0.3
-# Failed trials, with none that worked, after which the search stops (`_failing`): the
-# references' two and one config the strategy chose away from them.
+# Failed trials, with none that worked, after which the search stops once the references
+# have run (`_failing`): where only they failed, one config chosen away from them.
 FAILING = 3
 
 
@@ -95,12 +95,12 @@ class AutotuneStrategy(Strategy):
     def ask(self, history: Sequence[Record],
             pending: Sequence[TrialConfig] = ()) -> Proposal | None:
         self.gate.update(history)
-        if _failing(history):
-            return None
         proposal = (self.baseline.next(history, pending, self.gate)
                     or self.recipe.next(history, pending, self.gate))
         if proposal is not None:
             return proposal
+        if _failing(history):
+            return None
         ran = {r.config for r in history if r.outcome.ran} | set(pending)
         endgame = self.ctx.trials_left is not None and self.ctx.trials_left <= NEAR_TIES
         pruned = {r.config for r in history if not r.outcome.ran}
@@ -265,7 +265,7 @@ class AutotuneStrategy(Strategy):
                    if o.per_device_train_batch_size < b)
 
     def _dead_levels(self, history: Sequence[Record]) -> set[tuple[str, tuple]]:
-        """Knob values that failed at least twice and never worked."""
+        """`_dead`, the space's fixed groups left out."""
         return _dead(history, self._fixed)
 
 
@@ -281,23 +281,22 @@ def _neighbours(a: TrialConfig, b: TrialConfig) -> bool:
 
 def _dead(history: Sequence[Record],
           fixed: Collection[str] = frozenset()) -> set[tuple[str, tuple]]:
-    """Knob values that failed (nan, error, crash) at least twice and never worked: for
-    example fp16 overflowing to nan, or an optimizer this install cannot build. Knobs the
-    table does not blame (checkpointing) are never written off, nor are the `fixed`
-    groups (every config holds their value), nor is anything before a trial worked: two
-    failures then share every value no success has cleared (Trainer's defaults erroring
-    and the recipe's kernel failing to build shared no sharding, no compile and a dozen
-    fixed values, and each written off, the search stopped after two trials). A run of
-    failures with nothing working is `_failing`'s to stop."""
-    if not any(r.outcome.ok for r in history):
+    """Knob values that failed (nan, error, timeout, crash) at least twice after a trial
+    worked, and never worked: fp16 overflowing to nan, an optimizer this install cannot
+    build. Failures before any success are left to `_success`'s odds: they share every
+    value no success has cleared (docs/search.md). Never a `fixed` group's value (every
+    config holds it), nor a knob the table does not blame (checkpointing)."""
+    first = next((i for i, r in enumerate(history) if r.outcome.ok), None)
+    if first is None:
         return set()
-    works, fails = _counts(history)
+    works, _ = _counts(history)
+    _, fails = _counts(history[first:])
     return {lv for lv, n in fails.items()
             if n >= 2 and lv not in works and lv[0] not in fixed}
 
 
 def _failing(history: Sequence[Record]) -> bool:
-    """FAILING configs have failed (nan, error, crash) and none has worked: a fault they
+    """FAILING configs have failed (nan, error, timeout, crash) and none has worked: a fault they
     all share that autotune did not recognise as the setup's (the model, the data), or one
     no config of the space avoids. The search stops rather than spend its budget on it."""
     return (not any(r.outcome.ok for r in history)
