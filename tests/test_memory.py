@@ -448,7 +448,7 @@ def test_an_oom_bounds_the_configs_one_knob_above_it():
     assert all(m.predict_total(c) == before[c] for c in left)
     # An OOM holding a value never measured (8-bit Adam) may be that value's doing: it
     # bounds only the configs that hold every one of its values but one whose bytes the
-    # physics has (sharding, optimizer, checkpointing) and that the physics puts above it.
+    # physics has (sharding, the optimizer) and that the physics puts above it.
     m2, _ = _toy_model()
     for c in (_knobs(4, **sdpa),
               _knobs(2, optim="sgd", gradient_checkpointing=True, zero_stage=1, **sdpa)):
@@ -471,16 +471,18 @@ def test_an_oom_bounds_the_configs_one_knob_above_it():
 def test_an_oom_under_an_engine_bounds_no_config_outside_it():
     """DeepSpeed and FSDP hold bytes the physics lacks: leaving the engine is not a step
     up in the ordered group, whatever the physics says."""
+    from autotune import knobs
     from autotune.plan.calibration import _leaves_engine
 
-    def fam(**v):
-        return _knobs(8, **v).family
+    def leaves(a, b):
+        return _leaves_engine(knobs.groups()["sharding"], _knobs(8, **a).family,
+                              _knobs(8, **b).family)
 
-    assert _leaves_engine(fam(zero_stage=1), fam())
-    assert _leaves_engine(fam(zero_stage=2), fam(fsdp="full_shard"))
-    assert _leaves_engine(fam(fsdp="full_shard"), fam(zero_stage=3))
-    assert not _leaves_engine(fam(), fam(zero_stage=1))
-    assert not _leaves_engine(fam(zero_stage=1), fam(zero_stage=2, offload="optimizer"))
+    assert leaves({"zero_stage": 1}, {})
+    assert leaves({"zero_stage": 2}, {"fsdp": "full_shard"})
+    assert leaves({"fsdp": "full_shard"}, {"zero_stage": 3})
+    assert not leaves({}, {"zero_stage": 1})
+    assert not leaves({"zero_stage": 1}, {"zero_stage": 2, "offload": "optimizer"})
 
 
 @pytest.mark.skipif(not LANDSCAPES.is_dir(), reason="needs ../shared/landscapes")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -433,9 +433,11 @@ class MemoryModel(Physics):
                 continue
             apart = [g for (g, x), (_, y) in zip(c.family.levels(), oom.family.levels(),
                                                  strict=True) if x != y]
-            cleared = oom in self._cleared
-            if (len(apart) != 1 or not (cleared or _ordered(apart[0]))
-                    or _leaves_engine(oom.family, c.family)):
+            if len(apart) != 1:
+                continue
+            group, cleared = knobs.groups()[apart[0]], oom in self._cleared
+            if (not (cleared or all(k.memory_ordered for k in group))
+                    or _leaves_engine(group, oom.family, c.family)):
                 continue
             here = self._regressed(TrialConfig(oom.per_device_train_batch_size,
                                                oom.gradient_accumulation_steps, c.family))
@@ -480,16 +482,12 @@ class MemoryModel(Physics):
         return False
 
 
-def _ordered(group: str) -> bool:
-    """Whether the physics orders a knob group's values by memory (`Knob.memory_ordered`)."""
-    return all(k.memory_ordered for k in knobs.groups()[group])
-
-
-def _leaves_engine(oom: Family, other: Family) -> bool:
-    """Whether `other` runs outside an engine `oom` ran under (`Knob.memory_engine`)."""
+def _leaves_engine(group: Sequence[knobs.Knob], oom: Family, other: Family) -> bool:
+    """Whether `other` runs outside an engine `oom` ran under (a `group` knob's
+    `memory_engine`)."""
     a, b = oom.to_dict(), other.to_dict()
     return any(k.memory_engine and a[k.name] != k.baseline and b[k.name] == k.baseline
-               for k in knobs.table())
+               for k in group)
 
 
 def _twins_in_memory(a: Family, b: Family) -> bool:

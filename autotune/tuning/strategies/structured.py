@@ -289,16 +289,16 @@ def _dead(history: Sequence[Record],
     first = next((i for i, r in enumerate(history) if r.outcome.ok), None)
     if first is None:
         return set()
-    works, _ = _counts(history)
-    _, fails = _counts(history[first:])
+    works, fails = _counts(history[first:])  # every success is from `first` on
     return {lv for lv, n in fails.items()
             if n >= 2 and lv not in works and lv[0] not in fixed}
 
 
 def _failing(history: Sequence[Record]) -> bool:
-    """FAILING configs have failed (nan, error, timeout, crash) and none has worked: a fault they
-    all share that autotune did not recognise as the setup's (the model, the data), or one
-    no config of the space avoids. The search stops rather than spend its budget on it."""
+    """FAILING configs have failed (nan, error, timeout, crash) and none has worked: a
+    fault they all share that autotune did not recognise as the setup's (the model, the
+    data), or one no config of the space avoids. The search stops rather than spend its
+    budget on it."""
     return (not any(r.outcome.ok for r in history)
             and sum(r.outcome.status in FAILED for r in history) >= FAILING)
 
