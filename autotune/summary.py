@@ -14,7 +14,7 @@ from autotune.config import TrialConfig
 from autotune.device import DeviceSpec
 from autotune.errors import AutotuneError
 from autotune.files import write_atomically
-from autotune.records import PHASES, PRUNED, TOKENS_PER_SECOND, Record
+from autotune.records import FAILED, PHASES, PRUNED, TOKENS_PER_SECOND, Record
 
 SUMMARY_FILE = "summary.json"
 # Written into the file's `search` for people reading it, derived from the trials: not
@@ -175,11 +175,18 @@ class Summary:
 
     @property
     def no_winner_why(self) -> str | None:
-        """Why there is no winner though trials succeeded; None where there is one, or
-        where nothing succeeded (the trials' errors say why)."""
+        """Why there is no winner; None where there is one, or where nothing succeeded and
+        nothing failed (every trial ran out of memory or was pruned: the table says so)."""
         ok = [t for t in self.searched if t.outcome.ok]
-        if self.best is not None or not ok:
+        if self.best is not None:
             return None
+        if not ok:
+            failed = sum(t.outcome.status in FAILED for t in self.searched)
+            if not failed:
+                return None
+            return (f"no trial succeeded and {failed} failed (see their errors in the "
+                    "table); fix what they share and run the same command again: it resumes, "
+                    "and tries further configs")
         if all(t.reason == BASELINE for t in self.searched if t.outcome.ran):
             return ("no config at the target effective batch ran: the trials went to the "
                     "baseline's auto_find_batch_size probes (raise search.n_trials / --trials)")

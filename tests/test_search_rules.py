@@ -85,12 +85,22 @@ def test_two_references_that_error_leave_the_search_exploring_and_a_space_that_f
     rejects, a kernel that fails to build, say) before anything worked. Every value they
     shared was written off, the fixed ones with it, so every config was dead and the
     search ended after two trials with no winner. Where every config fails, the search
-    still stops early (`FAILING`)."""
+    still stops early (`FAILING`), says how to go on, and goes on when rerun."""
     import dataclasses
 
-    from autotune.bench.bench import replay
+    from autotune.bench.bench import (
+        Limits,
+        ReplayExecutor,
+        StudyLog,
+        choices,
+        context,
+        drive,
+        make_strategy,
+        replay,
+    )
     from autotune.bench.landscape import load_landscape
     from autotune.records import ERROR
+    from autotune.summary import Summary
     from autotune.tuning.strategies.structured import FAILING
 
     land = load_landscape(LANDSCAPES / "sim-gpt2-medium-a10g-24gb")
@@ -109,6 +119,21 @@ def test_two_references_that_error_leave_the_search_exploring_and_a_space_that_f
                                                for c in land.table}, candidates={})
     history, _ = replay(failing, "autotune", 0, 0.03)
     assert sum(r.outcome.ran for r in history) == FAILING
+    summary = Summary(model={}, device=land.device, memory_limit_bytes=1,
+                      target_batch_size=land.target_batch_size, world_size=1, seq_len=8,
+                      trials=history)
+    assert f"{FAILING} failed" in summary.no_winner_why
+    assert "run the same command again" in summary.no_winner_why
+
+    # The user fixes the shared fault and runs the same command: the study resumes with
+    # its failures, and the search goes on (it stopped at once, its FAILING failures in).
+    ctx = context(land, 0, raw=False)
+    log = StudyLog.in_memory(choices(ctx.candidates), ctx.memory_limit_bytes)
+    resumed = drive(make_strategy("autotune", ctx, log, guarded=False),
+                    ReplayExecutor(land, 1), log,
+                    Limits(budget_seconds=0.03 * land.grid_seconds()), history=list(history))
+    found = max((r.score for r in resumed if r.outcome.ok and r.score), default=0.0)
+    assert found >= 0.98 * land.best()[1].samples_per_second  # issue 16's bar (0.989 now)
 
 
 @pytest.mark.skipif(not LANDSCAPES.is_dir(), reason="needs ../shared/landscapes")

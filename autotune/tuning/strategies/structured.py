@@ -12,7 +12,8 @@
    worked, it is written off. One divergence thus costs at most one more trial of it.
    Once a value is written off, its failures are no longer held against the values
    beside it (`_blame`). Only failures after a trial worked count; FAILING failures
-   with none that worked stop the search once the references have run.
+   with none that worked stop the search once the references have run (a resumed one,
+   FAILING more of its own: the user has likely fixed what they shared).
 4. Stop when no remaining config is expected to beat the best by `min_gain`, but first
    give up to NEAR_TIES neighbours (one knob group or one batch step away) of the best
    measured config a look, the most promising first: the model cannot tell configs
@@ -89,17 +90,20 @@ class AutotuneStrategy(Strategy):
                 values.setdefault(group, set()).add(value)
         self._fixed = {group for group, seen in values.items() if len(seen) == 1}
         self._fitted_on = -1
+        self._began: int | None = None  # records the study held at this run's first ask
         # A tiny fixed jitter breaks ties between configs the model cannot tell apart.
         self._jitter = np.random.default_rng(ctx.seed).normal(0.0, 1e-6, len(ctx.candidates))
 
     def ask(self, history: Sequence[Record],
             pending: Sequence[TrialConfig] = ()) -> Proposal | None:
+        if self._began is None:
+            self._began = len(history)
         self.gate.update(history)
         proposal = (self.baseline.next(history, pending, self.gate)
                     or self.recipe.next(history, pending, self.gate))
         if proposal is not None:
             return proposal
-        if _failing(history):
+        if _failing(history, self._began):
             return None
         ran = {r.config for r in history if r.outcome.ran} | set(pending)
         endgame = self.ctx.trials_left is not None and self.ctx.trials_left <= NEAR_TIES
@@ -294,13 +298,14 @@ def _dead(history: Sequence[Record],
             if n >= 2 and lv not in works and lv[0] not in fixed}
 
 
-def _failing(history: Sequence[Record]) -> bool:
-    """FAILING configs have failed (nan, error, timeout, crash) and none has worked: a
-    fault they all share that autotune did not recognise as the setup's (the model, the
-    data), or one no config of the space avoids. The search stops rather than spend its
-    budget on it."""
+def _failing(history: Sequence[Record], began: int = 0) -> bool:
+    """FAILING configs have failed (nan, error, timeout, crash) since record `began` (where
+    this run of the study started) and none has ever worked: a fault they all share that
+    autotune did not recognise as the setup's (the model, the data), or one no config of
+    the space avoids. The search stops rather than spend its budget on it. A rerun of the
+    same command tries FAILING more: it follows a fix more often than not."""
     return (not any(r.outcome.ok for r in history)
-            and sum(r.outcome.status in FAILED for r in history) >= FAILING)
+            and sum(r.outcome.status in FAILED for r in history[began:]) >= FAILING)
 
 
 def _counts(history: Sequence[Record],
