@@ -150,8 +150,10 @@ def test_a_setup_searched_twice_is_remembered_fresh_searches_and_a_near_one_is_s
     assert [(c["role"], c["config"], c["status"], c["within"]) for c in remembered["checks"]] \
         == [("winner", WINNER.label(), "ok", True),
             ("baseline", "b16x1 fp32 adamw_torch", "ok", True)]
-    # Its two runs plus a few seconds: the lookup, Ray's stop, the study and the files.
-    assert again_wall - remembered["check_seconds"] < 15, (again_wall, remembered)
+    # Its two runs plus the lookup, Ray's stop, the study and the files: a few seconds,
+    # bounded loosely (a timed bound fails on a busy machine; the checks above pin what ran)
+    # to catch a search that ran on.
+    assert again_wall - remembered["check_seconds"] < 60, (again_wall, remembered)
     assert again.best.config == WINNER and again.speedup == first.speedup
     args = again.training_arguments(output_dir=str(tmp_path / "long"))
     assert (args.per_device_train_batch_size, args.gradient_checkpointing) == (4, True)
