@@ -176,17 +176,19 @@ class Summary:
     @property
     def no_winner_why(self) -> str | None:
         """Why there is no winner; None where there is one, or where nothing succeeded and
-        nothing failed (every trial ran out of memory or was pruned: the table says so)."""
+        running out of memory, not failures, is most of why (the trials say so)."""
         ok = [t for t in self.searched if t.outcome.ok]
         if self.best is not None:
             return None
         if not ok:
             failed = sum(t.outcome.status in FAILED for t in self.searched)
-            if not failed:
+            ooms = sum(t.outcome.is_oom for t in self.searched)
+            if not failed or failed < ooms:
                 return None
-            return (f"no trial succeeded and {failed} failed (see their errors in the "
-                    "table); fix what they share and run the same command again: it resumes, "
-                    "and tries further configs")
+            return (f"no trial succeeded and {failed} failed (their errors are in the "
+                    "trials); fix what they share, then run the same command to resume "
+                    "(with more --trials where search.n_trials is spent; into another "
+                    "--output where the fix changes the spec or its libraries)")
         if all(t.reason == BASELINE for t in self.searched if t.outcome.ran):
             return ("no config at the target effective batch ran: the trials went to the "
                     "baseline's auto_find_batch_size probes (raise search.n_trials / --trials)")

@@ -158,13 +158,14 @@ def _search(spec: Spec, shape: ModelShape | None, space_file: Space, device: Dev
     if remembered is not None:
         return SearchResult(spec, device, remembered, output)
     ctx.memory_prior = memory.calibration()
+    history = log.history()
+    ctx.resumed_records = len(history)
     strategy = Twins(memory.seeded(make_strategy(spec.search.sampler, ctx, log), ctx))
     owed = [(c, why) for c, why in log.abandoned() if why != CONFIRM_REASON]
     if owed:
         strategy = Resume(strategy, owed)
     deadline = started + parse_duration(spec.search.timeout)
     repeats = spec.search.confirm_repeats
-    history = log.history()
     _say_resumed(history, study_name, storage, spec.search.n_trials)
     # The confirmation's trials are paid from the same time budget: the search leaves room
     # for the repeats of the contenders it has so far, priced at their own trials' times.

@@ -49,6 +49,9 @@ class SearchContext:
     # About how many more trials the search's limits allow (`Limits.trials_left`), set
     # by the loop before each ask; None: not bounded.
     trials_left: float | None = None
+    # The records a resumed study held when this run began (none in a fresh one): what
+    # failed before the user's rerun, often after a fix, does not stop it (`_failing`).
+    resumed_records: int = 0
 
 
 @dataclass

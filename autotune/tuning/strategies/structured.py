@@ -90,20 +90,17 @@ class AutotuneStrategy(Strategy):
                 values.setdefault(group, set()).add(value)
         self._fixed = {group for group, seen in values.items() if len(seen) == 1}
         self._fitted_on = -1
-        self._began: int | None = None  # records the study held at this run's first ask
         # A tiny fixed jitter breaks ties between configs the model cannot tell apart.
         self._jitter = np.random.default_rng(ctx.seed).normal(0.0, 1e-6, len(ctx.candidates))
 
     def ask(self, history: Sequence[Record],
             pending: Sequence[TrialConfig] = ()) -> Proposal | None:
-        if self._began is None:
-            self._began = len(history)
         self.gate.update(history)
         proposal = (self.baseline.next(history, pending, self.gate)
                     or self.recipe.next(history, pending, self.gate))
         if proposal is not None:
             return proposal
-        if _failing(history, self._began):
+        if _failing(history, self.ctx.resumed_records):
             return None
         ran = {r.config for r in history if r.outcome.ran} | set(pending)
         endgame = self.ctx.trials_left is not None and self.ctx.trials_left <= NEAR_TIES
@@ -299,8 +296,8 @@ def _dead(history: Sequence[Record],
 
 
 def _failing(history: Sequence[Record], began: int = 0) -> bool:
-    """FAILING configs have failed (nan, error, timeout, crash) since record `began` (where
-    this run of the study started) and none has ever worked: a fault they all share that
+    """FAILING configs have failed (nan, error, timeout, crash) since record `began` (what a
+    resumed study held when this run began) and none has ever worked: a fault they all share that
     autotune did not recognise as the setup's (the model, the data), or one no config of
     the space avoids. The search stops rather than spend its budget on it. A rerun of the
     same command tries FAILING more: it follows a fix more often than not."""
