@@ -258,8 +258,7 @@ def test_random_weights_train_the_checkpoints_model(tmp_path, tiny_spec):
         return (built.parameter_bytes, measured.num_parameters, measured.trainable_parameters,
                 measured.flop_parameters, measured.micro_batches)
 
-    assert outs[0].phases.model_build.parameter_bytes > 0
-    assert work(outs[0]) == work(outs[1]) == work(outs[2])
+    assert all(work(outs[0])) and work(outs[0]) == work(outs[1]) == work(outs[2])
     reads = [out.phases.model_build.disk_read_bytes for out in outs[1:]]
     assert reads[0] > size / 4 and reads[1] < 2**20, (size, reads)
 

@@ -88,17 +88,8 @@ def test_two_references_that_error_leave_the_search_exploring_and_a_space_that_f
     still stops early (`FAILING`), says how to go on, and goes on when rerun."""
     import dataclasses
 
-    from autotune.bench.bench import (
-        Limits,
-        ReplayExecutor,
-        StudyLog,
-        choices,
-        context,
-        drive,
-        make_strategy,
-        replay,
-    )
-    from autotune.bench.landscape import Landscape, load_landscape
+    from autotune.bench.bench import replay
+    from autotune.bench.landscape import load_landscape
     from autotune.records import ERROR
     from autotune.summary import Summary
     from autotune.tuning.strategies.structured import FAILING
@@ -128,17 +119,9 @@ def test_two_references_that_error_leave_the_search_exploring_and_a_space_that_f
     # The user runs the same command again, which resumes the study with its failures:
     # where the fault is still there, it stops after FAILING more; where it was fixed, the
     # search goes on. (It stopped at once, on the failures it resumed with.)
-    def resume(on: Landscape) -> list:
-        ctx = context(on, 0, raw=False)
-        ctx.resumed_records = len(history)  # as run.py sets it from the study
-        log = StudyLog.in_memory(choices(ctx.candidates), ctx.memory_limit_bytes)
-        return drive(make_strategy("autotune", ctx, log, guarded=False),
-                     ReplayExecutor(on, 1), log,
-                     Limits(budget_seconds=0.03 * on.grid_seconds()), history=list(history))
-
-    again = resume(failing)
-    assert sum(r.outcome.ran for r in again[len(history):]) == FAILING
-    resumed = resume(land)
+    again, _ = replay(failing, "autotune", 0, 0.03, resumed=history)
+    assert sum(r.outcome.ran for r in again) == FAILING
+    resumed, _ = replay(land, "autotune", 0, 0.03, resumed=history)
     found = max((r.score for r in resumed if r.outcome.ok and r.score), default=0.0)
     assert found >= 0.98 * land.best()[1].samples_per_second  # issue 16's bar (0.989 now)
 

@@ -90,10 +90,14 @@ def classification_accuracy(land: Landscape, memory: MemoryModel) -> float:
 
 def replay(land: Landscape, strategy_name: str, seed: int, budget_fraction: float,
            workers: int = 1, seeding: Seeding | None = None,
+           resumed: Sequence[Record] = (),
            ) -> tuple[list[Record], list[float]]:
     """One search of `land` under the budget: its records and the virtual wall time at
-    each. `seeding`: what a similar search found runs first (bench/seeding.py)."""
+    each (the new records only). `seeding`: what a similar search found runs first
+    (bench/seeding.py). `resumed`: a study's records the search resumes from, as a rerun
+    of the same command does (tuning/run.py)."""
     ctx = context(land, seed, raw=strategy_name in RAW_SPACE)
+    ctx.resumed_records = len(resumed)
     if seeding is not None:
         ctx.memory_prior = seeding.calibration
     log = StudyLog.in_memory(choices(ctx.candidates), ctx.memory_limit_bytes,
@@ -105,8 +109,8 @@ def replay(land: Landscape, strategy_name: str, seed: int, budget_fraction: floa
     clock: list[float] = []  # virtual wall time at each record
     history = drive(strategy, executor, log,
                     Limits(budget_seconds=budget_fraction * land.grid_seconds()),
-                    on_record=lambda r: clock.append(executor.clock))
-    return history, clock
+                    history=list(resumed), on_record=lambda r: clock.append(executor.clock))
+    return history[len(resumed):], clock
 
 
 def run_one(land: Landscape, strategy_name: str, seed: int, budget_fraction: float,

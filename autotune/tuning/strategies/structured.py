@@ -296,11 +296,11 @@ def _dead(history: Sequence[Record],
 
 
 def _failing(history: Sequence[Record], began: int = 0) -> bool:
-    """FAILING configs have failed (nan, error, timeout, crash) since record `began` (what a
-    resumed study held when this run began) and none has ever worked: a fault they all share that
-    autotune did not recognise as the setup's (the model, the data), or one no config of
-    the space avoids. The search stops rather than spend its budget on it. A rerun of the
-    same command tries FAILING more: it follows a fix more often than not."""
+    """FAILING configs have failed (nan, error, timeout, crash) since record `began` (what
+    a resumed study held when this run began) and none has ever worked: a fault they all
+    share that autotune did not recognise as the setup's (the model, the data), or one no
+    config of the space avoids. The search stops rather than spend its budget on it. A
+    rerun of the same command tries FAILING more: it follows a fix more often than not."""
     return (not any(r.outcome.ok for r in history)
             and sum(r.outcome.status in FAILED for r in history[began:]) >= FAILING)
 
