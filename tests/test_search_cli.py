@@ -233,7 +233,7 @@ def test_search_end_to_end_then_resume(tmp_path):
 def test_search_with_memory_model_prunes_instead_of_running_oom(tmp_path):
     """Same search, model given by config: configs predicted over the budget are recorded
     as pruned (with the figure and the limit) and none runs out of memory, but for at
-    most one step of each reference's real probe up its batch chain (Trainer's defaults
+    most one step of each reference's real walk along its batch chain (Trainer's defaults
     and the guide's recipe take the first four or five trials)."""
     spec = _spec(tmp_path, n_trials=8, predict=True, space=FP32_ONLY)
     proc = _cli("search", str(spec))

@@ -151,3 +151,23 @@ def test_a_recipe_that_errors_leaves_the_search_exploring():
     after = [r for r in history if r.outcome.ran and r.reason not in ("baseline", "recipe")]
     assert after[0].reason == "model", [(r.reason, r.config.label()) for r in history[:6]]
     assert sum(r.reason == NEAR_TIE_REASON for r in after[:4]) == 0
+
+
+@pytest.mark.skipif(not LANDSCAPES.is_dir(), reason="needs ../shared/landscapes")
+@pytest.mark.parametrize("name", ["sim-phi-1.5-a100-40gb", "sim-llama-3b-h100-80gb-gpuknobs",
+                                  "sim-gpt2-medium-l4-24gb-gpuknobs"])
+def test_the_recipe_stops_at_the_largest_batch_the_model_gives_an_even_chance(name):
+    """After a success, the recipe jumps to the largest batch of its rung the calibrated
+    model gives an even chance to fit, and no further. Until 2026-11-30 it then walked up
+    to the next batch where that was predicted within 10% over the limit: on these three
+    landscapes, at 4-7% over, and each ran out of memory (as every such walk on the
+    bench's landscapes did)."""
+    from autotune.bench.bench import replay
+    from autotune.bench.landscape import load_landscape
+
+    land = load_landscape(LANDSCAPES / name)
+    history, _ = replay(land, "autotune", 0, 0.005 if "gpuknobs" in name else 0.03)
+    recipe = [r for r in history if r.reason == "recipe" and r.outcome.ran]
+    first = next(i for i, r in enumerate(recipe) if r.outcome.ok)
+    assert not any(r.outcome.is_oom for r in recipe[first:]), [
+        (r.config.label(), r.outcome.status) for r in recipe]

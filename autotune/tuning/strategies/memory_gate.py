@@ -16,9 +16,11 @@ from autotune.plan.shape import ModelShape
 from autotune.records import Record
 from autotune.tuning.strategies.base import SearchContext
 
-# Headroom kept below the limit: a share of the limit for what no model sees, plus the
-# calibrated model's own error estimate (10% until measured families say otherwise) on the
-# bytes the prediction extrapolates (all of them for a family not yet measured).
+# Headroom kept below the limit: a share of the limit for what no model sees (the CUDA
+# context outside torch's count, the allocator's fragmentation: a peak this close to the
+# limit already fails), plus the calibrated model's own error estimate (10% until measured
+# families say otherwise) on the bytes the prediction extrapolates (all of them for a
+# family not yet measured).
 MARGIN_FIXED = 0.03
 # The spread of a prediction beyond the model's own error, as a share of the limit, for
 # the chance that a config fits (`p_fit`): about half the fixed margin, one sd.
@@ -73,18 +75,22 @@ class MemoryGate:
         z = (self.ceiling() - self.model.predict_total(c)) / sd
         return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
 
+    def usable(self) -> float:
+        """The peak a trial can reach: the limit less MARGIN_FIXED, what no model sees."""
+        return (1.0 - MARGIN_FIXED) * self.ctx.memory_limit_bytes
+
     def ceiling(self) -> float:
         """The most a config may be predicted to need and still be likely to fit: the
-        limit, or lower where a config predicted to need less ran out of memory (the
-        model ranks configs by memory better than it places them against the limit, so
-        a config predicted above one that did not fit will not fit either)."""
+        usable memory, or lower where a config predicted to need less ran out of memory
+        (the model ranks configs by memory better than it places them against the limit,
+        so a config predicted above one that did not fit will not fit either)."""
         if self._ceiling is None:
             limit = float(self.ctx.memory_limit_bytes)
             # One sd under the lowest prediction that ran out: a config predicted as much
             # fits with about a sixth of a chance, not an even one.
             predicted = [self.model.predict_total(c) - SPREAD * limit
                          for c in self._ooms] if self.model else []
-            self._ceiling = min([limit, *predicted])
+            self._ceiling = min([self.usable(), *predicted])
         return self._ceiling
 
     def certain_oom(self, c: TrialConfig) -> str | None:

@@ -14,13 +14,14 @@ recipe, then the guide's memory levers) that the memory model says fits at all.
 
 Both walk a chain of batches, largest first, as accelerate does, but start from the
 memory model's guess instead of the top: after a success they jump to the largest batch
-the now calibrated model says fits (or probe the next one up while that is within
-TOLERANCE of the limit, so a batch that fits is tried rather than assumed not to), after
-an OOM they come down. Where the model says nothing on the chain fits, its smallest batch
-runs once: one trial proves it, rather than a walk down the chain OOM by OOM. Where the
-baseline's weights, gradients and optimizer states alone exceed the limit (fp32 AdamW
-states of a model too large for the device: arithmetic, not an estimate), not even that
-trial runs: its record says so, as pruned.
+the now calibrated model gives an even chance to fit (`MemoryGate.ceiling`, the odds the
+search's own trials need), after an OOM they come down. They do not walk up past it: the
+model, calibrated by the success below, is believed (docs/search.md has the figures).
+Where the model says nothing on the chain fits, its smallest batch runs once: one trial
+proves it, rather than a walk down the chain OOM by OOM. Where the baseline's weights,
+gradients and optimizer states alone exceed the limit (fp32 AdamW states of a model too
+large for the device: arithmetic, not an estimate), not even that trial runs: its record
+says so, as pruned.
 """
 
 from __future__ import annotations
@@ -34,9 +35,6 @@ from autotune.tuning.strategies.base import Proposal, SearchContext
 from autotune.tuning.strategies.memory_gate import MemoryGate
 
 REASON, RECIPE_REASON = BASELINE, RECIPE  # the probes' trials' reasons
-# Walk up while the calibrated prediction is at most this share of the limit: a batch
-# predicted 10% over may still fit, one predicted far over is not worth an OOM trial.
-TOLERANCE = 1.10
 
 
 def baseline_chain(ctx: SearchContext) -> list[TrialConfig]:
@@ -61,8 +59,8 @@ def recipe_chains(ctx: SearchContext, rungs: Sequence[Family],
              for b in sorted(batches, reverse=True)] for fam in rungs]
 
 
-def walk(chain: Sequence[TrialConfig], tried: dict[TrialConfig, Outcome], gate: MemoryGate,
-         limit: int) -> TrialConfig | None:
+def walk(chain: Sequence[TrialConfig], tried: dict[TrialConfig, Outcome],
+         gate: MemoryGate) -> TrialConfig | None:
     """The next batch of `chain` (largest first) to run given what ran, or None when the
     largest batch that fits is known (or nothing on it fits)."""
     ok = [i for i, c in enumerate(chain) if c in tried and tried[c].ok]
@@ -73,15 +71,8 @@ def walk(chain: Sequence[TrialConfig], tried: dict[TrialConfig, Outcome], gate: 
                  and chain[i] not in tried]
         if not above:
             return None
-        predicted = {i: gate.predicted(chain[i]) for i in above}
-        # Calibrated by what ran: jump to the largest predicted to fit; where none is,
-        # probe the next one up if it is within TOLERANCE of the limit.
-        fitting = [i for i in above if predicted[i] is None or predicted[i] <= limit]
-        if fitting:
-            return chain[fitting[0]]
-        if predicted[above[-1]] <= TOLERANCE * limit:
-            return chain[above[-1]]
-        return None
+        # Calibrated by what ran: jump to the largest batch with an even chance to fit.
+        return next((chain[i] for i in above if gate.p_fit(chain[i]) >= 0.5), None)
     below = [c for i, c in enumerate(chain) if (oom is None or i > oom) and c not in tried]
     if not below:
         return None
@@ -108,7 +99,7 @@ class BaselineProbe:
         tried = _tried(history, REASON)
         if any(o.status in (PRUNED, *FAILED) for o in tried.values()):
             return None  # failing (or pruned by an earlier version): nothing to compare with
-        c = walk(self.chain, tried, gate, self.ctx.memory_limit_bytes)
+        c = walk(self.chain, tried, gate)
         if c is None:
             return None
         why = gate.certain_oom(c) if not any(o.ran for o in tried.values()) else None
@@ -142,7 +133,7 @@ class RecipeProbe:
                 # the model, taught by those OOMs, says its smallest batch fits (a chain of
                 # OOMs at the lever combination the rungs share is cut, not walked).
                 continue
-            c = walk(rung, tried, gate, self.ctx.memory_limit_bytes)
+            c = walk(rung, tried, gate)
             if c is None and not any(tried[c].ok for c in rung if c in tried):
                 continue  # down to its smallest batch and out of memory: the next rung
             return None if c is None else Proposal(
