@@ -115,7 +115,7 @@ class MemoryGate:
         if self.model is None:
             return True, ""
         pred = self.model.predict_total(c)
-        headroom = (MARGIN_FIXED * limit
+        headroom = (limit - self.usable()
                     + self.model.family_error * self.model.extrapolated_bytes(c))
         if pred > limit - headroom:
             return False, (f"predicted {pred / GiB:.2f} GiB > {(limit - headroom) / GiB:.2f} "
