@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -140,9 +139,7 @@ def test_a_setup_searched_twice_is_remembered_fresh_searches_and_a_near_one_is_s
     # the record after its winner and Trainer's defaults ran once each.
     wide = f"sqlite:///{tmp_path / 'wide.db'}"
     ResultStore.open(wide).put(_edited(record, _wide))
-    began = time.time()
     again = autotune.search(_spec(tmp_path, "again"), store=wide, progress=False)
-    again_wall = time.time() - began
     assert isinstance(again, SearchResult)
     remembered = _summary(tmp_path / "again")["remembered"]
     assert remembered["reconfirmed"] is True and remembered["from"] == record.created
@@ -150,10 +147,14 @@ def test_a_setup_searched_twice_is_remembered_fresh_searches_and_a_near_one_is_s
     assert [(c["role"], c["config"], c["status"], c["within"]) for c in remembered["checks"]] \
         == [("winner", WINNER.label(), "ok", True),
             ("baseline", "b16x1 fp32 adamw_torch", "ok", True)]
-    # Its two runs plus the lookup, Ray's stop, the study and the files: a few seconds,
-    # bounded loosely (a timed bound fails on a busy machine; the checks above pin what ran)
-    # to catch a search that ran on.
-    assert again_wall - remembered["check_seconds"] < 60, (again_wall, remembered)
+    # Its two runs and no search that ran on: the study, where a search's trials go, is
+    # empty (the checks are the summary's). A bound on its wall time, 60 s beside the
+    # checks', failed twice on 2 busy cores in the full suite.
+    import optuna
+
+    study = optuna.load_study(study_name=remembered["study_name"],
+                              storage=f"sqlite:///{tmp_path / 'again' / 'study.db'}")
+    assert study.trials == []
     assert again.best.config == WINNER and again.speedup == first.speedup
     args = again.training_arguments(output_dir=str(tmp_path / "long"))
     assert (args.per_device_train_batch_size, args.gradient_checkpointing) == (4, True)
