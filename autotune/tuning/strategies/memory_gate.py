@@ -115,10 +115,10 @@ class MemoryGate:
         if self.model is None:
             return True, ""
         pred = self.model.predict_total(c)
-        headroom = (limit - self.usable()
-                    + self.model.family_error * self.model.extrapolated_bytes(c))
-        if pred > limit - headroom:
-            return False, (f"predicted {pred / GiB:.2f} GiB > {(limit - headroom) / GiB:.2f} "
+        most = self.usable() - self.model.family_error * self.model.extrapolated_bytes(c)
+        if pred > most:
+            headroom = limit - most
+            return False, (f"predicted {pred / GiB:.2f} GiB > {most / GiB:.2f} "
                            f"GiB ({limit / GiB:.2f} GiB limit less {headroom / GiB:.2f} GiB "
                            "headroom)")
         return True, ""
