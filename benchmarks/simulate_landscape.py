@@ -265,6 +265,10 @@ def landscape(s: Scenario) -> tuple[dict, list[dict]]:
             "device": {"name": s.device.name, "memory_gib": s.device.memory_gib,
                        "count": s.world},
             "world_size": s.world, "target_effective_batch_size": s.target}
+    if s.eager:
+        # What a real search reads off the model transformers builds (GPT-Neo's and
+        # BLOOM's resolve to eager attention): the tool knows it before any trial.
+        meta["model"]["attn_implementation"] = "eager"
     return meta, rows
 
 
