@@ -641,6 +641,12 @@ def gk_landscape(s: Scenario) -> tuple[dict, list[dict]]:
             "device": {"name": s.device.name, "memory_gib": s.device.memory_gib,
                        "count": s.world, "nodes": s.nodes},
             "world_size": s.world, "target_effective_batch_size": s.target}
+    # What a real search reads off the model's config: the MLP's width and whether it is
+    # gated (these physics price both).
+    if s.ffn:
+        meta["model"]["intermediate_size"] = s.ffn
+    if _swiglu(s):
+        meta["model"]["gated_mlp"] = True
     return meta, rows
 
 

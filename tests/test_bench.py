@@ -237,3 +237,29 @@ def test_a_budget_too_thin_to_judge_is_said_with_one_that_is_not():
     suggested = float(note.rsplit("--budget-fraction ", 1)[1])
     assert thin_budget_note(land, suggested) is None
     assert thin_budget_note(land, 0.3) is None
+
+
+
+def test_our_simulators_landscapes_tell_what_a_real_search_reads_off_the_model(
+        tmp_path, monkeypatch):
+    """A landscape's meta carries what a real search knows before its first trial: GPT-Neo's
+    eager attention (transformers resolves it so), Qwen2's gated MLP and its width. Without
+    them the physics priced GPT-Neo without its s^2 scores and Qwen2's MLP as GPT-2's, and
+    the bench counted OOMs a real search would not run."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "simulate_landscape", Path(__file__).resolve().parents[1] / "benchmarks"
+        / "simulate_landscape.py")
+    sim = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "simulate_landscape", sim)  # its dataclasses look it up
+    spec.loader.exec_module(sim)
+    neo = next(s for s in sim.SCENARIOS if "gpt-neo" in s.name)
+    qwen = next(s for s in sim.GPUKNOB_SCENARIOS if "qwen2-1.5b" in s.name)
+    monkeypatch.setattr(sim, "SCENARIOS", [neo])
+    monkeypatch.setattr(sim, "GPUKNOB_SCENARIOS", [qwen])
+    sim.main(str(tmp_path))
+    sim.main(str(tmp_path), gpuknobs=True)
+    n, q = (load_landscape(tmp_path / s.name).shape for s in (neo, qwen))
+    assert (n.attn_implementation, n.gated_mlp, n.intermediate_size) == ("eager", False, None)
+    assert (q.attn_implementation, q.gated_mlp, q.intermediate_size) == ("auto", True, 8960)

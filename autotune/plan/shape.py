@@ -136,6 +136,7 @@ class ModelShape:
             attn_implementation=str(m.get("attn_implementation", "auto")),
             task=str(m.get("task", "")),
             trainable_parameters=m.get("trainable_parameters"),
+            gated_mlp=bool(m.get("gated_mlp", False)),
         )
 
 
