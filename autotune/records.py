@@ -231,6 +231,9 @@ class Launch(Part):
     kind: str | None = None  # warm or cold (several nodes': each node's, comma-joined)
     cold_because: str | None = None
     lease_wait_s: float | None = None  # waiting for devices another search held
+    # Starting the warm launcher (its imports): the first trial of a process pays it, the
+    # next ones of that process do not.
+    launcher_start_s: float | None = None
     node: str | None = None  # the Ray node
     nodes: int | None = None
     rank_nodes: dict[int, str | None] | None = _by_rank()  # node rank -> Ray node
@@ -395,6 +398,14 @@ class Outcome:
     @property
     def ran(self) -> bool:
         return self.status != PRUNED
+
+    @property
+    def repeat_seconds(self) -> float:
+        """What running the config again would cost: its wall time less what only the
+        first trial of a process pays (the warm launcher's start). A search's limits
+        project this onto its next trials and the confirmation: one slow start on a busy
+        machine (136 s, where the trial itself took 3) once ended a search after it."""
+        return max(0.0, (self.wall_seconds or 0.0) - (self.launch.launcher_start_s or 0.0))
 
     @property
     def median_step(self) -> float | None:

@@ -327,6 +327,34 @@ def test_time_is_held_back_for_confirmation_only_once_there_is_something_to_conf
         2 * (6.76 + 1.62))  # the best owes none; never less than nothing
 
 
+def test_the_launchers_start_is_not_projected_onto_the_trials_after_it():
+    """Found in a fresh-clone CI on 2 busy cores: a search's first trial started this
+    process's warm launcher (its imports: 136 s there, where the trial itself took 3 s).
+    Priced at its wall time, the confirmation (three runs each) and the next trial no
+    longer fitted the search's 10 minutes, and it stopped after the baseline. What a
+    config costs to run again is its wall time less that start, which later trials of
+    the process do not pay."""
+    import time
+
+    from autotune.records import Launch
+    from autotune.tuning.loop import Limits
+
+    first = Outcome("ok", samples_per_second=18.8, wall_seconds=138.97, timed_seconds=1.70,
+                    launch=Launch(kind="warm", launcher_start_s=135.89))
+    assert first.repeat_seconds == pytest.approx(138.97 - 135.89)
+    assert Outcome("ok", wall_seconds=5.0).repeat_seconds == 5.0
+    history = [Record(TrialConfig.of(16, 1), first, "baseline", 0)]
+
+    def held() -> float:
+        return confirm.cost_seconds(confirm.contenders(history, 16), 3)
+
+    assert held() == pytest.approx(3 * (138.97 - 135.89 + 1.70 * (confirm.STEPS_FACTOR - 1)))
+    # Ten minutes' search, started nine before (the launcher's start among them): room
+    # for more trials and their confirmation, as the repeats' 3-6 s showed there.
+    assert not Limits(max_trials=6, deadline=time.time() + 60, reserve=held).exhausted(
+        [first.repeat_seconds], 0)
+
+
 def test_a_loss_logged_summed_over_micro_batches_is_compared_at_its_scale():
     """Seen on an H200 (BERT-large classification): Trainer left the b8x2 trials' losses
     unscaled for accumulation, so they logged twice the b16x1 reference's and both were

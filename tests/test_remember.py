@@ -41,8 +41,10 @@ def _spec(tmp_path: Path, out: str, seq_len: int = 32, **search) -> Path:
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE))
     spec = copy.deepcopy(TINY_SPEC)
     spec["data"]["seq_len"] = seq_len
+    # n_trials ends each search; the timeout is a backstop a busy machine must not reach
+    # (in a full suite on 2 slow cores, a search once began its first trial 7 min in).
     spec["search"] |= {"space": str(tmp_path / "space.yaml"), "n_trials": 6,
-                       "confirm_repeats": 3, "timeout": "10m"} | search
+                       "confirm_repeats": 3, "timeout": "30m"} | search
     spec["output"] = str(tmp_path / out)
     path = tmp_path / f"{out}.yaml"
     path.write_text(yaml.safe_dump(spec))

@@ -60,7 +60,10 @@ def test_crash_by_signal_is_recorded(tiny_spec):
     assert "SIGSEGV" in out.error
 
 
-def test_hang_is_killed_at_the_time_limit(tiny_spec):
+def test_hang_is_killed_at_the_time_limit(tiny_spec, tmp_path, monkeypatch):
+    # Its own devices: a trial of another test holding the shared cores past this one's
+    # 10 s would make it `lost` (the machine's failure), not the hang this test kills.
+    monkeypatch.setenv("AUTOTUNE_LEASE_DIR", str(tmp_path / "leases"))
     out = _run(_spec(tiny_spec, factory="tests.factories:hangs_at_batch_8"),
                TrialConfig(8, 2), timeout_s=10)
     assert out.status == "timeout"
@@ -224,8 +227,15 @@ def test_trials_run_at_once_from_several_threads_each_get_a_warm_launcher(tiny_s
         (a, a0, a1), (b, b0, b1) = pool.map(one, range(2))
     for out in (a, b):
         assert out.status == "ok" and out.launch.kind == "warm", out.error
+        # Each started its launcher: a cost the next trials of the process do not pay.
+        assert 0 < out.launch.launcher_start_s < out.wall_seconds
+        assert out.repeat_seconds == pytest.approx(out.wall_seconds
+                                                   - out.launch.launcher_start_s)
     assert max(a0, b0) < min(a1, b1)  # they overlapped
     assert len(forkserver._IDLE) == 2  # each held a launcher of its own, now idle
+    again, _, _ = one(2)  # an idle launcher serves it, started already
+    assert again.launch.kind == "warm" and again.launch.launcher_start_s is None
+    assert again.repeat_seconds == again.wall_seconds
 
 
 def test_a_launcher_whose_imports_made_a_cuda_context_is_refused_and_trials_go_cold(

@@ -364,6 +364,8 @@ class ForkServer:
 
     def __init__(self, env: dict[str, str]) -> None:
         self._pending = b""
+        started = time.monotonic()
+        self.lent = 0  # trials it served
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "autotune.trials.forkserver"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
@@ -377,6 +379,7 @@ class ForkServer:
             if hello and "refused" in hello:
                 raise LauncherRefused(f"the warm launcher refused: {hello['refused']}")
             raise RuntimeError("the warm launcher did not start")
+        self.start_seconds = time.monotonic() - started
 
     def alive(self) -> bool:
         return self.proc.poll() is None

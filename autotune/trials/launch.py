@@ -164,15 +164,18 @@ def _run_cold(request: TrialRequest, tmpdir: Path, env: dict[str, str],
 
 
 def _run_warm(request: TrialRequest, tmpdir: Path, env: dict[str, str],
-              node_rank: int = 0) -> tuple[int, bool]:
-    """(return code, timed out) of the trial forked from this process's warm launcher
-    (of this node's ranks, where they span nodes)."""
+              node_rank: int = 0) -> tuple[int, bool, float]:
+    """(return code, timed out, seconds the warm launcher took to start where this trial
+    started it) of the trial forked from this process's warm launcher (of this node's
+    ranks, where they span nodes)."""
     from autotune.tasks import trainer
 
     model = {forkserver.PRELOAD_MODEL: json.dumps(request.spec.get("model") or {}),
              forkserver.PRELOAD_MODULES: ",".join(trainer(request.spec.get("trainer")).preload),
              forkserver.PROBE_DEVICES: str(request.world_size // request.nodes)}
     with forkserver.borrowed(dict(os.environ) | model) as server:
+        started_it = server.start_seconds if server.lent == 0 else 0.0
+        server.lent += 1
         pid = server.start({"request": str(tmpdir / "request.json"),
                             "result": str(tmpdir / "result.json"),
                             "log": str(tmpdir / "stderr.log"), "cwd": str(tmpdir),
@@ -183,11 +186,11 @@ def _run_warm(request: TrialRequest, tmpdir: Path, env: dict[str, str],
             code = _wait_within_limit(lambda seconds: server.wait(pid, seconds), request,
                                       tmpdir)
             if code is not None:
-                return code, False
+                return code, False, started_it
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)  # its own session: the trial and its children
             code = server.wait(pid, None)
-            return (code if code is not None else -signal.SIGKILL), True
+            return (code if code is not None else -signal.SIGKILL), True, started_it
         except BaseException:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
@@ -268,6 +271,7 @@ class _Ran:
     warm: bool
     cold_because: str | None
     compiled_s: float = 0.0  # the most seconds a rank spent compiling (compile_clock.py)
+    launcher_s: float = 0.0  # starting the warm launcher, where this trial started it
 
 
 def _spawning(env: dict[str, str]) -> dict[str, str]:
@@ -282,10 +286,13 @@ def _launch_ranks(request: TrialRequest, tmpdir: Path, env: dict[str, str],
     where it cannot start or fork, wait, and read what they wrote into `tmpdir`."""
     (tmpdir / "request.json").write_text(request.to_json())
     warm = os.environ.get("AUTOTUNE_COLD_TRIALS") != "1"
-    cold_because = None
+    cold_because, launcher_s = None, 0.0
     try:
-        code, timed_out = (_run_warm if warm else _run_cold)(request, tmpdir,
-                                                             _spawning(env), node_rank)
+        if warm:
+            code, timed_out, launcher_s = _run_warm(request, tmpdir, _spawning(env),
+                                                    node_rank)
+        else:
+            code, timed_out = _run_cold(request, tmpdir, _spawning(env), node_rank)
     except RuntimeError as exc:  # the warm launcher could not start or fork: go cold
         warm, cold_because = False, str(exc)[:200]
         code, timed_out = _run_cold(request, tmpdir, _spawning(env), node_rank)
@@ -296,7 +303,7 @@ def _launch_ranks(request: TrialRequest, tmpdir: Path, env: dict[str, str],
         code = _torchrun_root_cause(log_tail) or code
     ranks = _rank_results(tmpdir / "result.json", request.world_size)
     compiled = compile_clock.spent(list(tmpdir.glob("result.json*.compile")))
-    return _Ran(code, timed_out, log_tail, ranks, warm, cold_because, compiled)
+    return _Ran(code, timed_out, log_tail, ranks, warm, cold_because, compiled, launcher_s)
 
 
 def _run_trial(request: TrialRequest) -> Outcome:
@@ -327,6 +334,8 @@ def _run_trial(request: TrialRequest) -> Outcome:
     launched.compile_not_counted_s = round(_not_counted(request, ran.compiled_s), 3)
     if ran.cold_because:
         launched.cold_because = ran.cold_because
+    if ran.launcher_s:
+        launched.launcher_start_s = round(ran.launcher_s, 3)
     return outcome
 
 

@@ -72,7 +72,7 @@ def cost_seconds(picked: Sequence[tuple[str, Record]], repeats: int,
     owed = []
     for role, r in picked:
         done = len(confirmation_runs(history, confirmed_config(history, role, r)))
-        each = (r.outcome.wall_seconds or 0.0) + (r.outcome.timed_seconds or 0.0) * (
+        each = r.outcome.repeat_seconds + (r.outcome.timed_seconds or 0.0) * (
             STEPS_FACTOR - 1)
         owed.append(each * max(0, repeats - done))
     return max(sum(owed) / max(1, capacity), max(owed, default=0.0))

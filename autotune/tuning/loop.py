@@ -90,7 +90,7 @@ def drive(
     history = log.history() if history is None else history
     # What ran so far, for the limits: a resumed study's confirmation runs are not trials
     # of the search (search.n_trials counts those), nor priced like them.
-    costs = [r.outcome.wall_seconds or 0.0 for r in history if r.counted]
+    costs = [r.outcome.repeat_seconds for r in history if r.counted]
     in_flight: dict[int, tuple[int, Proposal]] = {}  # ticket -> (trial number, proposal)
     claimed: list[TrialConfig] = []  # configs another driver took first
     asking, pruned_in_a_row = True, 0
@@ -131,7 +131,7 @@ def drive(
                 break
             for ticket, outcome in executor.wait(timeout=HEARTBEAT_SECONDS):
                 number, proposal = in_flight.pop(ticket)
-                costs.append(outcome.wall_seconds or 0.0)
+                costs.append(outcome.repeat_seconds)
                 if review is not None:
                     review(log.record(proposal, outcome, number), history)
                 record(log.finish(number, proposal, outcome))

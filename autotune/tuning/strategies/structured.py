@@ -206,10 +206,10 @@ class AutotuneStrategy(Strategy):
         """Each candidate's predicted trial seconds if it runs (fixed overhead plus the
         timed work, which goes as 1 / samples/s; fitted to the trials so far, equal costs
         before) and if it runs out of memory (the OOMs' median, else the fixed part)."""
-        ran = [(r.outcome.wall_seconds, r.score) for r in history
-               if r.outcome.ok and r.outcome.wall_seconds and r.score]
-        ooms = [r.outcome.wall_seconds for r in history
-                if r.outcome.is_oom and r.outcome.wall_seconds]
+        ran = [(r.outcome.repeat_seconds, r.score) for r in history
+               if r.outcome.ok and r.outcome.repeat_seconds and r.score]
+        ooms = [r.outcome.repeat_seconds for r in history
+                if r.outcome.is_oom and r.outcome.repeat_seconds]
         if len(ran) < 2:
             return np.ones(len(mu)), np.full(len(mu), OOM_COST_SHARE)
         A = np.array([[1.0, 1.0 / sps] for _, sps in ran])
