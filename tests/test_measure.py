@@ -355,6 +355,39 @@ def test_the_launchers_start_is_not_projected_onto_the_trials_after_it():
         [first.repeat_seconds], 0)
 
 
+def test_a_search_spends_its_budget_on_wall_time_and_projects_repeat_costs():
+    """The search loop itself (real Optuna study, autotune's strategy, the outcomes of
+    the CPU landscape measured here): every trial takes 10 s, the first 100 s more to start the warm
+    launcher. Within 140 s, four trials: after the first, 110 s spent and 10 s projected
+    (priced at its wall time, the next would be projected at 110 s: one trial; spent
+    counted as repeat costs, thirteen)."""
+    from autotune.bench.bench import choices, context
+    from autotune.bench.landscape import load_landscape
+    from autotune.bench.replay import ReplayExecutor
+    from autotune.records import Launch
+    from autotune.tuning.loop import Limits, drive
+    from autotune.tuning.strategies.registry import make_strategy, sampler_for
+    from autotune.tuning.study import StudyLog
+
+    land = load_landscape(Path(__file__).resolve().parents[1] / "benchmarks" / "landscapes"
+                          / "cpu-tiny-gpt2-2core")
+
+    class Timed(ReplayExecutor):
+        def _answer(self, config):
+            outcome = super()._answer(config)
+            first = self._next == 0
+            outcome.wall_seconds = 110.0 if first else 10.0
+            outcome.launch = Launch(kind="warm", launcher_start_s=100.0 if first else None)
+            return outcome
+
+    ctx = context(land, 0)
+    log = StudyLog.in_memory(choices(ctx.candidates), ctx.memory_limit_bytes,
+                             sampler_for("autotune", 0))
+    history = drive(make_strategy("autotune", ctx, log, guarded=False), Timed(land), log,
+                    Limits(budget_seconds=140.0))
+    assert [r.outcome.wall_seconds for r in history if r.counted] == [110.0, 10.0, 10.0, 10.0]
+
+
 def test_a_loss_logged_summed_over_micro_batches_is_compared_at_its_scale():
     """Seen on an H200 (BERT-large classification): Trainer left the b8x2 trials' losses
     unscaled for accumulation, so they logged twice the b16x1 reference's and both were

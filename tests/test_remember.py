@@ -52,8 +52,9 @@ def _spec(tmp_path: Path, out: str, seq_len: int = 32, **search) -> Path:
 
 
 def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess[str]:
+    # Above the searches' own 30-minute timeout (_spec), which ends them first.
     return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True,
-                          text=True, timeout=600,
+                          text=True, timeout=2400,
                           env=dict(os.environ, COLUMNS="1000") | (env or {}))
 
 

@@ -266,16 +266,18 @@ def test_a_launcher_whose_imports_made_a_cuda_context_is_refused_and_trials_go_c
             "spec = json.loads(sys.argv[1])\n"
             "outs = [run_trial(trial_request(spec, TrialConfig(4, 4))) for _ in range(2)]\n"
             "print(json.dumps([[o.status, o.launch.kind, o.launch.cold_because,"
-            " o.error] for o in outs]))\n")
+            " o.error, o.launch.launcher_start_s] for o in outs]))\n")
     env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{root}")
     done = subprocess.run([sys.executable, "-c", code, json.dumps(_spec(tiny_spec))],
                           capture_output=True, text=True, timeout=240, cwd=root, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     outs = json.loads(done.stdout.strip().splitlines()[-1])
-    for status, launch, because, error in outs:
+    for status, launch, because, error, _ in outs:
         assert (status, launch) == ("ok", "cold"), error
         assert "initialised CUDA" in because
     assert starts.read_text().count("started") == 1
+    # The refused launcher's start was the first trial's cost alone.
+    assert outs[0][4] > 0 and outs[1][4] is None
 
 
 def test_a_trial_that_ends_at_once_is_not_waited_for_past_its_end():

@@ -356,7 +356,10 @@ def serve() -> None:
 # --- the client, in the launching process -------------------------------------------------
 
 class LauncherRefused(RuntimeError):
-    """The server said its forks could not use the GPU: so would any other of this process."""
+    """The server said its forks could not use the GPU: so would any other of this process.
+    `start_seconds`: what starting it took, which only the trial that started it paid."""
+
+    start_seconds: float = 0.0
 
 
 class ForkServer:
@@ -377,7 +380,9 @@ class ForkServer:
         if hello is None or "ready" not in hello:
             self.close()
             if hello and "refused" in hello:
-                raise LauncherRefused(f"the warm launcher refused: {hello['refused']}")
+                refused = LauncherRefused(f"the warm launcher refused: {hello['refused']}")
+                refused.start_seconds = time.monotonic() - started
+                raise refused
             raise RuntimeError("the warm launcher did not start")
         self.start_seconds = time.monotonic() - started
 

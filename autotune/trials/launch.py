@@ -295,6 +295,9 @@ def _launch_ranks(request: TrialRequest, tmpdir: Path, env: dict[str, str],
             code, timed_out = _run_cold(request, tmpdir, _spawning(env), node_rank)
     except RuntimeError as exc:  # the warm launcher could not start or fork: go cold
         warm, cold_because = False, str(exc)[:200]
+        # Refused, it is not started again for this process's trials: this one paid its
+        # start alone. (One that did not start is tried, and paid, by every trial.)
+        launcher_s = getattr(exc, "start_seconds", 0.0)
         code, timed_out = _run_cold(request, tmpdir, _spawning(env), node_rank)
     log_path = tmpdir / "stderr.log"
     log_tail = log_path.read_text(errors="replace")[-STDERR_TAIL_CHARS:] if (

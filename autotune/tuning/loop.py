@@ -36,13 +36,18 @@ class Limits:
 
     max_trials: int | None = None
     deadline: float | None = None
-    budget_seconds: float | None = None
+    budget_seconds: float | None = None  # against the trials' wall time (`spent`)
     # Seconds to leave before the deadline for what follows the search (the confirmation
     # of the contenders so far: none before a config at the target succeeded, or a short
     # search would stop after its first trial to keep time for confirming nothing).
     reserve: Callable[[], float] | None = None
 
-    def exhausted(self, costs: list[float], in_flight: int) -> bool:
+    def exhausted(self, costs: list[float], in_flight: int,
+                  spent: float | None = None) -> bool:
+        """Whether to start no more trials: `costs` what each trial so far would cost to
+        run again (Outcome.repeat_seconds), projected onto the next ones; `spent` what they
+        took in all (their wall times; by default the costs' sum)."""
+        spent = sum(costs) if spent is None else spent
         if self.max_trials is not None and len(costs) + in_flight >= self.max_trials:
             return True
         reserve = self.reserve() if self.reserve is not None else 0.0
@@ -53,19 +58,20 @@ class Limits:
         # Trials in flight will cost about the median each; the next, up to the costliest.
         committed = in_flight * statistics.median(costs) if costs else 0.0
         return self.budget_seconds is not None and bool(costs) and (
-            sum(costs) + committed + max(costs) > self.budget_seconds)
+            spent + committed + max(costs) > self.budget_seconds)
 
-    def trials_left(self, costs: list[float], in_flight: int) -> float | None:
+    def trials_left(self, costs: list[float], in_flight: int,
+                    spent: float | None = None) -> float | None:
         """About how many more trials of the median cost so far the limits leave room for
         (None: no limit bounds them yet), for a strategy that spends its last trials
         differently from its first."""
-        left = []
+        left, spent = [], sum(costs) if spent is None else spent
         if self.max_trials is not None:
             left.append(float(self.max_trials - len(costs) - in_flight))
         if costs and (typical := statistics.median(costs)) > 0:
             committed = in_flight * typical
             if self.budget_seconds is not None:
-                left.append((self.budget_seconds - sum(costs) - committed) / typical)
+                left.append((self.budget_seconds - spent - committed) / typical)
             if self.deadline is not None:
                 reserve = self.reserve() if self.reserve is not None else 0.0
                 left.append((self.deadline - time.time() - reserve - committed) / typical)
@@ -91,6 +97,7 @@ def drive(
     # What ran so far, for the limits: a resumed study's confirmation runs are not trials
     # of the search (search.n_trials counts those), nor priced like them.
     costs = [r.outcome.repeat_seconds for r in history if r.counted]
+    spent = [r.outcome.wall_seconds or 0.0 for r in history if r.counted]
     in_flight: dict[int, tuple[int, Proposal]] = {}  # ticket -> (trial number, proposal)
     claimed: list[TrialConfig] = []  # configs another driver took first
     asking, pruned_in_a_row = True, 0
@@ -106,10 +113,11 @@ def drive(
     try:
         while True:
             while asking and len(in_flight) < executor.capacity and not limits.exhausted(
-                    costs, len(in_flight)):
+                    costs, len(in_flight), sum(spent)):
                 pending = ([p.config for _, p in in_flight.values()] + log.running_elsewhere()
                            + claimed)
-                strategy.ctx.trials_left = limits.trials_left(costs, len(in_flight))
+                strategy.ctx.trials_left = limits.trials_left(costs, len(in_flight),
+                                                              sum(spent))
                 proposal = strategy.ask(history, pending)
                 if proposal is None or pruned_in_a_row >= MAX_PRUNED_IN_A_ROW:
                     asking = False
@@ -132,6 +140,7 @@ def drive(
             for ticket, outcome in executor.wait(timeout=HEARTBEAT_SECONDS):
                 number, proposal = in_flight.pop(ticket)
                 costs.append(outcome.repeat_seconds)
+                spent.append(outcome.wall_seconds or 0.0)
                 if review is not None:
                     review(log.record(proposal, outcome, number), history)
                 record(log.finish(number, proposal, outcome))
