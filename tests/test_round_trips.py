@@ -116,6 +116,7 @@ OUTCOME = Outcome(
     compile=Compile(seconds=12.5, cache="warm", cache_hits=4, cache_misses=1,
                     charged_seconds=11.0, recompiled_steps=1, run_seconds=600.0),
     launch=Launch(kind="warm", cold_because="a new environment", lease_wait_s=2.5,
+                  launcher_start_s=1.25,
                   node="n1", nodes=2, rank_nodes={0: "n1", 1: "n2"}, rank=1,
                   started_at=1.7e9, ended_at=1.7e9 + 30, time_limit_s=90.0,
                   compile_allowance_s=60.0, compile_not_counted_s=12.5,
