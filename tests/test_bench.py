@@ -239,7 +239,6 @@ def test_a_budget_too_thin_to_judge_is_said_with_one_that_is_not():
     assert thin_budget_note(land, 0.3) is None
 
 
-
 def test_our_simulators_landscapes_tell_what_a_real_search_reads_off_the_model(
         tmp_path, monkeypatch):
     """A landscape's meta carries what a real search knows before its first trial: GPT-Neo's

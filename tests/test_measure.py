@@ -356,11 +356,11 @@ def test_the_launchers_start_is_not_projected_onto_the_trials_after_it():
 
 
 def test_a_search_spends_its_budget_on_wall_time_and_projects_repeat_costs():
-    """The search loop itself (real Optuna study, autotune's strategy, the outcomes of
-    the CPU landscape measured here): every trial takes 10 s, the first 100 s more to start the warm
-    launcher. Within 140 s, four trials: after the first, 110 s spent and 10 s projected
-    (priced at its wall time, the next would be projected at 110 s: one trial; spent
-    counted as repeat costs, thirteen)."""
+    """The search loop itself (real Optuna study, autotune's strategy, the outcomes of the
+    CPU landscape measured here): every trial takes 10 s, the first 100 s more to start
+    the warm launcher. Within 140 s, four trials: after the first, 110 s spent and 10 s
+    projected (priced at its wall time, the next would be projected at 110 s: one trial;
+    spent counted as repeat costs, thirteen)."""
     from autotune.bench.bench import choices, context
     from autotune.bench.landscape import load_landscape
     from autotune.bench.replay import ReplayExecutor

@@ -368,7 +368,6 @@ class ForkServer:
     def __init__(self, env: dict[str, str]) -> None:
         self._pending = b""
         started = time.monotonic()
-        self.lent = 0  # trials it served
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "autotune.trials.forkserver"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
@@ -384,7 +383,13 @@ class ForkServer:
                 refused.start_seconds = time.monotonic() - started
                 raise refused
             raise RuntimeError("the warm launcher did not start")
-        self.start_seconds = time.monotonic() - started
+        # Its start, owed by the trial it is first lent to (`take_start`) and by no other.
+        self._start_owed = time.monotonic() - started
+
+    def take_start(self) -> float:
+        """The seconds this server took to start, the first time asked; 0 after."""
+        owed, self._start_owed = self._start_owed, 0.0
+        return owed
 
     def alive(self) -> bool:
         return self.proc.poll() is None

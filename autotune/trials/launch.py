@@ -174,8 +174,7 @@ def _run_warm(request: TrialRequest, tmpdir: Path, env: dict[str, str],
              forkserver.PRELOAD_MODULES: ",".join(trainer(request.spec.get("trainer")).preload),
              forkserver.PROBE_DEVICES: str(request.world_size // request.nodes)}
     with forkserver.borrowed(dict(os.environ) | model) as server:
-        started_it = server.start_seconds if server.lent == 0 else 0.0
-        server.lent += 1
+        started_it = server.take_start()
         pid = server.start({"request": str(tmpdir / "request.json"),
                             "result": str(tmpdir / "result.json"),
                             "log": str(tmpdir / "stderr.log"), "cwd": str(tmpdir),

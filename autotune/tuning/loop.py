@@ -97,7 +97,7 @@ def drive(
     # What ran so far, for the limits: a resumed study's confirmation runs are not trials
     # of the search (search.n_trials counts those), nor priced like them.
     costs = [r.outcome.repeat_seconds for r in history if r.counted]
-    spent = [r.outcome.wall_seconds or 0.0 for r in history if r.counted]
+    spent = sum(r.outcome.wall_seconds or 0.0 for r in history if r.counted)
     in_flight: dict[int, tuple[int, Proposal]] = {}  # ticket -> (trial number, proposal)
     claimed: list[TrialConfig] = []  # configs another driver took first
     asking, pruned_in_a_row = True, 0
@@ -113,11 +113,10 @@ def drive(
     try:
         while True:
             while asking and len(in_flight) < executor.capacity and not limits.exhausted(
-                    costs, len(in_flight), sum(spent)):
+                    costs, len(in_flight), spent):
                 pending = ([p.config for _, p in in_flight.values()] + log.running_elsewhere()
                            + claimed)
-                strategy.ctx.trials_left = limits.trials_left(costs, len(in_flight),
-                                                              sum(spent))
+                strategy.ctx.trials_left = limits.trials_left(costs, len(in_flight), spent)
                 proposal = strategy.ask(history, pending)
                 if proposal is None or pruned_in_a_row >= MAX_PRUNED_IN_A_ROW:
                     asking = False
@@ -140,7 +139,7 @@ def drive(
             for ticket, outcome in executor.wait(timeout=HEARTBEAT_SECONDS):
                 number, proposal = in_flight.pop(ticket)
                 costs.append(outcome.repeat_seconds)
-                spent.append(outcome.wall_seconds or 0.0)
+                spent += outcome.wall_seconds or 0.0
                 if review is not None:
                     review(log.record(proposal, outcome, number), history)
                 record(log.finish(number, proposal, outcome))
