@@ -117,6 +117,13 @@ class Cluster:
                 found |= {c.pid: c for c in p.children(recursive=True)}
         return [p for pid, p in found.items() if pid != os.getpid()]
 
+    def client_server_logs(self, tail: int = 1500) -> str:
+        """The end of each Ray Client server's error log on the head: why a client's server
+        died is written there and nowhere else."""
+        logs = sorted((self.temp / "session_latest" / "logs").glob("ray_client_server*.err"))
+        return "\n".join(f"== {f.name}\n{f.read_text(errors='replace')[-tail:]}"
+                         for f in logs) or f"no ray_client_server*.err under {self.temp}"
+
     def stop(self) -> None:
         """This cluster only: `ray stop` would stop every Ray of the user on the machine,
         a search someone runs beside the tests included."""
@@ -235,6 +242,8 @@ def test_the_device_is_found_on_a_worker_node_and_trials_run_there_via_ray_clien
                            timeout_s=180)
     try:
         out = executor.run(TrialConfig(4, 4))
+    except ClusterError as exc:  # the head's own words on why its servers died, for CI's log
+        raise AssertionError(f"{exc}\n{cluster.client_server_logs()}") from None
     finally:
         executor.close()
     # The injected failure and the connection that worked; a busy head's real failure in
