@@ -262,3 +262,38 @@ def test_our_simulators_landscapes_tell_what_a_real_search_reads_off_the_model(
     n, q = (load_landscape(tmp_path / s.name).shape for s in (neo, qwen))
     assert (n.attn_implementation, n.gated_mlp, n.intermediate_size) == ("eager", False, None)
     assert (q.attn_implementation, q.gated_mlp, q.intermediate_size) == ("auto", True, 8960)
+
+
+def test_a_noise_free_landscape_judges_a_find_by_its_worth_not_its_draw(tmp_path, monkeypatch):
+    """`simulate_landscape.py --noise-free` keeps every draw but the noise (so the same
+    statuses and peaks), and noise_free_quality.py scores a find by its expected rate: a
+    search that found the table's luckiest draw is judged by what that config is worth."""
+    import importlib.util
+
+    bench_dir = Path(__file__).resolve().parents[1] / "benchmarks"
+    modules = {}
+    for name in ("simulate_landscape", "noise_free_quality"):
+        spec = importlib.util.spec_from_file_location(name, bench_dir / f"{name}.py")
+        modules[name] = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, name, modules[name])
+        spec.loader.exec_module(modules[name])
+    sim, nfq = modules["simulate_landscape"], modules["noise_free_quality"]
+    neo = next(s for s in sim.SCENARIOS if "gpt-neo" in s.name)
+    monkeypatch.setattr(sim, "SCENARIOS", [neo])
+    sim.main(str(tmp_path / "noisy"))
+    sim.main(str(tmp_path / "clean"), noise_free=True)
+    noisy, clean = (load_landscape(tmp_path / d / neo.name).table for d in ("noisy", "clean"))
+    assert noisy.keys() == clean.keys()
+    assert all((noisy[c].status, noisy[c].peak_memory_bytes)
+               == (clean[c].status, clean[c].peak_memory_bytes) for c in noisy)
+    ok = [c for c in noisy if noisy[c].ok]
+    assert sum(noisy[c].samples_per_second != clean[c].samples_per_second for c in ok) \
+        > 0.9 * len(ok)
+    rates = nfq.expected_rates(tmp_path / "clean" / neo.name)
+    lucky = max(ok, key=lambda c: noisy[c].samples_per_second)
+    worth = rates[lucky.label()] / max(rates.values())
+    rows = [{"quality": 1.0, "found": lucky.label()}] * 10
+    j = nfq.judge(rows, rates, lucky.label())
+    assert (j["median"], j["p10"]) == (1.0, 1.0)
+    assert j["true_median"] == j["true_p10"] == j["table_best_worth"] == worth < 1.0
+    assert j["within_1pct"] >= 1
