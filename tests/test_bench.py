@@ -297,3 +297,9 @@ def test_a_noise_free_landscape_judges_a_find_by_its_worth_not_its_draw(tmp_path
     assert (j["median"], j["p10"]) == (1.0, 1.0)
     assert j["true_median"] == j["true_p10"] == j["table_best_worth"] == worth < 1.0
     assert j["within_1pct"] >= 1
+    # Judged among what the device rules allow: the fastest configs ruled out, the find is
+    # worth more of the best that is left.
+    top = max(rates.values())
+    j = nfq.judge(rows, rates, lucky.label(), allowed={k for k, v in rates.items() if v < top})
+    assert j["allowed_best_worth"] < 1.0
+    assert j["allowed_median"] == pytest.approx(worth / j["allowed_best_worth"])
