@@ -37,7 +37,11 @@ from autotune.records import FAILED, Record
 from autotune.tuning.strategies.base import Proposal, SearchContext, Strategy
 from autotune.tuning.strategies.memory_gate import MemoryGate
 from autotune.tuning.strategies.probe import REASON, RECIPE_REASON, BaselineProbe, RecipeProbe
-from autotune.tuning.strategies.surrogate import ThroughputModel, expected_improvement
+from autotune.tuning.strategies.surrogate import (
+    ThroughputModel,
+    expected_improvement,
+    probability_of_improvement,
+)
 
 MIN_GAIN = 0.01  # expected relative gain below which another trial is not worth it: half
 # the 2% noise floor of one short measurement (surrogate.NOISE_FLOOR): a trial could not
@@ -255,9 +259,8 @@ class AutotuneStrategy(Strategy):
         # improvement: that favoured the least known (on an H100, GPT-2-medium's
         # checkpointed twin, predicted 27% slower at sd 0.3, over its no-ZeRO twin within
         # 1%), and a near tie is settled by the configs that may be faster, not explored.
-        z = (self._mu[options] - math.log(incumbent.score)) / np.maximum(self._sd[options],
-                                                                          1e-6)
-        beats = 0.5 * (1.0 + np.vectorize(math.erf)(z / math.sqrt(2.0))) * self._p_fit[options]
+        beats = probability_of_improvement(self._mu[options], self._sd[options],
+                                           math.log(incumbent.score)) * self._p_fit[options]
         i = options[int(np.argmax(beats + self._jitter[options]))]
         c = self.ctx.candidates[i]
         return Proposal(c, NEAR_TIE_REASON, predicted_memory_bytes=self.gate.predicted(c))

@@ -176,6 +176,14 @@ class ThroughputModel:
 def expected_improvement(mu: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
     """E[max(0, Y - best)] for Y ~ N(mu, sd^2), in log throughput (relative gain)."""
     z = (mu - best) / sd
-    cdf = 0.5 * (1.0 + np.vectorize(math.erf)(z / math.sqrt(2.0)))
     pdf = np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
-    return (mu - best) * cdf + sd * pdf
+    return (mu - best) * _normal_cdf(z) + sd * pdf
+
+
+def probability_of_improvement(mu: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
+    """P(Y > best) for Y ~ N(mu, sd^2), in log throughput: a near tie's question."""
+    return _normal_cdf((mu - best) / sd)
+
+
+def _normal_cdf(z: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.vectorize(math.erf)(z / math.sqrt(2.0)))
