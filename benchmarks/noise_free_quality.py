@@ -6,7 +6,7 @@ noise, the table's best is the luckiest draw of them: a search that finds the tr
 config can score 0.96 by that measure, and one that finds a lucky draw scores 1.0. Our
 simulator can write the same landscapes without noise (`simulate_landscape.py OUT
 --noise-free`), so this reads the bench's `--json` files and judges each repeat's find
-again by its expected rate over the best expected rate.
+again by its noise-free rate over the best noise-free rate.
 
     .venv/bin/python benchmarks/noise_free_quality.py --noise-free DIR [DIR ...] \\
         --landscapes DIR [DIR ...] --json BENCH.json [BENCH.json ...]
@@ -14,11 +14,12 @@ again by its expected rate over the best expected rate.
 (`--noise-free`: folders of `simulate_landscape.py --noise-free` landscapes; `--landscapes`:
 the folders of the noisy ones the bench searched, to find each table's best.)
 
-Per landscape it prints the bench's median and p10 quality; the same judged by expected
+Per landscape it prints the bench's median and p10 quality; the same judged by noise-free
 rates; again against the best config the device rules let a search run (`allowed`; the
-simulator does not know that Liger's fused loss breaks under ZeRO-3, say, and `worth` is
-what that best is worth of the table's); the expected worth of the table's own best (how
-lucky its draw was); and how many configs lie within 1% and 2% of the best expected rate.
+simulator does not know that Liger's fused loss breaks under ZeRO-3, say; `worth` is that
+config's noise-free rate over the best's); the noise-free worth of the table's own best
+(how lucky its draw was); and how many configs lie within 1% and 2% of the best
+noise-free rate.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from autotune.bench.bench import context
+from autotune.bench.bench import RAW_SPACE, context
 from autotune.bench.landscape import load_landscape
 
 
@@ -40,7 +41,7 @@ def p10(values: list[float]) -> float:
 
 
 def expected_rates(folder: Path) -> dict[str, float]:
-    """Each ok config's label -> its expected samples/s."""
+    """Each ok config's label -> its noise-free samples/s."""
     land = load_landscape(folder)
     rates = {c.label(): o.samples_per_second for c, o in land.table.items() if o.ok}
     if len(rates) != sum(o.ok for o in land.table.values()):
@@ -50,14 +51,18 @@ def expected_rates(folder: Path) -> dict[str, float]:
 
 def judge(rows: list[dict], rates: dict[str, float], noisy_best: str,
           allowed: set[str] | None = None) -> dict:
-    """Bench rows' qualities, and again by expected rate; `allowed`: the configs the device
+    """Bench rows' qualities, and again by noise-free rate; `allowed`: the configs the device
     rules let a search run (the best is looked for among them, as the search must)."""
     best = max(rates.values())
-    best_allowed = max((v for k, v in rates.items() if k in allowed), default=best) \
-        if allowed is not None else best
+    best_allowed = best
+    if allowed is not None:
+        if not allowed.intersection(rates):
+            raise SystemExit("no config the rules allow worked on this landscape")
+        best_allowed = max(v for k, v in rates.items() if k in allowed)
     table = [r["quality"] for r in rows]
-    true = [rates[r["found"]] / best for r in rows]
-    true_allowed = [rates[r["found"]] / best_allowed for r in rows]
+    # A repeat that found nothing (`found` None) is worth nothing.
+    true = [rates.get(r["found"], 0.0) / best for r in rows]
+    true_allowed = [rates.get(r["found"], 0.0) / best_allowed for r in rows]
     return {"repeats": len(rows), "median": statistics.median(table), "p10": p10(table),
             "true_median": statistics.median(true), "true_p10": p10(true),
             "allowed_median": statistics.median(true_allowed),
@@ -92,7 +97,9 @@ def main() -> None:
             land = load_landscape(noisy[name])
             table_best = land.best()
             assert table_best is not None, name
-            allowed = {c.label() for c in context(land, 0).candidates}
+            # Random and TPE search the raw space, as a user would set them up.
+            raw = a.strategy in RAW_SPACE
+            allowed = {c.label() for c in context(land, 0, raw=raw).candidates}
             j = judge(mine, expected_rates(clean[name]), table_best[0].label(), allowed)
             print(f"{name:48s} {j['median']:6.3f} {j['p10']:6.3f} | {j['true_median']:6.3f} "
                   f"{j['true_p10']:6.3f} | {j['allowed_median']:7.3f} {j['allowed_p10']:6.3f} "

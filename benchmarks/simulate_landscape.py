@@ -68,8 +68,9 @@ HELD_OUT_SCENARIOS (written for issue 51, not tuned on), or with --held-out-2 fo
 HELD_OUT_2_SCENARIOS (a second set, written before the search changes it judged). --near
 adds, beside each, the same model, device and space at 3/4 of its seq_len with other noise
 (`<name>-seq<N>`): the pairs a results store's near match makes, for `autotune bench --seeded-from`.
---noise-free writes the same landscapes without their measurement noise (the same draws,
-so the same statuses): what benchmarks/noise_free_quality.py judges a search's find by.
+--noise-free writes the same landscapes without their measurement noise (statuses, peaks
+and the other draws do not depend on it), into an OUT of its own: what
+benchmarks/noise_free_quality.py judges a search's find by.
 """
 
 from __future__ import annotations
@@ -667,7 +668,7 @@ def main(out: str, gpuknobs: bool = False, near_too: bool = False,
     scenarios = (HELD_OUT_2_SCENARIOS if held_out_2 else HELD_OUT_SCENARIOS if held_out
                  else GPUKNOB_SCENARIOS if gpuknobs else SCENARIOS)
     for s in [x for base in scenarios for x in ([base, near(base)] if near_too else [base])]:
-        if noise_free:  # the same draws, each scaled by exp(0): every config's expected rate
+        if noise_free:  # each rate scaled by exp(0): the log-normal's median, noise-free
             s = dataclasses.replace(s, noise=0.0)
         folder = Path(out) / s.name
         folder.mkdir(parents=True, exist_ok=True)
@@ -692,4 +693,6 @@ if __name__ == "__main__":
     parser.add_argument("--held-out-2", action="store_true")
     parser.add_argument("--noise-free", action="store_true")
     a = parser.parse_args()
+    if a.noise_free and a.out == parser.get_default("out"):
+        parser.error("--noise-free needs an OUT of its own: the noisy landscapes share its names")
     main(a.out, a.gpuknobs, a.near, a.held_out, a.held_out_2, a.noise_free)
