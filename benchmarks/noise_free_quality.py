@@ -40,7 +40,7 @@ def p10(values: list[float]) -> float:
     return float(np.percentile(values, 10))
 
 
-def expected_rates(folder: Path) -> dict[str, float]:
+def noise_free_rates(folder: Path) -> dict[str, float]:
     """Each ok config's label -> its noise-free samples/s."""
     land = load_landscape(folder)
     rates = {c.label(): o.samples_per_second for c, o in land.table.items() if o.ok}
@@ -100,7 +100,7 @@ def main() -> None:
             # Random and TPE search the raw space, as a user would set them up.
             raw = a.strategy in RAW_SPACE
             allowed = {c.label() for c in context(land, 0, raw=raw).candidates}
-            j = judge(mine, expected_rates(clean[name]), table_best[0].label(), allowed)
+            j = judge(mine, noise_free_rates(clean[name]), table_best[0].label(), allowed)
             print(f"{name:48s} {j['median']:6.3f} {j['p10']:6.3f} | {j['true_median']:6.3f} "
                   f"{j['true_p10']:6.3f} | {j['allowed_median']:7.3f} {j['allowed_p10']:6.3f} "
                   f"{j['allowed_best_worth']:6.3f} | {j['table_best_worth']:10.3f} "

@@ -289,7 +289,7 @@ def test_a_noise_free_landscape_judges_a_find_by_its_worth_not_its_draw(tmp_path
     ok = [c for c in noisy if noisy[c].ok]
     assert sum(noisy[c].samples_per_second != clean[c].samples_per_second for c in ok) \
         > 0.9 * len(ok)
-    rates = nfq.expected_rates(tmp_path / "clean" / neo.name)
+    rates = nfq.noise_free_rates(tmp_path / "clean" / neo.name)
     lucky = max(ok, key=lambda c: noisy[c].samples_per_second)
     worth = rates[lucky.label()] / max(rates.values())
     rows = [{"quality": 1.0, "found": lucky.label()}] * 10
