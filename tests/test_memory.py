@@ -715,3 +715,18 @@ def test_a_family_never_measured_takes_its_memory_twins_measurement():
     # it hid the miss, and a held-out landscape ran 5 OOM trials where it had run 3).
     assert m.family_error > headroom
 
+
+def test_what_is_memoised_of_a_fit_is_forgotten_at_the_next_measurement():
+    """A strategy asks every candidate after every trial, so the stand-ins and the bytes
+    extrapolated are memoised until the next update: a measurement of the twin's own batch,
+    then of the family itself, each changes the answer."""
+    m, _ = _toy_model()
+    sdpa = {"attn_implementation": "sdpa"}
+    m.observe(_knobs(4, **sdpa), 9 * GiB)
+    fp16 = _knobs(8, precision="fp16", **sdpa)
+    far = m.extrapolated_bytes(fp16)  # four samples from its twin's measurement
+    assert far > 0 and m.predict_total(fp16) != 14 * GiB
+    m.observe(_knobs(8, **sdpa), 14 * GiB)
+    assert m.extrapolated_bytes(fp16) == 0 and m.predict_total(fp16) == 14 * GiB
+    m.observe(fp16, 13 * GiB)  # its own measurement, no longer its twin's
+    assert m.predict_total(fp16) == 13 * GiB and m.extrapolated_bytes(fp16) == 0

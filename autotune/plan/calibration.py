@@ -90,7 +90,10 @@ class MemoryModel(Physics):
         self._errors: list[float] = []  # each measured family's relative residual
         self._offsets: dict[Family, float] = {}
         self._effects: tuple[float, dict] | None = None
-        self._memo: dict[TrialConfig, float] = {}  # predict_total until the next update
+        # Until the next update: predict_total, extrapolated_bytes and the stand-ins.
+        self._memo: dict[TrialConfig, float] = {}
+        self._extrapolated: dict[TrialConfig, float] = {}
+        self._stand_ins: dict[TrialConfig, TrialConfig] = {}
         self.family_error = PRIOR_FAMILY_ERROR  # see _refit
         self._ooms: dict[TrialConfig, int] = {}  # each OOM and the limit it passed
         # What OOMs the fit leaves under their limit teach (`_bound`): each such OOM with
@@ -149,6 +152,13 @@ class MemoryModel(Physics):
         est.known_oom, est.calibrated = self.known_oom(c), bool(self._points)
         est.components["runtime"] += int(self.predict_total(c)) - est.total_bytes
         return est
+
+    def _forget(self) -> None:
+        """Drops what was memoised of the last fit (a strategy asks every candidate after
+        every update)."""
+        self._memo.clear()
+        self._extrapolated.clear()
+        self._stand_ins.clear()
 
     def predict_total(self, c: TrialConfig) -> float:
         """The calibrated peak alone. (Uncalibrated, it equals the physics.)"""
@@ -215,13 +225,19 @@ class MemoryModel(Physics):
         implementations) share what was measured, rather than the one never run being
         predicted from the shared fit alone (Qwen2-1.5B on an A10G: 23.4 GiB for SDPA
         beside 21.7 measured with flash-attention 2, the same kernel's memory)."""
+        cached = self._stand_ins.get(c)
+        if cached is None:
+            cached = self._stand_ins[c] = self._find_stand_in(c)
+        return cached
+
+    def _find_stand_in(self, c: TrialConfig) -> TrialConfig:
         fam = c.family
         if fam in self._points or not self._points:
             return c
         if fam not in self._twins:
-            near = []
+            near, free = [], _memory_free_groups()
             for twin, points in self._points.items():
-                if not _twins_in_memory(fam, twin):
+                if not _twins_in_memory(fam, twin, free):
                     continue
                 b = min(points)
                 ref = self._configs[twin, b]
@@ -274,6 +290,12 @@ class MemoryModel(Physics):
         """How much of the prediction is not pinned by a measurement: the activations
         between `c` and its family's nearest measured batch, or everything when the family
         has none. Headroom for error scales with it."""
+        cached = self._extrapolated.get(c)
+        if cached is None:
+            cached = self._extrapolated[c] = self._extrapolate(c)
+        return cached
+
+    def _extrapolate(self, c: TrialConfig) -> float:
         c = self._stand_in(c)
         points = self._points.get(c.family)
         if not points:
@@ -314,7 +336,7 @@ class MemoryModel(Physics):
             self._twins.clear()
         self._points.setdefault(c.family, {})[c.per_device_train_batch_size] = measured_bytes
         self._configs[c.family, c.per_device_train_batch_size] = c
-        self._memo.clear()
+        self._forget()
         self._refit()
 
     def observe_oom(self, c: TrialConfig, limit_bytes: int) -> None:
@@ -322,7 +344,7 @@ class MemoryModel(Physics):
         the prediction stays under the limit, what is particular to it is lifted
         (`_censored`, `_bound`)."""
         fam, b = c.family, c.per_device_train_batch_size
-        self._memo.clear()
+        self._forget()
         self._oom_at[fam] = min(b, self._oom_at.get(fam, b))
         self._ooms[c] = limit_bytes
         self._refit()
@@ -393,7 +415,7 @@ class MemoryModel(Physics):
         it measured there with less than half that excess. (An OOM of a measured family
         says only that its batch and larger ones do not fit: `known_oom`.) Every OOM
         predicted under its limit widens `family_error`, the headroom the search keeps."""
-        self._memo.clear()
+        self._forget()
         self._unexplained, self._combos, self._cleared = [], [], set()
         missed = []  # how far under its limit each OOM was predicted, relative
         for c, limit in self._ooms.items():
@@ -415,7 +437,7 @@ class MemoryModel(Physics):
         # batch): what ran out is the batch's bytes, or how the values meet.
         self._cleared = {c for c, need in self._unexplained if all(
             self._refuted(frozenset([lv]), 0, need) for lv in c.family.levels())}
-        self._memo.clear()
+        self._forget()
 
     def _above(self, c: TrialConfig) -> float:
         """The factor of an unexplained OOM on `c`, one knob group from it, at its batch or
@@ -490,10 +512,14 @@ def _leaves_engine(group: Sequence[knobs.Knob], oom: Family, other: Family) -> b
                for k in group)
 
 
-def _twins_in_memory(a: Family, b: Family) -> bool:
-    """Whether two families differ only in knobs whose values the physics may call equal
-    in memory (the knob table's `memory_twins`)."""
-    free = {g for g, members in knobs.groups().items() if all(k.memory_twins for k in members)}
+def _memory_free_groups() -> set[str]:
+    """The knob groups whose every value the physics may call equal in memory (the knob
+    table's `memory_twins`)."""
+    return {g for g, members in knobs.groups().items() if all(k.memory_twins for k in members)}
+
+
+def _twins_in_memory(a: Family, b: Family, free: set[str]) -> bool:
+    """Whether two families differ only in the `free` groups (`_memory_free_groups`)."""
     return all(x == y or g in free
                for (g, x), (_, y) in zip(a.levels(), b.levels(), strict=True))
 
