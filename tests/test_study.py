@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
 from autotune.config import BATCH, TrialConfig
@@ -134,3 +135,71 @@ def test_drivers_opening_a_new_storage_at_once_all_get_the_study(tmp_path):
     errors = [p.communicate(timeout=120)[1] for p in procs]
     assert all(p.returncode == 0 for p in procs), errors
     assert optuna.get_all_study_names(storage) == ["s"]
+
+
+def _interrupt_once(monkeypatch, obj, name: str, when=lambda *a, **k: True) -> None:
+    """Ctrl-C landing at `obj.name`'s first call that `when` picks."""
+    real = getattr(obj, name)
+    fired = []
+
+    def interrupted(*args, **kwargs):
+        if not fired and when(*args, **kwargs):
+            fired.append(True)
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(obj, name, interrupted)
+
+
+def test_a_ctrl_c_after_the_outcome_is_written_keeps_the_measurement(tmp_path, monkeypatch):
+    """One CI run's Ctrl-C landed between a trial's outcome being written and its tell:
+    the trial was abandoned, its measurement lost and its config run again, and the
+    resumed search counted one trial fewer than had run."""
+    log = _log(f"sqlite:///{tmp_path / 'study.db'}")
+    proposal = Proposal(CONFIGS[0], "baseline")
+    number = log.start(proposal)
+    _interrupt_once(monkeypatch, log.study, "tell")
+    with pytest.raises(KeyboardInterrupt):
+        log.finish(number, proposal, Outcome("ok", samples_per_second=50.0,
+                                             peak_memory_bytes=GiB))
+    log.abandon("interrupted")
+    trial = log.study.trials[number]
+    assert trial.state == TrialState.COMPLETE and trial.value == 50.0
+    assert ABANDONED_KEY not in trial.user_attrs and trial.constraints == {"memory": -0.5}
+    assert [r.outcome.samples_per_second for r in log.history()] == [50.0]
+    assert log.abandoned() == []
+
+
+def test_a_ctrl_c_before_the_outcome_is_written_runs_the_config_again(tmp_path, monkeypatch):
+    """A record written in part (its outcome not yet) is no record: the config is owed."""
+    log = _log(f"sqlite:///{tmp_path / 'study.db'}")
+    proposal = Proposal(CONFIGS[0], "model")
+    number = log.start(proposal)
+    _interrupt_once(monkeypatch, log, "_set",
+                    lambda number, attrs, **kw: "outcome" in attrs)
+    with pytest.raises(KeyboardInterrupt):
+        log.finish(number, proposal, Outcome("ok", samples_per_second=50.0))
+    log.abandon("interrupted")
+    assert "outcome" not in log.study.trials[number].user_attrs
+    assert log.history() == [] and log.abandoned() == [(CONFIGS[0], "model")]
+
+
+def test_a_dead_drivers_trial_with_its_outcome_written_is_told_not_run_again(tmp_path,
+                                                                           monkeypatch):
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    first = _log(storage)
+    proposal = Proposal(CONFIGS[1], "model")
+    number = first.start(proposal)
+    _interrupt_once(monkeypatch, first.study, "tell")  # killed before its tell
+    with pytest.raises(KeyboardInterrupt):
+        first.finish(number, proposal, Outcome("oom", error="budget"))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    trial_id = first.storage.get_trial_id_from_study_id_trial_number(first.study_id, number)
+    first.storage.set_trial_system_attr(trial_id, DRIVER_KEY, first.driver | {"pid": int(dead)})
+    second = _log(storage)
+    assert second.recover_abandoned() == []
+    trial = second.study.trials[number]
+    assert trial.state == TrialState.COMPLETE and trial.constraints == {"memory": 1.0}
+    assert [r.outcome.status for r in second.history()] == ["oom"]
+    assert second.abandoned() == []

@@ -218,18 +218,38 @@ class StudyLog:
         if outcome.predicted_memory_bytes is None:
             outcome.predicted_memory_bytes = proposal.predicted_memory_bytes
         record = self.record(proposal, outcome, number)
+        self._conclude(number, record)
+        return record
+
+    def _conclude(self, number: int, record: Record) -> None:
+        """The record written, its outcome last, then told. A Ctrl-C (or a kill) can land
+        between the writes: a trial whose outcome is written holds its whole record, and
+        `abandon` and `recover_abandoned` tell it rather than run its config again (the
+        measurement was made; one CI run lost it that way, and miscounted the resume)."""
+        outcome = record.outcome
         value, constraint = None, None
         if outcome.status == OK:
             value = float(record.score or 0.0)
             constraint = (outcome.peak_memory_bytes or 0) / self.limit_bytes - 1.0
         elif outcome.status == OOM:
             value, constraint = 0.0, 1.0
-        self._set(number, _record_attrs(record))
         if constraint is not None:
             self._set(number, {CONSTRAINT_KEY: constraint}, system=True)
-        self.study.tell(number, value, state=None if value is not None else TrialState.FAIL)
+        attrs = _record_attrs(record)
+        self._set(number, {k: v for k, v in attrs.items() if k != "outcome"})
+        self._set(number, {"outcome": attrs["outcome"]})
+        self.study.tell(number, value, state=None if value is not None else TrialState.FAIL,
+                        skip_if_finished=True)
         self._numbers.discard(number)
-        return record
+
+    def _measured(self, trial: FrozenTrial) -> bool:
+        """A RUNNING trial whose outcome was written before its driver stopped: told as
+        that outcome, not abandoned."""
+        if "outcome" not in trial.user_attrs or "config" not in trial.user_attrs:
+            return False
+        self._conclude(trial.number,
+                       Record.from_dict(trial.user_attrs | {"number": trial.number}))
+        return True
 
     def prune(self, proposal: Proposal) -> Record:
         """A config not run because a prediction says it would not fit."""
@@ -269,14 +289,18 @@ class StudyLog:
 
     def abandon(self, why: str) -> None:
         """This driver stops with trials in flight (interrupted): they will run again."""
+        running = {t.number: t for t in self._trials([TrialState.RUNNING])}
         for number in list(self._numbers):
+            if number in running and self._measured(running[number]):
+                continue
             self._set(number, {ABANDONED_KEY: why})
             self.study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
         self._numbers.clear()
 
     def recover_abandoned(self) -> list[int]:
         """RUNNING trials whose driver is gone (killed on this host, or silent for longer
-        than STALE_SECONDS anywhere): marked abandoned, so their configs run again."""
+        than STALE_SECONDS anywhere): marked abandoned, so their configs run again, unless
+        their outcome was written (then told it)."""
         gone = []
         host = socket.gethostname()
         for t in self._trials([TrialState.RUNNING]):
@@ -285,6 +309,8 @@ class StudyLog:
             dead_here = (driver.get("host") == host
                          and not psutil.pid_exists(int(driver.get("pid") or -1)))
             if dead_here or time.time() - beat > STALE_SECONDS:
+                if self._measured(t):
+                    continue
                 self._set(t.number, {ABANDONED_KEY: "its driver stopped while it ran"})
                 self.study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
                 gone.append(t.number)
