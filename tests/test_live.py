@@ -74,6 +74,10 @@ def test_a_spec_from_init_on_a_saved_llama_folder_searches_as_written(tmp_path):
     spec = yaml.safe_load((tmp_path / "model.yaml").read_text())
     assert spec["data"]["seq_len"] == 256 and spec["model"]["name_or_path"].endswith(
         "tiny-llama")
+    # As written, less the confirmation (6 runs, 40 of the search's 90 s alone): the
+    # confirmation of a real search is tested in test_search_cli (TPE) and test_remember.
+    spec.setdefault("search", {})["confirm_repeats"] = 0
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump(spec))
     search = subprocess.run([sys.executable, "-m", "autotune", "search", "model.yaml",
                              "--trials", "3"], capture_output=True, text=True, timeout=900,
                             cwd=tmp_path)
