@@ -355,6 +355,35 @@ def test_the_launchers_start_is_not_projected_onto_the_trials_after_it():
         [first.repeat_seconds], 0)
 
 
+def test_the_confirmation_is_priced_with_the_waits_for_another_searchs_trials():
+    """Found running the README's example beside the GRPO one on 2 cores: each trial
+    waited 9-73 s for the other search's, which its wall time leaves out. Priced without
+    them, the confirmation did not fit what the search left it, and its 15 minutes ran
+    out with one or two runs of each contender. Each owed run now pays the recent
+    trials' median wait; the waits of trials long past do not count."""
+    from autotune.records import Launch
+
+    def rec(n, batch, accum, reason, wait):
+        return Record(TrialConfig.of(batch, accum), Outcome(
+            "ok", samples_per_second=10.0 + n, wall_seconds=8.0, timed_seconds=2.0,
+            launch=Launch(lease_wait_s=wait)), reason, n)
+
+    alone = [rec(0, 16, 1, "baseline", 0.0), rec(1, 8, 2, "model", 0.0)]
+    each = 8.0 + 2.0 * (confirm.STEPS_FACTOR - 1)
+    assert confirm.cost_seconds(confirm.contenders(alone, 16), 3, history=alone) == (
+        pytest.approx(2 * 3 * each))
+    beside = alone + [rec(2, 4, 4, "model", 40.0), rec(3, 2, 8, "model", 60.0),
+                      rec(4, 16, 1, "recipe", 50.0)]
+    assert confirm.lease_wait_seconds(beside) == pytest.approx(45.0)  # the last four's
+    picked = confirm.contenders(beside, 16)
+    assert confirm.cost_seconds(picked, 3, history=beside) == pytest.approx(
+        len(picked) * 3 * (each + 45.0))
+    # A pruned config ran nowhere and waited for nothing: it is no evidence of a wait.
+    pruned = Record(TrialConfig.of(1, 16), Outcome("pruned"), "predicted-oom", 5)
+    assert confirm.lease_wait_seconds(beside + [pruned]) == pytest.approx(45.0)
+    assert confirm.lease_wait_seconds(beside + [rec(6, 16, 1, "model", 0.0)] * 4) == 0.0
+
+
 def test_a_search_spends_its_budget_on_wall_time_and_projects_repeat_costs():
     """The search loop itself (real Optuna study, autotune's strategy, the outcomes of the
     CPU landscape measured here): every trial takes 10 s, the first 100 s more to start

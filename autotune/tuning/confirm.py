@@ -30,6 +30,7 @@ MAX_RUNNER_UPS = 2
 STEPS_FACTOR = 2  # confirmation trials time this many times the search's steps
 INTERVAL = (5.0, 95.0)  # percentiles of the bootstrap interval on the speedup
 BOOTSTRAP_SAMPLES = 4000
+RECENT_WAITS = 4  # trials whose lease waits price the confirmation's (another search's)
 
 
 def contenders(history: Sequence[Record], per_rank: int) -> list[tuple[str, Record]]:
@@ -64,18 +65,30 @@ def cost_seconds(picked: Sequence[tuple[str, Record]], repeats: int,
     """About how long confirming `picked` takes: each contender's search trial again (its
     start-up and warm-up as they were, its timed steps STEPS_FACTOR times), as many times
     as it still owes of `repeats` (a resumed study's earlier confirmation runs in
-    `history` count), `capacity` at a time, but no less than the costliest contender's
+    `history` count), each after the wait for devices its trials have lately had
+    (`lease_wait_seconds`), `capacity` at a time, but no less than the costliest contender's
     repeats one after another (a baseline's repeats wait for each other). On an H200
     this prices a GPT-2 search's six runs at 54 s; they took 53 s. The 18 median trials
     held back before were 130 s, which ended that 120 s search at its first trial past
     the baseline's probes."""
     owed = []
+    wait = lease_wait_seconds(history)
     for role, r in picked:
         done = len(confirmation_runs(history, confirmed_config(history, role, r)))
         each = r.outcome.repeat_seconds + (r.outcome.timed_seconds or 0.0) * (
             STEPS_FACTOR - 1)
-        owed.append(each * max(0, repeats - done))
+        owed.append((each + wait) * max(0, repeats - done))
     return max(sum(owed) / max(1, capacity), max(owed, default=0.0))
+
+
+def lease_wait_seconds(history: Sequence[Record]) -> float:
+    """What each run is likely to wait for the devices another search holds: the median
+    wait of the last RECENT_WAITS trials that ran. A trial's wall time leaves its wait
+    out, so without this a search beside another priced its confirmation at a third of
+    what it took, ran on, and reached its timeout with the confirmation cut to one or
+    two runs each (the tiny example beside the GRPO one, on 2 cores: waits of 9-73 s)."""
+    waits = [r.outcome.launch.lease_wait_s or 0.0 for r in history if r.outcome.ran]
+    return float(np.median(waits[-RECENT_WAITS:])) if waits else 0.0
 
 
 def confirmed_config(history: Sequence[Record], role: str, r: Record) -> TrialConfig:

@@ -168,7 +168,8 @@ def _search(spec: Spec, shape: ModelShape | None, space_file: Space, device: Dev
     repeats = spec.search.confirm_repeats
     _say_resumed(history, study_name, storage, spec.search.n_trials)
     # The confirmation's trials are paid from the same time budget: the search leaves room
-    # for the repeats of the contenders it has so far, priced at their own trials' times.
+    # for the repeats of the contenders it has so far, priced at their own trials' times
+    # and the recent trials' waits for another search's.
     limits = Limits(max_trials=spec.search.n_trials, deadline=deadline,
                     reserve=lambda: confirm.cost_seconds(
                         confirm.contenders(history, spec.per_rank_batch), repeats,
