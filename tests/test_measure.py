@@ -384,6 +384,42 @@ def test_the_confirmation_is_priced_with_the_waits_for_another_searchs_trials():
     assert confirm.lease_wait_seconds(beside + [rec(6, 16, 1, "model", 0.0)] * 4) == 0.0
 
 
+def test_each_confirmation_round_runs_the_best_and_the_baseline_first(tmp_path):
+    """A confirmation its deadline cuts keeps the speedup's interval (two runs each of the
+    best and the baseline) before a runner-up's second run: beside another search, the
+    baseline ran last in its round, once, and the report had no interval."""
+    from autotune.tuning.strategies.base import SearchContext
+    from tests.conftest import TINY_SPEC
+
+    searched = [_rec(0, "fp32", [], batch=16, reason="baseline", sps=20.0),
+                _rec(1, "bf16", [], batch=8, reason="recipe", sps=21.0),
+                _rec(2, "fp32", [], batch=4, sps=24.0), _rec(3, "fp32", [], batch=2, sps=23.5)]
+    picked = confirm.contenders(searched, 16)
+    assert [(role, r.number) for role, r in picked] == [
+        ("best", 2), ("runner-up", 3), ("recipe", 1), ("baseline", 0)]
+    spec = load_spec(TINY_SPEC | {"output": str(tmp_path / "out")})
+    ctx = SearchContext([], DeviceSpec("cpu", "cpu", 2**34), 1, 16, 2**30)
+    strategy = confirm.ConfirmStrategy(ctx, spec, tmp_path, picked, 2, on_cpu=True)
+    history, asked = list(searched), []
+    while (proposal := strategy.ask(history)) is not None:
+        asked.append(proposal.config.per_device_train_batch_size)
+        history.append(Record(proposal.config, Outcome("ok", samples_per_second=20.0),
+                              CONFIRM_REASON, len(history)))
+    assert asked == [4, 16, 8, 2] * 2
+    # The best is first whatever its role: here the recipe is the fastest.
+    searched[1].outcome.samples_per_second = 24.5
+    picked = confirm.contenders(searched, 16)
+    assert [(role, r.number) for role, r in picked] == [
+        ("recipe", 1), ("runner-up", 2), ("runner-up", 3), ("baseline", 0)]
+    strategy = confirm.ConfirmStrategy(ctx, spec, tmp_path, picked, 1, on_cpu=True)
+    history, asked = list(searched), []
+    while (proposal := strategy.ask(history)) is not None:
+        asked.append(proposal.config.per_device_train_batch_size)
+        history.append(Record(proposal.config, Outcome("ok", samples_per_second=20.0),
+                              CONFIRM_REASON, len(history)))
+    assert asked == [8, 16, 4, 2]
+
+
 def test_a_search_spends_its_budget_on_wall_time_and_projects_repeat_costs():
     """The search loop itself (real Optuna study, autotune's strategy, the outcomes of the
     CPU landscape measured here): every trial takes 10 s, the first 100 s more to start

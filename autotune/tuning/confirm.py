@@ -30,6 +30,9 @@ MAX_RUNNER_UPS = 2
 STEPS_FACTOR = 2  # confirmation trials time this many times the search's steps
 INTERVAL = (5.0, 95.0)  # percentiles of the bootstrap interval on the speedup
 BOOTSTRAP_SAMPLES = 4000
+# A confirmation round's order after the best (first, whatever its role): the speedup's
+# denominator, then the recipe's, then the runner-ups.
+ROUND_ORDER = {BASELINE: 1, RECIPE: 2}
 RECENT_WAITS = 4  # trials whose lease waits price the confirmation's (another search's)
 
 
@@ -127,7 +130,11 @@ def long_run_reference(history: Sequence[Record], base: TrialConfig,
 
 class ConfirmStrategy(Strategy):
     """Proposes the contenders round-robin until each has `repeats` confirmation trials
-    (counting those of an earlier session of the study)."""
+    (counting those of an earlier session of the study). Each round runs the best first,
+    then the baseline, then the recipe, then the runner-ups: a confirmation the deadline
+    cuts keeps two runs of the best and the baseline, the speedup's interval, where it
+    would have spent them on a runner-up (seen beside another search on 2 cores: the
+    baseline, last in its round, ran once and the report had no interval)."""
 
     name = CONFIRM_REASON
 
@@ -153,9 +160,10 @@ class ConfirmStrategy(Strategy):
 
     def ask(self, history: Sequence[Record],
             pending: Sequence[TrialConfig] = ()) -> Proposal | None:
-        done, waiting = {}, set()
-        for role, r in self.picked:
+        done, waiting, order = {}, set(), {}
+        for i, (role, r) in enumerate(self.picked):
             config = confirmed_config(history, role, r)
+            order.setdefault(config, 0 if i == 0 else ROUND_ORDER.get(role, len(ROUND_ORDER) + 1))
             if role in (BASELINE, RECIPE) and any(c in reference_chain(r.config, role)
                                                   for c in pending):
                 waiting.add(config)  # a repeat in flight may yet move it down its chain
@@ -166,7 +174,8 @@ class ConfirmStrategy(Strategy):
         open_ = {c: n for c, n in done.items() if n < self.repeats and c not in waiting}
         if not open_:
             return None
-        config = min(open_, key=lambda c: open_[c])  # round-robin: interleaved repeats
+        # Round-robin (interleaved repeats), in each round by `order`.
+        config = min(open_, key=lambda c: (open_[c], order[c]))
         return Proposal(config, CONFIRM_REASON, repeat=True, overrides={
             "training_args": self._exported(config), "steps": self.steps})
 
