@@ -373,15 +373,17 @@ def test_the_confirmation_is_priced_with_the_waits_for_another_searchs_trials():
     assert confirm.cost_seconds(confirm.contenders(alone, 16), 3, history=alone) == (
         pytest.approx(2 * 3 * each))
     beside = alone + [rec(2, 4, 4, "model", 40.0), rec(3, 2, 8, "model", 60.0),
-                      rec(4, 16, 1, "recipe", 50.0)]
+                      rec(4, 8, 2, "recipe", 50.0)]
     assert confirm.lease_wait_seconds(beside) == pytest.approx(45.0)  # the last four's
     picked = confirm.contenders(beside, 16)
+    assert [(role, r.number) for role, r in picked] == [("recipe", 4), ("baseline", 0)]
     assert confirm.cost_seconds(picked, 3, history=beside) == pytest.approx(
-        len(picked) * 3 * (each + 45.0))
-    # A pruned config ran nowhere and waited for nothing: it is no evidence of a wait.
+        2 * 3 * (each + 45.0))
+    # A pruned config ran nowhere and a lost one recorded no wait: neither is evidence.
     pruned = Record(TrialConfig.of(1, 16), Outcome("pruned"), "predicted-oom", 5)
-    assert confirm.lease_wait_seconds(beside + [pruned]) == pytest.approx(45.0)
-    assert confirm.lease_wait_seconds(beside + [rec(6, 16, 1, "model", 0.0)] * 4) == 0.0
+    lost = Record(TrialConfig.of(1, 16), Outcome("lost"), "model", 6)
+    assert confirm.lease_wait_seconds(beside[2:] + [pruned, lost]) == pytest.approx(50.0)
+    assert confirm.lease_wait_seconds(beside + [rec(7, 16, 1, "model", 0.0)] * 4) == 0.0
 
 
 def test_each_confirmation_round_runs_the_best_and_the_baseline_first(tmp_path):

@@ -203,3 +203,33 @@ def test_a_dead_drivers_trial_with_its_outcome_written_is_told_not_run_again(tmp
     assert trial.state == TrialState.COMPLETE and trial.constraints == {"memory": 1.0}
     assert [r.outcome.status for r in second.history()] == ["oom"]
     assert second.abandoned() == []
+
+
+def test_a_ctrl_c_after_the_tell_leaves_the_trial_as_told(tmp_path, monkeypatch):
+    """The Ctrl-C lands after the tell, before the driver forgets the trial: abandoning it
+    would write to a finished trial (Optuna refuses) and hide the interrupt."""
+    log = _log(f"sqlite:///{tmp_path / 'study.db'}")
+    proposal, other = Proposal(CONFIGS[0], "baseline"), Proposal(CONFIGS[1], "model")
+    number, in_flight = log.start(proposal), log.start(other)
+    log.finish(number, proposal, Outcome("ok", samples_per_second=50.0))
+    log._numbers.add(number)  # as if the interrupt came before the discard
+    log.abandon("interrupted")
+    assert log.study.trials[number].state == TrialState.COMPLETE
+    assert ABANDONED_KEY in log.study.trials[in_flight].user_attrs
+    assert log.abandoned() == [(CONFIGS[1], "model")]
+
+
+def test_a_samplers_prune_cut_before_its_tell_is_recovered_as_pruned(tmp_path, monkeypatch):
+    """TPE and GP read PRUNED trials and drop FAIL ones: a prune recovered as a failure
+    would hide from them what the prediction said."""
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    first = _log(storage)
+    asked = first.study.ask()
+    proposal = Proposal(CONFIGS[5], "predicted-oom: x", run=False, trial_number=asked.number)
+    _interrupt_once(monkeypatch, first.study, "tell")
+    with pytest.raises(KeyboardInterrupt):
+        first.prune(proposal)
+    second = _log(storage)  # its heartbeat never written: stale at once
+    assert second.recover_abandoned() == []
+    assert second.study.trials[asked.number].state == TrialState.PRUNED
+    assert [r.outcome.status for r in second.history()] == ["pruned"]

@@ -89,8 +89,10 @@ def lease_wait_seconds(history: Sequence[Record]) -> float:
     wait of the last RECENT_WAITS trials that ran. A trial's wall time leaves its wait
     out, so without this a search beside another priced its confirmation at a third of
     what it took, ran on, and reached its timeout with the confirmation cut to one or
-    two runs each (the tiny example beside the GRPO one, on 2 cores: waits of 9-73 s)."""
-    waits = [r.outcome.launch.lease_wait_s or 0.0 for r in history if r.outcome.ran]
+    two runs each (the tiny example beside the GRPO one, on 2 cores: waits of 9-73 s).
+    A trial with no wait recorded (lost before its lease) is no evidence of one."""
+    waits = [w for r in history if r.outcome.ran
+             and (w := r.outcome.launch.lease_wait_s) is not None]
     return float(np.median(waits[-RECENT_WAITS:])) if waits else 0.0
 
 
@@ -163,7 +165,10 @@ class ConfirmStrategy(Strategy):
         done, waiting, order = {}, set(), {}
         for i, (role, r) in enumerate(self.picked):
             config = confirmed_config(history, role, r)
-            order.setdefault(config, 0 if i == 0 else ROUND_ORDER.get(role, len(ROUND_ORDER) + 1))
+            # Two roles may share a config (a reference moved down its chain onto a
+            # runner-up's): the earlier place in the round holds.
+            rank = 0 if i == 0 else ROUND_ORDER.get(role, len(ROUND_ORDER) + 1)
+            order[config] = min(order.get(config, rank), rank)
             if role in (BASELINE, RECIPE) and any(c in reference_chain(r.config, role)
                                                   for c in pending):
                 waiting.add(config)  # a repeat in flight may yet move it down its chain

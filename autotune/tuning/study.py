@@ -6,7 +6,8 @@ COMPLETE with value 0 and a violated memory constraint (the samplers' constraint
 only reads COMPLETE trials, so an OOM told as FAIL would teach them nothing); a config
 pruned on a memory prediction PRUNED; a failed trial FAIL. A sampler's proposal that is
 no trial (a repeat, an excluded combination) is told and marked skipped. A RUNNING trial
-whose driver died is marked abandoned when the search resumes, and its config runs again.
+whose driver died or was interrupted is marked abandoned, and its config runs again;
+unless its outcome was written (the last of its record), when it is told that outcome.
 """
 
 from __future__ import annotations
@@ -227,28 +228,36 @@ class StudyLog:
         `abandon` and `recover_abandoned` tell it rather than run its config again (the
         measurement was made; one CI run lost it that way, and miscounted the resume)."""
         outcome = record.outcome
-        value, constraint = None, None
+        constraint = None
         if outcome.status == OK:
-            value = float(record.score or 0.0)
             constraint = (outcome.peak_memory_bytes or 0) / self.limit_bytes - 1.0
         elif outcome.status == OOM:
-            value, constraint = 0.0, 1.0
+            constraint = 1.0
         if constraint is not None:
             self._set(number, {CONSTRAINT_KEY: constraint}, system=True)
         attrs = _record_attrs(record)
         self._set(number, {k: v for k, v in attrs.items() if k != "outcome"})
         self._set(number, {"outcome": attrs["outcome"]})
-        self.study.tell(number, value, state=None if value is not None else TrialState.FAIL,
-                        skip_if_finished=True)
+        self._tell(number, record)
+
+    def _tell(self, number: int, record: Record) -> None:
+        """Optuna told what the record says: its score (0 for an OOM), a prune as PRUNED
+        (the samplers read those, not FAIL), any other failure as FAIL."""
+        status = record.outcome.status
+        if status in (OK, OOM):
+            value = float(record.score or 0.0) if status == OK else 0.0
+            self.study.tell(number, value, skip_if_finished=True)
+        else:
+            state = TrialState.PRUNED if status == PRUNED else TrialState.FAIL
+            self.study.tell(number, state=state, skip_if_finished=True)
         self._numbers.discard(number)
 
     def _measured(self, trial: FrozenTrial) -> bool:
         """A RUNNING trial whose outcome was written before its driver stopped: told as
-        that outcome, not abandoned."""
+        that outcome (its constraint was written before it), not abandoned."""
         if "outcome" not in trial.user_attrs or "config" not in trial.user_attrs:
             return False
-        self._conclude(trial.number,
-                       Record.from_dict(trial.user_attrs | {"number": trial.number}))
+        self._tell(trial.number, Record.from_dict(trial.user_attrs | {"number": trial.number}))
         return True
 
     def prune(self, proposal: Proposal) -> Record:
@@ -257,6 +266,7 @@ class StudyLog:
                           error=f"not run: {proposal.why or proposal.reason}",
                           wall_seconds=0.0)
         attrs = self._attrs(proposal) | _record_attrs(self.record(proposal, outcome))
+        attrs["outcome"] = attrs.pop("outcome")  # written last, as `_conclude` does
         if proposal.trial_number is not None:
             number = proposal.trial_number
             self._set(number, attrs)
@@ -288,10 +298,12 @@ class StudyLog:
             self._set(number, {HEARTBEAT_KEY: now}, system=True)
 
     def abandon(self, why: str) -> None:
-        """This driver stops with trials in flight (interrupted): they will run again."""
+        """This driver stops with trials in flight (interrupted): they will run again, but
+        for one whose outcome was written (told it) or that was told already (a Ctrl-C
+        after its tell)."""
         running = {t.number: t for t in self._trials([TrialState.RUNNING])}
         for number in list(self._numbers):
-            if number in running and self._measured(running[number]):
+            if number not in running or self._measured(running[number]):
                 continue
             self._set(number, {ABANDONED_KEY: why})
             self.study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
