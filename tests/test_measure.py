@@ -401,25 +401,24 @@ def test_each_confirmation_round_runs_the_best_and_the_baseline_first(tmp_path):
         ("best", 2), ("runner-up", 3), ("recipe", 1), ("baseline", 0)]
     spec = load_spec(TINY_SPEC | {"output": str(tmp_path / "out")})
     ctx = SearchContext([], DeviceSpec("cpu", "cpu", 2**34), 1, 16, 2**30)
-    strategy = confirm.ConfirmStrategy(ctx, spec, tmp_path, picked, 2, on_cpu=True)
-    history, asked = list(searched), []
-    while (proposal := strategy.ask(history)) is not None:
-        asked.append(proposal.config.per_device_train_batch_size)
-        history.append(Record(proposal.config, Outcome("ok", samples_per_second=20.0),
-                              CONFIRM_REASON, len(history)))
-    assert asked == [4, 16, 8, 2] * 2
+
+    def asked(picked, repeats):
+        """The batches the confirmation asks for, in order, each run as it is asked."""
+        strategy = confirm.ConfirmStrategy(ctx, spec, tmp_path, picked, repeats, on_cpu=True)
+        history, out = list(searched), []
+        while (proposal := strategy.ask(history)) is not None:
+            out.append(proposal.config.per_device_train_batch_size)
+            history.append(Record(proposal.config, Outcome("ok", samples_per_second=20.0),
+                                  CONFIRM_REASON, len(history)))
+        return out
+
+    assert asked(picked, 2) == [4, 16, 8, 2] * 2
     # The best is first whatever its role: here the recipe is the fastest.
     searched[1].outcome.samples_per_second = 24.5
     picked = confirm.contenders(searched, 16)
     assert [(role, r.number) for role, r in picked] == [
         ("recipe", 1), ("runner-up", 2), ("runner-up", 3), ("baseline", 0)]
-    strategy = confirm.ConfirmStrategy(ctx, spec, tmp_path, picked, 1, on_cpu=True)
-    history, asked = list(searched), []
-    while (proposal := strategy.ask(history)) is not None:
-        asked.append(proposal.config.per_device_train_batch_size)
-        history.append(Record(proposal.config, Outcome("ok", samples_per_second=20.0),
-                              CONFIRM_REASON, len(history)))
-    assert asked == [8, 16, 4, 2]
+    assert asked(picked, 1) == [8, 16, 4, 2]
 
 
 def test_a_search_spends_its_budget_on_wall_time_and_projects_repeat_costs():

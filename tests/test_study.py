@@ -48,14 +48,19 @@ def test_trials_are_running_then_told(tmp_path):
     assert [r.config for r in log.history()] == [CONFIGS[0], CONFIGS[5], CONFIGS[4]]
 
 
+def _driver_died(log: StudyLog, number: int) -> None:
+    """The trial's driver as a process of this host that has exited."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    trial_id = log.storage.get_trial_id_from_study_id_trial_number(log.study_id, number)
+    log.storage.set_trial_system_attr(trial_id, DRIVER_KEY, log.driver | {"pid": int(dead)})
+
+
 def test_a_dead_drivers_running_trial_is_abandoned_and_its_config_runs_again(tmp_path):
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     first = _log(storage)
     number = first.start(Proposal(CONFIGS[1], "model"))
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True).stdout.strip()
-    trial_id = first.storage.get_trial_id_from_study_id_trial_number(first.study_id, number)
-    first.storage.set_trial_system_attr(trial_id, DRIVER_KEY, first.driver | {"pid": int(dead)})
+    _driver_died(first, number)
     second = _log(storage)
     assert second.recover_abandoned() == [number]
     assert ABANDONED_KEY in second.study.trials[number].user_attrs
@@ -193,10 +198,7 @@ def test_a_dead_drivers_trial_with_its_outcome_written_is_told_not_run_again(tmp
     _interrupt_once(monkeypatch, first.study, "tell")  # killed before its tell
     with pytest.raises(KeyboardInterrupt):
         first.finish(number, proposal, Outcome("oom", error="budget"))
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True).stdout.strip()
-    trial_id = first.storage.get_trial_id_from_study_id_trial_number(first.study_id, number)
-    first.storage.set_trial_system_attr(trial_id, DRIVER_KEY, first.driver | {"pid": int(dead)})
+    _driver_died(first, number)
     second = _log(storage)
     assert second.recover_abandoned() == []
     trial = second.study.trials[number]

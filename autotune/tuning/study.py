@@ -52,8 +52,11 @@ def _json(value: Any) -> Any:
 
 def _record_attrs(record: Record) -> dict[str, Any]:
     """A record as its study trial's user attributes (Record.to_dict, less the number: the
-    trial's own); read back with `Record.from_dict(attrs | {"number": trial.number})`."""
-    return {k: v for k, v in record.to_dict().items() if k != "number"}
+    trial's own); read back with `Record.from_dict(attrs | {"number": trial.number})`.
+    The outcome comes last: written key by key, a trial with an outcome holds its whole
+    record (what `abandon` and `recover_abandoned` rely on)."""
+    d = {k: v for k, v in record.to_dict().items() if k != "number"}
+    return d | {"outcome": d.pop("outcome")}
 
 
 def _create_or_load(storage: str, study_name: str,
@@ -235,9 +238,7 @@ class StudyLog:
             constraint = 1.0
         if constraint is not None:
             self._set(number, {CONSTRAINT_KEY: constraint}, system=True)
-        attrs = _record_attrs(record)
-        self._set(number, {k: v for k, v in attrs.items() if k != "outcome"})
-        self._set(number, {"outcome": attrs["outcome"]})
+        self._set(number, _record_attrs(record))
         self._tell(number, record)
 
     def _tell(self, number: int, record: Record) -> None:
@@ -266,7 +267,6 @@ class StudyLog:
                           error=f"not run: {proposal.why or proposal.reason}",
                           wall_seconds=0.0)
         attrs = self._attrs(proposal) | _record_attrs(self.record(proposal, outcome))
-        attrs["outcome"] = attrs.pop("outcome")  # written last, as `_conclude` does
         if proposal.trial_number is not None:
             number = proposal.trial_number
             self._set(number, attrs)
