@@ -421,6 +421,43 @@ def test_each_confirmation_round_runs_the_best_and_the_baseline_first(tmp_path):
     assert asked(picked, 1) == [8, 16, 4, 2]
 
 
+def test_no_confirmation_run_starts_that_would_end_past_the_deadline(tmp_path):
+    """search.timeout is the invocation's wall time: a confirmation run is started only
+    where, at its price (its trial again with twice the timed steps, after the recent
+    wait for devices), it ends by the deadline. Started up to the deadline, the last runs
+    of 6-minute searches beside another ended 1-30 s past it."""
+    import time
+
+    from autotune.records import Launch
+    from autotune.tuning.strategies.base import SearchContext
+    from tests.conftest import TINY_SPEC
+
+    def rec(n, batch, reason, wait=0.0):  # each run priced 8 + 2 s, and its wait
+        return Record(TrialConfig.of(batch, 16 // batch), Outcome(
+            "ok", samples_per_second=20.0 + n, wall_seconds=8.0, timed_seconds=2.0,
+            launch=Launch(lease_wait_s=wait)), reason, n)
+
+    searched = [rec(0, 16, "baseline"), rec(1, 8, "recipe"), rec(2, 4, "model")]
+    spec = load_spec(TINY_SPEC | {"output": str(tmp_path / "out")})
+    ctx = SearchContext([], DeviceSpec("cpu", "cpu", 2**34), 1, 16, 2**30)
+    picked = confirm.contenders(searched, 16)
+
+    def first(history, left):
+        strategy = confirm.ConfirmStrategy(ctx, spec, tmp_path, picked, 3, on_cpu=True,
+                                           deadline=time.time() + left)
+        return strategy.ask(history)
+
+    assert first(searched, 60.0).config.per_device_train_batch_size == 4  # the best
+    assert first(searched, 5.0) is None
+    # Beside another search each run also waits its turn: 10 s of run and 30 s of wait
+    # (the median of the last four trials' waits).
+    waited = [*searched, *(rec(n, 2, "model", 30.0) for n in (3, 4, 5))]
+    assert first(waited, 60.0) is not None and first(waited, 35.0) is None
+    # Without a deadline (or a reference's check against none) nothing is held back.
+    assert confirm.ConfirmStrategy(ctx, spec, tmp_path, picked, 3, on_cpu=True).ask(
+        searched) is not None
+
+
 def test_a_search_spends_its_budget_on_wall_time_and_projects_repeat_costs():
     """The search loop itself (real Optuna study, autotune's strategy, the outcomes of the
     CPU landscape measured here): every trial takes 10 s, the first 100 s more to start

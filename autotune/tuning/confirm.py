@@ -10,6 +10,7 @@ from these figures, and the speedups come with intervals.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -78,10 +79,15 @@ def cost_seconds(picked: Sequence[tuple[str, Record]], repeats: int,
     wait = lease_wait_seconds(history)
     for role, r in picked:
         done = len(confirmation_runs(history, confirmed_config(history, role, r)))
-        each = r.outcome.repeat_seconds + (r.outcome.timed_seconds or 0.0) * (
-            STEPS_FACTOR - 1)
-        owed.append((each + wait) * max(0, repeats - done))
+        owed.append(run_seconds(r, wait) * max(0, repeats - done))
     return max(sum(owed) / max(1, capacity), max(owed, default=0.0))
+
+
+def run_seconds(r: Record, wait: float) -> float:
+    """One confirmation run of contender `r`: its search trial again, the timed steps
+    STEPS_FACTOR times, after `wait` for the devices."""
+    return (r.outcome.repeat_seconds + (r.outcome.timed_seconds or 0.0) * (STEPS_FACTOR - 1)
+            + wait)
 
 
 def lease_wait_seconds(history: Sequence[Record]) -> float:
@@ -136,14 +142,18 @@ class ConfirmStrategy(Strategy):
     then the baseline, then the recipe, then the runner-ups: a confirmation the deadline
     cuts keeps two runs of the best and the baseline, the speedup's interval, where it
     would have spent them on a runner-up (seen beside another search on 2 cores: the
-    baseline, last in its round, ran once and the report had no interval)."""
+    baseline, last in its round, ran once and the report had no interval). No run starts
+    that would end past `deadline` (search.timeout) at its price: started up to the
+    deadline, the last ran on past it (6-minute searches beside another ended 1-30 s
+    late, and on a GPU one run of a large model is minutes)."""
 
     name = CONFIRM_REASON
 
     def __init__(self, ctx: SearchContext, spec: Spec, folder: Path,
-                 picked: list[tuple[str, Record]], repeats: int, on_cpu: bool) -> None:
+                 picked: list[tuple[str, Record]], repeats: int, on_cpu: bool,
+                 deadline: float | None = None) -> None:
         super().__init__(ctx)
-        self.picked, self.repeats = picked, repeats
+        self.picked, self.repeats, self.deadline = picked, repeats, deadline
         self.steps = spec.measure.steps * STEPS_FACTOR
         self.folder, self.spec, self.on_cpu = folder, spec, on_cpu
         self.exported: dict[TrialConfig, dict] = {}
@@ -162,9 +172,10 @@ class ConfirmStrategy(Strategy):
 
     def ask(self, history: Sequence[Record],
             pending: Sequence[TrialConfig] = ()) -> Proposal | None:
-        done, waiting, order = {}, set(), {}
+        done, waiting, order, priced = {}, set(), {}, {}
         for i, (role, r) in enumerate(self.picked):
             config = confirmed_config(history, role, r)
+            priced.setdefault(config, r)
             # Two roles may share a config (a reference moved down its chain onto a
             # runner-up's): the earlier place in the round holds.
             rank = 0 if i == 0 else ROUND_ORDER.get(role, len(ROUND_ORDER) + 1)
@@ -181,6 +192,9 @@ class ConfirmStrategy(Strategy):
             return None
         # Round-robin (interleaved repeats), in each round by `order`.
         config = min(open_, key=lambda c: (open_[c], order[c]))
+        if self.deadline is not None and time.time() + run_seconds(
+                priced[config], lease_wait_seconds(history)) > self.deadline:
+            return None
         return Proposal(config, CONFIRM_REASON, repeat=True, overrides={
             "training_args": self._exported(config), "steps": self.steps})
 

@@ -192,7 +192,7 @@ def _search(spec: Spec, shape: ModelShape | None, space_file: Space, device: Dev
         picked = confirm.contenders(history, spec.per_rank_batch) if repeats else []
         if picked:
             confirmer = confirm.ConfirmStrategy(ctx, spec, output / "confirm", picked, repeats,
-                                                on_cpu=not device.is_cuda)
+                                                on_cpu=not device.is_cuda, deadline=deadline)
             drive(confirmer, executor, log, Limits(deadline=deadline), history=history,
                   on_start=on_start, on_record=recorded)
     finally:
