@@ -325,8 +325,8 @@ class SearchSpec(_Strict):
     n_trials: int = Field(40, ge=1)
     """Trials to run in total (a resumed search counts the earlier ones)."""
     timeout: str | int = "30m"
-    """Wall time for this invocation of the search, its confirmation included: no
-    confirmation run starts that would end past it at its price."""
+    """Wall time for this invocation of the search, its confirmation included: a
+    confirmation run starts only where, priced at its trials' times, it ends by then."""
     trial_timeout: str | int = "10m"
     """Wall time for one trial, model load included; it is killed after that. A compiled
     trial's torch.compile seconds are not counted, up to as long again."""

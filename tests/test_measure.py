@@ -423,18 +423,20 @@ def test_each_confirmation_round_runs_the_best_and_the_baseline_first(tmp_path):
 
 def test_no_confirmation_run_starts_that_would_end_past_the_deadline(tmp_path):
     """search.timeout is the invocation's wall time: a confirmation run is started only
-    where, at its price (its trial again with twice the timed steps, after the recent
-    wait for devices), it ends by the deadline. Started up to the deadline, the last runs
-    of 6-minute searches beside another ended 1-30 s past it."""
+    where, at its price, it ends by the deadline (its search trial again with twice the
+    timed steps, or what its last confirmation run took; after the recent wait for
+    devices). Started up to the deadline, the last runs of 6-minute searches beside
+    another ended 1-30 s past it. One that does not fit never will: a cheaper one that
+    does goes in its place."""
     import time
 
     from autotune.records import Launch
     from autotune.tuning.strategies.base import SearchContext
     from tests.conftest import TINY_SPEC
 
-    def rec(n, batch, reason, wait=0.0):  # each run priced 8 + 2 s, and its wait
+    def rec(n, batch, reason, wait=0.0, wall=8.0):  # a run priced wall + 2 s, and a wait
         return Record(TrialConfig.of(batch, 16 // batch), Outcome(
-            "ok", samples_per_second=20.0 + n, wall_seconds=8.0, timed_seconds=2.0,
+            "ok", samples_per_second=20.0 + n, wall_seconds=wall, timed_seconds=2.0,
             launch=Launch(lease_wait_s=wait)), reason, n)
 
     searched = [rec(0, 16, "baseline"), rec(1, 8, "recipe"), rec(2, 4, "model")]
@@ -443,17 +445,27 @@ def test_no_confirmation_run_starts_that_would_end_past_the_deadline(tmp_path):
     picked = confirm.contenders(searched, 16)
 
     def first(history, left):
+        """The batch the confirmation would run next with `left` seconds to go."""
         strategy = confirm.ConfirmStrategy(ctx, spec, tmp_path, picked, 3, on_cpu=True,
                                            deadline=time.time() + left)
-        return strategy.ask(history)
+        proposal = strategy.ask(history)
+        return proposal and proposal.config.per_device_train_batch_size
 
-    assert first(searched, 60.0).config.per_device_train_batch_size == 4  # the best
-    assert first(searched, 5.0) is None
+    assert first(searched, 60.0) == 4  # the best
+    assert first(searched, 9.0) is None  # 8 s, and the doubled timed steps 2 s more
     # Beside another search each run also waits its turn: 10 s of run and 30 s of wait
     # (the median of the last four trials' waits).
     waited = [*searched, *(rec(n, 2, "model", 30.0) for n in (3, 4, 5))]
-    assert first(waited, 60.0) is not None and first(waited, 35.0) is None
-    # Without a deadline (or a reference's check against none) nothing is held back.
+    assert first(waited, 60.0) == 4 and first(waited, 35.0) is None
+    # The best's first confirmation run took 40 s: its second is priced so, and with 25 s
+    # left the baseline (10 s) runs in its place.
+    ran = [*searched, Record(searched[2].config, Outcome(
+        "ok", samples_per_second=20.0, wall_seconds=40.0), CONFIRM_REASON, 3)]
+    assert first(ran, 60.0) == 16  # round two not begun: the baseline's first run
+    ran += [Record(c.config, Outcome("ok", samples_per_second=20.0, wall_seconds=8.0),
+                   CONFIRM_REASON, n) for n, c in ((4, searched[0]), (5, searched[1]))]
+    assert first(ran, 60.0) == 4 and first(ran, 25.0) == 16 and first(ran, 5.0) is None
+    # Without a deadline nothing is held back.
     assert confirm.ConfirmStrategy(ctx, spec, tmp_path, picked, 3, on_cpu=True).ask(
         searched) is not None
 

@@ -156,8 +156,7 @@ def run_checks(summary: Summary, spec: Spec, ctx: SearchContext, executor: Execu
     s, df = noise(c)
     picked = [("best" if role == "winner" else BASELINE,
                Record(row.config, Outcome(OK), role)) for role, row in plan]
-    confirmer = ConfirmStrategy(ctx, spec, folder, picked, 1, on_cpu=not ctx.device.is_cuda,
-                                deadline=deadline)
+    confirmer = ConfirmStrategy(ctx, spec, folder, picked, 1, on_cpu=not ctx.device.is_cuda)
     configs = [*ctx.candidates, *(r.config for _, r in picked)]
     keys = [BATCH, *configs[0].family.to_dict()]
     choices = {k: sorted({c.to_dict()[k] for c in configs}, key=repr) for k in keys}
