@@ -4,6 +4,8 @@ import contextlib
 import copy
 import os
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import uuid
@@ -118,6 +120,30 @@ def trial_request(spec, config, *, timeout_s: float = 120, budget: int | None = 
     return make_request(load_spec(spec), config, on_cpu=not local_device().is_cuda,
                         shape=shape, memory_budget_bytes=budget, timeout_s=timeout_s,
                         cpu_threads=node_cpus())
+
+
+def accelerate_launch(args: list[str], cwd: Path, timeout: float = 300,
+                      ) -> subprocess.CompletedProcess:
+    """`accelerate launch ARGS` as a user runs it on the exports, with the DeepSpeed ops
+    set-up built for this environment: torch's default extensions folder is shared by
+    every venv of the user, whose build flags differ, so a run there rebuilt the shm op,
+    and a build killed mid-way (another checkout's suite stopped by hand) left a lock
+    that stalled the run past its 5 minutes. Past `timeout` its whole process group is
+    killed: the launcher's ranks are not left running."""
+    from autotune.trials.launch import extensions_dir
+
+    accelerate = str(Path(sys.executable).with_name("accelerate"))
+    proc = subprocess.Popen([accelerate, "launch", *args], cwd=cwd, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=dict(os.environ, TORCH_EXTENSIONS_DIR=extensions_dir()),
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -14,6 +14,7 @@ from autotune.config import TrialConfig
 from autotune.outputs.export import export_config, load_training_args
 from autotune.trials.launch import extensions_dir
 from autotune.trials.trainargs import deepspeed_config, training_arguments_kwargs
+from tests.conftest import accelerate_launch
 
 SCRIPT = Path(__file__).with_name("train_from_exports.py")
 
@@ -104,12 +105,9 @@ def test_accelerate_launch_trains_two_steps_from_the_exports(tmp_path):
     needs MPI); several ranks are what the GPU export is for, and the loader test above
     reads those."""
     export_config(TrialConfig.of(2, 4, zero_stage=1), tmp_path / "x", on_cpu=True, seed=0)
-    accelerate = str(Path(sys.executable).with_name("accelerate"))
-    proc = subprocess.run([accelerate, "launch", "--config_file",
-                           str(tmp_path / "x" / "accelerate_config.yaml"),
-                           "--main_process_port", "29563", str(SCRIPT), str(tmp_path / "x"),
-                           str(tmp_path / "run")], capture_output=True, text=True,
-                          timeout=300, cwd=tmp_path)
+    proc = accelerate_launch(["--config_file", str(tmp_path / "x" / "accelerate_config.yaml"),
+                              "--main_process_port", "29563", str(SCRIPT),
+                              str(tmp_path / "x"), str(tmp_path / "run")], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["global_step"] == 2 and out["world"] == 1

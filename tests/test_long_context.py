@@ -7,8 +7,6 @@ of a sequence-parallel winner trained with `accelerate launch` on 2 CPU ranks.""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,7 @@ from autotune import knobs
 from autotune.config import Family, TrialConfig
 from autotune.device import DeviceSpec, named_device
 from autotune.spec import load_spec
-from tests.conftest import trial_request
+from tests.conftest import accelerate_launch, trial_request
 
 LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -145,11 +143,9 @@ def test_accelerate_launch_trains_two_steps_with_sequence_parallelism(tmp_path):
     """The exports and the script's two additions (tests/train_long_context_from_exports.py)
     train under `accelerate launch` on 2 CPU ranks, which ran with sp_size 2."""
     x = _export(tmp_path)
-    accelerate = str(Path(sys.executable).with_name("accelerate"))
-    proc = subprocess.run([accelerate, "launch", "--config_file",
-                           str(x / "accelerate_config.yaml"), "--main_process_port", "29573",
-                           str(SCRIPT), str(x), str(tmp_path / "run")], capture_output=True,
-                          text=True, timeout=300, cwd=tmp_path)
+    proc = accelerate_launch(["--config_file", str(x / "accelerate_config.yaml"),
+                              "--main_process_port", "29573", str(SCRIPT), str(x),
+                              str(tmp_path / "run")], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert (out["global_step"], out["world"], out["sp"]) == (2, 2, 2)
