@@ -313,18 +313,20 @@ def test_time_is_held_back_for_confirmation_only_once_there_is_something_to_conf
     # On two GPUs no faster than the costlier contender's three runs one after another.
     assert confirm.cost_seconds(confirm.contenders(history, 16), 3, capacity=2) == (
         pytest.approx(3 * (7.72 + 2.06)))
-    # A resumed study: the confirmation runs an earlier session made are not paid again.
-    done = [Record(TrialConfig.of(8, 2), Outcome("ok", samples_per_second=18.0),
-                   CONFIRM_REASON, 50 + i) for i in range(2)]
-    done.append(Record(TrialConfig.of(14, 1), Outcome("ok", samples_per_second=11.0),
-                       CONFIRM_REASON, 52))
+    # A resumed study: the confirmation runs an earlier session made are not paid again,
+    # and what a config's last one took prices its next.
+    done = [Record(TrialConfig.of(8, 2), Outcome("ok", samples_per_second=18.0,
+                                                 wall_seconds=12.0), CONFIRM_REASON, 50 + i)
+            for i in range(2)]
+    done.append(Record(TrialConfig.of(14, 1), Outcome("ok", samples_per_second=11.0,
+                                                      wall_seconds=10.0), CONFIRM_REASON, 52))
     assert confirm.cost_seconds(confirm.contenders(history, 16), 3, history=history + done) == (
-        pytest.approx(1 * (7.72 + 2.06) + 2 * (6.76 + 1.62)))
+        pytest.approx(1 * 12.0 + 2 * 10.0))
     more = [Record(TrialConfig.of(8, 2), Outcome("ok", samples_per_second=18.0),
                    CONFIRM_REASON, 60 + i) for i in range(3)]
     assert confirm.cost_seconds(confirm.contenders(history, 16), 3,
                                 history=history + done + more) == pytest.approx(
-        2 * (6.76 + 1.62))  # the best owes none; never less than nothing
+        2 * 10.0)  # the best owes none; never less than nothing
 
 
 def test_the_launchers_start_is_not_projected_onto_the_trials_after_it():

@@ -78,14 +78,21 @@ def cost_seconds(picked: Sequence[tuple[str, Record]], repeats: int,
     owed = []
     wait = lease_wait_seconds(history)
     for role, r in picked:
-        done = len(confirmation_runs(history, confirmed_config(history, role, r)))
-        owed.append(run_cost(r, wait) * max(0, repeats - done))
+        config = confirmed_config(history, role, r)
+        done = len(confirmation_runs(history, config))
+        owed.append(next_run_cost(config, r, history, wait) * max(0, repeats - done))
     return max(sum(owed) / max(1, capacity), max(owed, default=0.0))
 
 
-def run_cost(r: Record, wait: float) -> float:
-    """One confirmation run of contender `r`: its search trial again, the timed steps
-    STEPS_FACTOR times, after `wait` for the devices."""
+def next_run_cost(config: TrialConfig, r: Record, history: Sequence[Record],
+                  wait: float) -> float:
+    """What `config`'s next confirmation run costs, after `wait` for the devices: what its
+    last one took, where it made one (a reference moved down its chain trains another
+    batch than the trial `r` that picked it), else `r`'s trial again with the timed steps
+    STEPS_FACTOR times. The reserve and the deadline's gate both price runs so."""
+    runs = [t for t in confirmation_runs(history, config) if t.outcome.ok]
+    if runs:
+        return runs[-1].outcome.repeat_seconds + wait
     return (r.outcome.repeat_seconds + (r.outcome.timed_seconds or 0.0) * (STEPS_FACTOR - 1)
             + wait)
 
@@ -143,7 +150,7 @@ class ConfirmStrategy(Strategy):
     cuts keeps two runs of the best and the baseline, the speedup's interval, where it
     would have spent them on a runner-up (seen beside another search on 2 cores: the
     baseline, last in its round, ran once and the report had no interval). No run starts
-    that would end past `deadline` (search.timeout) at its price (`_next_run_cost`):
+    that would end past `deadline` (search.timeout) at its price (`next_run_cost`):
     started up to the deadline, the last ran on past it (6-minute searches beside another
     ended 1-30 s late, and on a GPU one run of a large model is minutes)."""
 
@@ -195,20 +202,11 @@ class ConfirmStrategy(Strategy):
         # will, and skipping it takes nothing from it).
         wait = lease_wait_seconds(history)
         for config in sorted(open_, key=lambda c: (open_[c], order[c])):
-            if self.deadline is None or time.time() + _next_run_cost(
+            if self.deadline is None or time.time() + next_run_cost(
                     config, priced[config], history, wait) <= self.deadline:
                 return Proposal(config, CONFIRM_REASON, repeat=True, overrides={
                     "training_args": self._exported(config), "steps": self.steps})
         return None
-
-
-def _next_run_cost(config: TrialConfig, r: Record, history: Sequence[Record],
-                   wait: float) -> float:
-    """What `config`'s next confirmation run costs: what its last one took, where it made
-    one (a reference moved down its chain trains another batch than the trial `r` that
-    picked it), else `r`'s trial priced as a confirmation run."""
-    runs = [t for t in confirmation_runs(history, config) if t.outcome.ok]
-    return runs[-1].outcome.repeat_seconds + wait if runs else run_cost(r, wait)
 
 
 def _interval(win: list[float], base: list[float], seed: int) -> tuple[float, float]:
