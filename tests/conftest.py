@@ -51,12 +51,40 @@ def pytest_configure(config):
     read is not imported again by the next). Each worker drops the COLUMNS=80 xdist sets,
     before the CLI's consoles are made on import: its output is as wide as a serial run's
     (160 where no terminal is attached)."""
+    _terminate_as_interrupt(workers=bool(getattr(config.option, "numprocesses", None))
+                            and getattr(config, "workerinput", None) is None)
     if getattr(config, "workerinput", None) is not None:
         os.environ.pop("COLUMNS", None)
         return
     if getattr(config.option, "numprocesses", None):
         os.environ[SHARED_LEASES] = tempfile.mkdtemp(prefix="autotune-test-leases-")
     os.environ[MODEL_CACHE] = tempfile.mkdtemp(prefix="autotune-test-models-")
+
+
+def _terminate_as_interrupt(workers: bool) -> None:
+    """SIGTERM (a CI's cancel, `kill` of the suite or of its process group) ends a pytest
+    process as Ctrl-C does, with its fixtures' teardown: by default it died at once, and
+    left what its fixtures had started and would have stopped (the session's PostgreSQL,
+    which pg_ctl detaches; a test's Ray cluster). pytest-xdist's controller (`workers`)
+    passes the signal on to its workers first: xdist itself sends them a SIGINT 5 s later
+    and kills them 5 s after that, which a teardown on a busy machine can miss. A process
+    forked from this one without an exec keeps the default: it is not a pytest process."""
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+    owner = os.getpid()
+
+    def interrupt(signum, frame):
+        if os.getpid() != owner:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        if workers:
+            for child in psutil.Process().children():
+                with contextlib.suppress(psutil.Error):
+                    child.send_signal(signum)
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def pytest_unconfigure(config):

@@ -356,11 +356,13 @@ def test_the_api_shows_each_trial_and_warns_when_there_is_no_winner(tmp_path, ca
     predicted over a 30 MiB budget: the smallest runs anyway, runs out, and the call says
     so on stderr and warns. Then a second call: the engine's package was named
     autotune.search too, and its first import replaced the function, so a second call
-    failed as a module call (it is autotune.tuning now)."""
+    failed as a module call (it is autotune.tuning now). Last, the caller's SIGTERM
+    handler is its own again: ray.init replaced it with one that exits."""
     import autotune
     from tests.conftest import TINY_SPEC
 
     spec = TINY_SPEC | {"output": str(tmp_path / "out"), "hardware": {"memory_budget": "30MiB"}}
+    caller = signal.getsignal(signal.SIGTERM)  # the suite's: a SIGTERM tears it down
     with pytest.warns(UserWarning, match="no winner: no trial succeeded"):
         result = autotune.search(spec, n_trials=2, **{"search.confirm_repeats": 0})
     assert result.best is None
@@ -370,6 +372,8 @@ def test_the_api_shows_each_trial_and_warns_when_there_is_no_winner(tmp_path, ca
     assert "gemm_4bit" not in err  # bitsandbytes' import noise stays out of the API too
     quiet = autotune.search(spec, n_trials=2, progress=False)  # resumed: nothing new runs
     assert quiet.best is None and "autotune: trial" not in capsys.readouterr().err
+    # ray.init's handler, which exits, does not outlive the search's Ray.
+    assert signal.getsignal(signal.SIGTERM) is caller
 
 
 def test_a_model_that_cannot_be_read_while_ray_starts_is_one_line_and_leaves_no_ray(

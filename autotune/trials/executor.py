@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -212,6 +213,7 @@ class RayExecutor(Executor):
         self.per_node = 1  # trials one node runs at once
         self.nodes = 1  # nodes one trial's ranks span
         self._owns_ray = False
+        self._sigterm: Any = None  # the caller's SIGTERM handler, which ray.init replaces
         self._reaper: subprocess.Popen | None = None
         self._remote: Any = None
         self._refs: dict[Any, _InFlight] = {}
@@ -304,6 +306,8 @@ class RayExecutor(Executor):
                 raise ClusterError(f"--address {self.address}: nothing answers at "
                                    f"{unreachable}; is `ray start --head` running there, "
                                    "and is the address host:port or ray://host:port?")
+        if threading.current_thread() is threading.main_thread():
+            self._sigterm = signal.getsignal(signal.SIGTERM)
         for attempt in range(1, CLIENT_INIT_ATTEMPTS + 1):
             try:
                 # Starting an embedded Ray on a CPU machine would slow another search's
@@ -327,6 +331,7 @@ class RayExecutor(Executor):
                 if self.address is not None:
                     with contextlib.suppress(Exception):
                         ray.shutdown()
+                self._restore_sigterm()
                 raise ClusterError(_connection_error(self.address, exc, attempt)) from None
         self._owns_ray = True
         if self.address is None:
@@ -657,10 +662,21 @@ class RayExecutor(Executor):
             reaper.note_ray_trees(psutil.Process(), trees)
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
+        self._restore_sigterm()
         reaper.kill_survivors(trees)
         self._refs.clear()
         if self._reaper is not None:
             self._reaper.terminate()  # Ray closed: nothing to reap
+
+
+    def _restore_sigterm(self) -> None:
+        """Give the caller back its SIGTERM handler. ray.init sets one that exits, and
+        leaves it past its shutdown: a program that searched in-process (the Python API,
+        a test suite) would otherwise end on SIGTERM without its own clean-up."""
+        if (self._sigterm is not None
+                and threading.current_thread() is threading.main_thread()):
+            signal.signal(signal.SIGTERM, self._sigterm)
+            self._sigterm = None
 
 
 def _client_server_failed(exc: Exception) -> bool:

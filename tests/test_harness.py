@@ -1,0 +1,91 @@
+"""The suite's own harness: a pytest stopped by SIGTERM (a CI's cancel, a `kill` of its
+process group) tears down what its fixtures started, as Ctrl-C does, and leaves no
+PostgreSQL server behind."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import ROOT
+from tests.postgres import REQUIRED, binaries
+
+HELD = """
+import os, time
+from pathlib import Path
+
+def test_held(postgres_server):
+    Path(os.environ["HELD_MARK"]).write_text(str(postgres_server.root))
+    try:
+        time.sleep(300)
+    except KeyboardInterrupt as stop:  # what ended it: the SIGTERM, or xdist's SIGINT later
+        Path(os.environ["HELD_MARK"] + ".stop").write_text(str(stop))
+        raise
+"""
+
+
+def _postmaster(root: Path) -> int | None:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        return int((root / "data" / "postmaster.pid").read_text().split()[0])
+    return None
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` runs: a zombie (the server's exit, which a container's init may never
+    reap) does not."""
+    with contextlib.suppress(psutil.NoSuchProcess):
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    return False
+
+
+@pytest.mark.skipif(binaries() is None and not os.environ.get(REQUIRED),
+                    reason="PostgreSQL is not installed")
+@pytest.mark.parametrize("workers", [["-p", "no:xdist"], ["-n", "2"]], ids=["serial", "xdist"])
+def test_sigterm_to_the_suite_stops_its_postgresql_server(tmp_path, workers):
+    """SIGTERM to pytest alone, not its group: a serial pytest tears down as on Ctrl-C;
+    under pytest-xdist the controller passes it to its workers, one of which holds the
+    server (`kill` of the group, tried by hand, reaches each worker itself)."""
+    (tmp_path / "test_held.py").write_text(HELD)
+    mark = tmp_path / "root"
+    env = dict(os.environ, HELD_MARK=str(mark), PYTHONPATH=str(ROOT))
+    env.pop("PYTEST_XDIST_WORKER", None)
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest",
+                             "-p", "no:cacheprovider", *workers,
+                             str(tmp_path / "test_held.py")],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    root = pid = None
+    try:
+        deadline = time.monotonic() + 180
+        while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert mark.exists(), proc.communicate(timeout=60)[0][-3000:]
+        root = Path(mark.read_text())
+        pid = _postmaster(root)
+        assert pid is not None and _running(pid)
+        os.kill(proc.pid, signal.SIGTERM)  # the held test, mid-sleep
+        out = proc.communicate(timeout=120)[0]
+        assert proc.returncode == pytest.ExitCode.INTERRUPTED, out[-3000:]
+        assert not _running(pid), out[-3000:]  # pg_ctl stop -w waited for it
+        assert not root.exists()
+        # A worker is passed the signal at once; xdist itself would send it a SIGINT 5 s
+        # later, and kill it 5 s after that, mid-teardown on a busy machine.
+        stop = Path(f"{mark}.stop").read_text()
+        assert stop == f"signal {signal.SIGTERM.value}", stop
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        if pid is not None and _running(pid):  # what a failure here would leave
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGQUIT)
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
