@@ -65,10 +65,12 @@ def _terminate_as_interrupt(workers: bool) -> None:
     """SIGTERM (a CI's cancel, `kill` of the suite or of its process group) ends a pytest
     process as Ctrl-C does, with its fixtures' teardown: by default it died at once, and
     left what its fixtures had started and would have stopped (the session's PostgreSQL,
-    which pg_ctl detaches; a test's Ray cluster). pytest-xdist's controller (`workers`)
-    passes the signal on to its workers first: xdist itself sends them a SIGINT 5 s later
-    and kills them 5 s after that, which a teardown on a busy machine can miss. A process
-    forked from this one without an exec keeps the default: it is not a pytest process."""
+    which pg_ctl detaches; a test's Ray cluster). Once: a second SIGTERM (a group's kill
+    reaches a worker twice, once passed on) or SIGINT would break off the teardown, whose
+    later finalizers a KeyboardInterrupt skips. pytest-xdist's controller (`workers`)
+    passes it on to its workers at once: xdist sends them its own SIGINT only 5 s after
+    it asks them to stop, and kills them 10 s after asking. A process forked from this one
+    without an exec keeps the default: it is not a pytest process."""
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return
     owner = os.getpid()
@@ -78,7 +80,10 @@ def _terminate_as_interrupt(workers: bool) -> None:
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return
-        if workers:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if not workers:  # the controller's own Ctrl-C still ends its wait for them
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        else:
             for child in psutil.Process().children():
                 with contextlib.suppress(psutil.Error):
                     child.send_signal(signum)

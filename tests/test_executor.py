@@ -39,3 +39,34 @@ def test_trial_through_ray_gets_its_share_of_the_cores_and_busy_cores_are_not_it
             proc.wait()
     assert out.status == "lost", out.error
     assert "tried 2 times" in out.error and "not the config" in out.error
+
+
+def test_a_search_keeps_the_callers_sigterm_handler_and_the_default_gets_it_back(
+        tiny_spec):
+    """ray.init sets a SIGTERM handler that exits, and leaves it past its shutdown. A
+    caller's own handler (the suite's teardown, a program's clean-up) is its own again as
+    soon as Ray has started, for the whole search; where the caller had the default, Ray's
+    holds while its Ray runs (its exit lets the search close it) and the default is back
+    after."""
+    import signal
+
+    from autotune.trials.executor import RayExecutor
+
+    def callers(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, callers)
+    try:
+        for handler in (callers, signal.SIG_DFL):
+            signal.signal(signal.SIGTERM, handler)
+            executor = RayExecutor(load_spec(tiny_spec), timeout_s=120)
+            try:
+                executor._init()
+                during = signal.getsignal(signal.SIGTERM)
+            finally:
+                executor.close()
+            assert (during is callers) == (handler is callers), during
+            assert callable(during)  # the default's place: Ray's, which exits
+            assert signal.getsignal(signal.SIGTERM) is handler
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -214,6 +214,7 @@ class RayExecutor(Executor):
         self.nodes = 1  # nodes one trial's ranks span
         self._owns_ray = False
         self._sigterm: Any = None  # the caller's SIGTERM handler, which ray.init replaces
+        self._ray_sigterm: Any = None  # ray.init's
         self._reaper: subprocess.Popen | None = None
         self._remote: Any = None
         self._refs: dict[Any, _InFlight] = {}
@@ -306,33 +307,44 @@ class RayExecutor(Executor):
                 raise ClusterError(f"--address {self.address}: nothing answers at "
                                    f"{unreachable}; is `ray start --head` running there, "
                                    "and is the address host:port or ray://host:port?")
-        if threading.current_thread() is threading.main_thread():
-            self._sigterm = signal.getsignal(signal.SIGTERM)
-        for attempt in range(1, CLIENT_INIT_ATTEMPTS + 1):
-            try:
-                # Starting an embedded Ray on a CPU machine would slow another search's
-                # trial being timed on the same cores; GPU trials are timed on their GPUs.
-                with (contextlib.nullcontext() if leased
-                      else self.driver_work("starting Ray")):
-                    ray.init(**init)
-                break
-            except Exception as exc:  # noqa: BLE001 - every way of not connecting, one line
-                if attempt < CLIENT_INIT_ATTEMPTS and _client_server_failed(exc):
-                    # The head's proxy starts one server process per Ray Client; on a
-                    # busy head that start can miss the proxy's wait. The cluster is
-                    # there, so the connection is tried again, not written off.
-                    log.warning("Ray Client: the head could not start this client's "
-                                "server (%s); trying again (%d/%d)", _reason(exc), attempt,
-                                CLIENT_INIT_ATTEMPTS)
-                    with contextlib.suppress(Exception):
-                        ray.shutdown()  # a failed client connect stays in client mode
-                    time.sleep(2 * attempt)
-                    continue
-                if self.address is not None:
-                    with contextlib.suppress(Exception):
-                        ray.shutdown()
-                self._restore_sigterm()
-                raise ClusterError(_connection_error(self.address, exc, attempt)) from None
+        # ray.init sets a SIGTERM handler of its own (one that exits) and leaves it past its
+        # shutdown: a program that searches in-process (the Python API, a test suite) keeps
+        # its own, and one with the default gets it back when the search's Ray closes.
+        caller = (signal.getsignal(signal.SIGTERM)
+                  if threading.current_thread() is threading.main_thread() else None)
+        try:
+            for attempt in range(1, CLIENT_INIT_ATTEMPTS + 1):
+                try:
+                    # Starting an embedded Ray on a CPU machine would slow another search's
+                    # trial being timed on the same cores; GPU trials are timed on their GPUs.
+                    with (contextlib.nullcontext() if leased
+                          else self.driver_work("starting Ray")):
+                        ray.init(**init)
+                    break
+                except Exception as exc:  # noqa: BLE001 - every way of not connecting, one line
+                    if attempt < CLIENT_INIT_ATTEMPTS and _client_server_failed(exc):
+                        # The head's proxy starts one server process per Ray Client; on a
+                        # busy head that start can miss the proxy's wait. The cluster is
+                        # there, so the connection is tried again, not written off.
+                        log.warning("Ray Client: the head could not start this client's "
+                                    "server (%s); trying again (%d/%d)", _reason(exc), attempt,
+                                    CLIENT_INIT_ATTEMPTS)
+                        with contextlib.suppress(Exception):
+                            ray.shutdown()  # a failed client connect stays in client mode
+                        time.sleep(2 * attempt)
+                        continue
+                    if self.address is not None:
+                        with contextlib.suppress(Exception):
+                            ray.shutdown()
+                    raise ClusterError(_connection_error(self.address, exc, attempt)) from None
+        except BaseException:
+            if caller is not None:
+                signal.signal(signal.SIGTERM, caller)
+            raise
+        if caller is not None:
+            self._sigterm, self._ray_sigterm = caller, signal.getsignal(signal.SIGTERM)
+            if callable(caller):
+                signal.signal(signal.SIGTERM, caller)
         self._owns_ray = True
         if self.address is None:
             self._reaper = reaper.start(os.getpid())
@@ -660,9 +672,11 @@ class RayExecutor(Executor):
         trees: dict[int, float] = {}
         if self._refs and self._reaper is not None:
             reaper.note_ray_trees(psutil.Process(), trees)
-        if self._owns_ray and ray.is_initialized():
-            ray.shutdown()
-        self._restore_sigterm()
+        try:
+            if self._owns_ray and ray.is_initialized():
+                ray.shutdown()
+        finally:
+            self._restore_sigterm()
         reaper.kill_survivors(trees)
         self._refs.clear()
         if self._reaper is not None:
@@ -670,13 +684,12 @@ class RayExecutor(Executor):
 
 
     def _restore_sigterm(self) -> None:
-        """Give the caller back its SIGTERM handler. ray.init sets one that exits, and
-        leaves it past its shutdown: a program that searched in-process (the Python API,
-        a test suite) would otherwise end on SIGTERM without its own clean-up."""
+        """The caller's SIGTERM handler again, where ray.init's is still the one set."""
         if (self._sigterm is not None
                 and threading.current_thread() is threading.main_thread()):
-            signal.signal(signal.SIGTERM, self._sigterm)
-            self._sigterm = None
+            if signal.getsignal(signal.SIGTERM) is self._ray_sigterm:
+                signal.signal(signal.SIGTERM, self._sigterm)
+            self._sigterm = self._ray_sigterm = None
 
 
 def _client_server_failed(exc: Exception) -> bool:
