@@ -51,12 +51,13 @@ def pytest_configure(config):
     read is not imported again by the next). Each worker drops the COLUMNS=80 xdist sets,
     before the CLI's consoles are made on import: its output is as wide as a serial run's
     (160 where no terminal is attached)."""
-    _terminate_as_interrupt(workers=bool(getattr(config.option, "numprocesses", None))
-                            and getattr(config, "workerinput", None) is None)
-    if getattr(config, "workerinput", None) is not None:
+    worker = getattr(config, "workerinput", None) is not None
+    controller = bool(getattr(config.option, "numprocesses", None)) and not worker
+    _terminate_as_interrupt(workers=controller)
+    if worker:
         os.environ.pop("COLUMNS", None)
         return
-    if getattr(config.option, "numprocesses", None):
+    if controller:
         os.environ[SHARED_LEASES] = tempfile.mkdtemp(prefix="autotune-test-leases-")
     os.environ[MODEL_CACHE] = tempfile.mkdtemp(prefix="autotune-test-models-")
 

@@ -313,30 +313,7 @@ class RayExecutor(Executor):
         caller = (signal.getsignal(signal.SIGTERM)
                   if threading.current_thread() is threading.main_thread() else None)
         try:
-            for attempt in range(1, CLIENT_INIT_ATTEMPTS + 1):
-                try:
-                    # Starting an embedded Ray on a CPU machine would slow another search's
-                    # trial being timed on the same cores; GPU trials are timed on their GPUs.
-                    with (contextlib.nullcontext() if leased
-                          else self.driver_work("starting Ray")):
-                        ray.init(**init)
-                    break
-                except Exception as exc:  # noqa: BLE001 - every way of not connecting, one line
-                    if attempt < CLIENT_INIT_ATTEMPTS and _client_server_failed(exc):
-                        # The head's proxy starts one server process per Ray Client; on a
-                        # busy head that start can miss the proxy's wait. The cluster is
-                        # there, so the connection is tried again, not written off.
-                        log.warning("Ray Client: the head could not start this client's "
-                                    "server (%s); trying again (%d/%d)", _reason(exc), attempt,
-                                    CLIENT_INIT_ATTEMPTS)
-                        with contextlib.suppress(Exception):
-                            ray.shutdown()  # a failed client connect stays in client mode
-                        time.sleep(2 * attempt)
-                        continue
-                    if self.address is not None:
-                        with contextlib.suppress(Exception):
-                            ray.shutdown()
-                    raise ClusterError(_connection_error(self.address, exc, attempt)) from None
+            self._connect(init, leased)
         except BaseException:
             if caller is not None:
                 signal.signal(signal.SIGTERM, caller)
@@ -348,6 +325,36 @@ class RayExecutor(Executor):
         self._owns_ray = True
         if self.address is None:
             self._reaper = reaper.start(os.getpid())
+
+    def _connect(self, init: dict[str, Any], leased: bool) -> None:
+        """ray.init, once more where a cluster's head could not start this client's server;
+        any other failure is one ClusterError."""
+        import ray
+
+        for attempt in range(1, CLIENT_INIT_ATTEMPTS + 1):
+            try:
+                # Starting an embedded Ray on a CPU machine would slow another search's
+                # trial being timed on the same cores; GPU trials are timed on their GPUs.
+                with (contextlib.nullcontext() if leased
+                      else self.driver_work("starting Ray")):
+                    ray.init(**init)
+                break
+            except Exception as exc:  # noqa: BLE001 - every way of not connecting, one line
+                if attempt < CLIENT_INIT_ATTEMPTS and _client_server_failed(exc):
+                    # The head's proxy starts one server process per Ray Client; on a
+                    # busy head that start can miss the proxy's wait. The cluster is
+                    # there, so the connection is tried again, not written off.
+                    log.warning("Ray Client: the head could not start this client's "
+                                "server (%s); trying again (%d/%d)", _reason(exc), attempt,
+                                CLIENT_INIT_ATTEMPTS)
+                    with contextlib.suppress(Exception):
+                        ray.shutdown()  # a failed client connect stays in client mode
+                    time.sleep(2 * attempt)
+                    continue
+                if self.address is not None:
+                    with contextlib.suppress(Exception):
+                        ray.shutdown()
+                raise ClusterError(_connection_error(self.address, exc, attempt)) from None
 
     def discover(self) -> DeviceSpec:
         """The device, the slots and the cores per trial: of this machine for an embedded
@@ -681,7 +688,6 @@ class RayExecutor(Executor):
         self._refs.clear()
         if self._reaper is not None:
             self._reaper.terminate()  # Ray closed: nothing to reap
-
 
     def _restore_sigterm(self) -> None:
         """The caller's SIGTERM handler again, where ray.init's is still the one set."""
