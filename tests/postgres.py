@@ -1,16 +1,22 @@
 """A real PostgreSQL server for the tests of the results store: Debian's postgresql
-(initdb and pg_ctl as the `postgres` user where the suite runs as root, which initdb
-refuses), in a temporary folder, on a free port, for the whole session."""
+(initdb and the server as the `postgres` user where the suite runs as root, which initdb
+refuses), in a temporary folder, on a free port, for the whole session. The server is the
+pytest process's own child, which the kernel stops when that process dies, however it
+dies: pg_ctl's server, detached into a session of its own, outlived a SIGKILL'd suite."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import glob
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,10 +27,13 @@ USER = "autotune"
 # A role that must give its password (SCRAM): what a team's server asks of a URL such as
 # postgresql://tuner:secret@db.internal/autotune. Every other role is trusted.
 PASSWORD_USER, PASSWORD = "tuner", "Pw52-never-printed"
+PREFIX = "autotune-pg-"
+OWNER = "owner.pid"  # in a server's folder: the pid of the process whose server it is
+PR_SET_PDEATHSIG = 1
 
 
 def binaries() -> Path | None:
-    """The folder of initdb and pg_ctl: $AUTOTUNE_PG_BIN, Debian's newest, or the PATH's."""
+    """The folder of initdb and postgres: $AUTOTUNE_PG_BIN, Debian's newest, or the PATH's."""
     said = os.environ.get("AUTOTUNE_PG_BIN")
     candidates = [said] if said else sorted(glob.glob("/usr/lib/postgresql/*/bin"),
                                             key=lambda p: int(Path(p).parent.name)
@@ -32,7 +41,7 @@ def binaries() -> Path | None:
                                             reverse=True)
     on_path = shutil.which("initdb")
     candidates += [str(Path(on_path).parent)] if on_path else []
-    return next((Path(c) for c in candidates if c and (Path(c) / "pg_ctl").exists()), None)
+    return next((Path(c) for c in candidates if c and (Path(c) / "postgres").exists()), None)
 
 
 def _free_port() -> int:
@@ -46,14 +55,16 @@ class Server:
 
     def __init__(self, bindir: Path) -> None:
         self.bindir = bindir
-        self.root = Path(tempfile.mkdtemp(prefix="autotune-pg-"))
+        self.root = Path(tempfile.mkdtemp(prefix=PREFIX))
         self.data = self.root / "data"
         self.port = _free_port()
         self.as_user: list[str] = []
+        self.proc: subprocess.Popen | None = None
         if os.geteuid() == 0:  # initdb refuses root: the server runs as postgres
             owner = pwd.getpwnam("postgres")
             os.chown(self.root, owner.pw_uid, owner.pw_gid)
             self.as_user = ["runuser", "-u", "postgres", "--"]
+        (self.root / OWNER).write_text(str(os.getpid()))
 
     def _run(self, *args: str) -> None:
         subprocess.run([*self.as_user, *args], check=True, capture_output=True, text=True,
@@ -65,15 +76,45 @@ class Server:
         hba = self.data / "pg_hba.conf"  # the first line that matches is the one used
         hba.write_text(f"host all {PASSWORD_USER} 127.0.0.1/32 scram-sha-256\n"
                        + hba.read_text())
-        options = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 "
-                   "-c fsync=off -c synchronous_commit=off -c full_page_writes=off")
-        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-o", options,
-                  "-l", str(self.root / "log"), "-w", "-t", "60", "start")
+        owner = pwd.getpwnam("postgres") if self.as_user else None
+        with open(self.root / "log", "ab") as log:
+            self.proc = subprocess.Popen(
+                [str(self.bindir / "postgres"), "-D", str(self.data), "-p", str(self.port),
+                 "-k", str(self.root), "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off",
+                 "-c", "synchronous_commit=off", "-c", "full_page_writes=off"],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                user=owner.pw_uid if owner else None, group=owner.pw_gid if owner else None,
+                extra_groups=[] if owner else None, preexec_fn=_die_with(os.getpid()),
+                # Out of the terminal's group, as pg_ctl's was: a Ctrl-C reaches pytest,
+                # whose teardown stops the server once the tests' connections are closed.
+                start_new_session=True)
+        self._wait_ready(60.0)
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"PostgreSQL exited ({self.proc.returncode}) as it started: "
+                                   + (self.root / "log").read_text()[-2000:])
+            ready = subprocess.run([str(self.bindir / "pg_isready"), "-q", "-h", "127.0.0.1",
+                                    "-p", str(self.port)], check=False, timeout=30)
+            if ready.returncode == 0:
+                return
+            time.sleep(0.1)
+        self.proc.kill()
+        raise RuntimeError(f"PostgreSQL did not accept connections in {timeout_s:.0f} s: "
+                           + (self.root / "log").read_text()[-2000:])
 
     def stop(self) -> None:
+        """Fast shutdown (SIGINT: clients disconnected, the server gone when this returns)."""
         try:
-            self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "fast",
-                      "-w", "stop")
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
 
@@ -108,9 +149,43 @@ def session_server() -> Iterator[Server | None]:
                                "(install postgresql, or set AUTOTUNE_PG_BIN)")
         yield None
         return
+    remove_stale()
     server = Server(bindir)
     server.start()
     try:
         yield server
     finally:
         server.stop()
+
+
+def _die_with(parent: int):
+    """In the server's process, before its exec (and after its change of user, which
+    clears it): SIGINT, PostgreSQL's fast shutdown, when `parent` dies."""
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def arm() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGINT, 0, 0, 0)
+        if os.getppid() != parent:  # it died before the signal was armed
+            os._exit(1)
+
+    return arm
+
+
+def remove_stale() -> None:
+    """The folders of servers whose pytest process is gone (SIGKILL'd: its server stopped
+    with it, but nothing removed the folder). A folder without its owner's pid yet is a
+    server another suite is starting."""
+    for root in Path(tempfile.gettempdir()).glob(f"{PREFIX}*"):
+        with contextlib.suppress(OSError, ValueError):
+            pid = int((root / OWNER).read_text())
+            if not _alive(pid):
+                shutil.rmtree(root, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs: a zombie (a killed suite no init has reaped yet) does not."""
+    import psutil
+
+    with contextlib.suppress(psutil.NoSuchProcess):
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    return False

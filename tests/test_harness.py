@@ -1,6 +1,6 @@
 """The suite's own harness: a pytest stopped by SIGTERM (a CI's cancel, a `kill` of its
-process group) tears down what its fixtures started, as Ctrl-C does, and leaves no
-PostgreSQL server behind."""
+process group) tears down what its fixtures started, as Ctrl-C does, and one killed
+(SIGKILL: a CI's timeout, the OOM killer) leaves no PostgreSQL server running."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from tests.conftest import ROOT
-from tests.postgres import REQUIRED, binaries
+from tests.postgres import REQUIRED, binaries, remove_stale
 
 HELD = """
 import os, time
@@ -48,14 +48,8 @@ def _running(pid: int) -> bool:
     return False
 
 
-@pytest.mark.skipif(binaries() is None and not os.environ.get(REQUIRED),
-                    reason="PostgreSQL is not installed")
-@pytest.mark.parametrize("workers", [["-p", "no:xdist"], ["-n", "2"]], ids=["serial", "xdist"])
-def test_sigterm_to_the_suite_stops_its_postgresql_server(tmp_path, workers):
-    """SIGTERM to pytest alone, not its group: a serial pytest tears down as on Ctrl-C;
-    under pytest-xdist the controller passes it to its workers, one of which holds the
-    server (`kill` of the group, tried by hand, reaches each worker itself, and then
-    twice: the handler acts once)."""
+def _held(tmp_path: Path, workers: list[str]) -> tuple[subprocess.Popen, Path, int]:
+    """A child pytest holding the session's server: it, the server's folder, its pid."""
     (tmp_path / "test_held.py").write_text(HELD)
     mark = tmp_path / "root"
     env = dict(os.environ, HELD_MARK=str(mark), PYTHONPATH=str(ROOT))
@@ -65,31 +59,81 @@ def test_sigterm_to_the_suite_stops_its_postgresql_server(tmp_path, workers):
                              str(tmp_path / "test_held.py")],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    root = pid = None
+    deadline = time.monotonic() + 180
+    while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if not mark.exists():
+        os.killpg(proc.pid, signal.SIGTERM)
+        pytest.fail(proc.communicate(timeout=120)[0][-3000:])
+    root = Path(mark.read_text())
+    pid = _postmaster(root)
+    assert pid is not None and _running(pid)
+    return proc, root, pid
+
+
+def _clean_up(proc: subprocess.Popen, root: Path | None, pid: int | None) -> None:
+    """What a failure would leave."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    if pid is not None and _running(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGQUIT)
+    if root is not None and root.is_absolute() and root.name.startswith("autotune-pg-"):
+        shutil.rmtree(root, ignore_errors=True)
+
+
+needs_postgres = pytest.mark.skipif(binaries() is None and not os.environ.get(REQUIRED),
+                                    reason="PostgreSQL is not installed")
+WORKERS = pytest.mark.parametrize("workers", [["-p", "no:xdist"], ["-n", "2"]],
+                                  ids=["serial", "xdist"])
+
+
+@needs_postgres
+@WORKERS
+def test_sigterm_to_the_suite_stops_its_postgresql_server(tmp_path, workers):
+    """SIGTERM to pytest alone, not its group: a serial pytest tears down as on Ctrl-C;
+    under pytest-xdist the controller passes it to its workers, one of which holds the
+    server (`kill` of the group, tried by hand, reaches each worker itself, and then
+    twice: the handler acts once)."""
+    proc = root = pid = None
     try:
-        deadline = time.monotonic() + 180
-        while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if not mark.exists():
-            os.killpg(proc.pid, signal.SIGTERM)
-            pytest.fail(proc.communicate(timeout=120)[0][-3000:])
-        root = Path(mark.read_text())
-        pid = _postmaster(root)
-        assert pid is not None and _running(pid)
+        proc, root, pid = _held(tmp_path, workers)
         os.kill(proc.pid, signal.SIGTERM)  # the held test, mid-sleep
         out = proc.communicate(timeout=120)[0]
         assert proc.returncode == pytest.ExitCode.INTERRUPTED, out[-3000:]
-        assert not _running(pid), out[-3000:]  # pg_ctl stop -w waited for it
+        assert not _running(pid), out[-3000:]  # stop() waited for it
         assert not root.exists()
         # A worker is passed the signal at once; xdist itself would send it a SIGINT only
         # 5 s after asking it to stop, and kill it 10 s after asking.
-        stop = Path(f"{mark}.stop").read_text()
+        stop = Path(f"{tmp_path / 'root'}.stop").read_text()
         assert stop == f"signal {signal.SIGTERM.value}", stop
     finally:
-        with contextlib.suppress(ProcessLookupError):
+        if proc is not None:
+            _clean_up(proc, root, pid)
+
+
+@needs_postgres
+@WORKERS
+def test_a_killed_suite_leaves_no_postgresql_server_and_the_next_removes_its_folder(
+        tmp_path, workers):
+    """SIGKILL runs no teardown: the server, the dead process's child, is stopped by the
+    kernel's parent-death signal (pg_ctl's outlived it, detached), and the next session
+    removes the folder left behind. Serial, the pytest is killed; under pytest-xdist its
+    whole group, as a CI's timeout kills a job."""
+    proc = root = pid = None
+    try:
+        proc, root, pid = _held(tmp_path, workers)
+        if "no:xdist" in workers:
+            os.kill(proc.pid, signal.SIGKILL)
+        else:
             os.killpg(proc.pid, signal.SIGKILL)
-        if pid is not None and _running(pid):  # what a failure here would leave
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGQUIT)
-        if root is not None and root.is_absolute() and root.name.startswith("autotune-pg-"):
-            shutil.rmtree(root, ignore_errors=True)
+        proc.communicate(timeout=60)
+        deadline = time.monotonic() + 60
+        while _running(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _running(pid)
+        remove_stale()  # as the next session starts (another test's may have, meanwhile)
+        assert not root.exists()
+    finally:
+        if proc is not None:
+            _clean_up(proc, root, pid)
