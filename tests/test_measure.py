@@ -388,6 +388,28 @@ def test_the_confirmation_is_priced_with_the_waits_for_another_searchs_trials():
     assert confirm.lease_wait_seconds(beside + [rec(7, 16, 1, "model", 0.0)] * 4) == 0.0
 
 
+def test_the_next_trial_is_priced_with_its_wait_for_another_searchs_trials():
+    """A search beside another stopped starting trials by their wall times, which leave
+    out each one's wait for the other's: its last trial then ate the confirmation's time.
+    The next trial's price now holds the recent wait, as each confirmation run's does."""
+    import time
+
+    from autotune.tuning.loop import Limits
+
+    costs, held = [10.0, 10.0, 10.0], (lambda: 20.0)  # confirmation: 20 s owed
+    # 20 s held back and 10 s for the next trial fit in 35 s; with its 15 s wait they do not.
+    assert not Limits(deadline=time.time() + 35, reserve=held).exhausted(costs, 0)
+    assert Limits(deadline=time.time() + 35, reserve=held, wait=lambda: 15.0).exhausted(
+        costs, 0)
+    assert not Limits(deadline=time.time() + 50, reserve=held, wait=lambda: 15.0).exhausted(
+        costs, 0)
+    # What a strategy is told it has left: trials of 25 s each, not of 10.
+    assert Limits(deadline=time.time() + 120, reserve=held, wait=lambda: 15.0).trials_left(
+        costs, 0) == pytest.approx(4.0, abs=0.01)
+    assert Limits(deadline=time.time() + 120, reserve=held).trials_left(
+        costs, 0) == pytest.approx(10.0, abs=0.01)
+
+
 def test_each_confirmation_round_runs_the_best_and_the_baseline_first(tmp_path):
     """A confirmation its deadline cuts keeps the speedup's interval (two runs each of the
     best and the baseline) before a runner-up's second run: beside another search, the

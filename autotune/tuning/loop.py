@@ -41,6 +41,9 @@ class Limits:
     # of the contenders so far: none before a config at the target succeeded, or a short
     # search would stop after its first trial to keep time for confirming nothing).
     reserve: Callable[[], float] | None = None
+    # What a trial now waits for the devices another search holds, which a trial's wall
+    # time (its cost) leaves out: the next trial starts after it, so its price holds it.
+    wait: Callable[[], float] | None = None
 
     def exhausted(self, costs: list[float], in_flight: int,
                   spent: float | None = None) -> bool:
@@ -52,7 +55,7 @@ class Limits:
             return True
         reserve = self.reserve() if self.reserve is not None else 0.0
         if reserve and costs:  # the next trial and those in flight end before it starts
-            reserve += (in_flight + 1) * statistics.median(costs)
+            reserve += (in_flight + 1) * statistics.median(costs) + self._wait()
         if self.deadline is not None and time.time() + reserve >= self.deadline:
             return True
         # Trials in flight will cost about the median each; the next, up to the costliest.
@@ -74,8 +77,12 @@ class Limits:
                 left.append((self.budget_seconds - spent - committed) / typical)
             if self.deadline is not None:
                 reserve = self.reserve() if self.reserve is not None else 0.0
-                left.append((self.deadline - time.time() - reserve - committed) / typical)
+                left.append((self.deadline - time.time() - reserve - committed)
+                            / (typical + self._wait()))
         return max(0.0, min(left)) if left else None
+
+    def _wait(self) -> float:
+        return self.wait() if self.wait is not None else 0.0
 
 
 def drive(

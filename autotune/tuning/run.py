@@ -169,11 +169,13 @@ def _search(spec: Spec, shape: ModelShape | None, space_file: Space, device: Dev
     _say_resumed(history, study_name, storage, spec.search.n_trials)
     # The confirmation's trials are paid from the same time budget: the search leaves room
     # for the repeats of the contenders it has so far, priced at their own trials' times
-    # and the recent trials' waits for another search's.
+    # and the recent trials' waits for another search's, and for the next trial, its wait
+    # too.
     limits = Limits(max_trials=spec.search.n_trials, deadline=deadline,
                     reserve=lambda: confirm.cost_seconds(
                         confirm.contenders(history, spec.per_rank_batch), repeats,
-                        executor.capacity, history))
+                        executor.capacity, history),
+                    wait=lambda: confirm.lease_wait_seconds(history))
 
     def recorded(record: Record) -> None:
         if on_record is not None:
