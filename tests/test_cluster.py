@@ -27,6 +27,7 @@ from autotune.space import build_space
 from autotune.spec import load_spec
 from autotune.summary import load_summary
 from autotune.trials.executor import CLIENT_INIT_ATTEMPTS, RayExecutor
+from tests import cluster_watch
 from tests.conftest import ours, study_names, trial_processes
 
 pytestmark = pytest.mark.slow
@@ -67,9 +68,11 @@ class Cluster:
         # tmp_path is too deep.
         self.temp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))
         self.raylets: list[int] = []  # the worker nodes' raylets' ports
+        self.watch: subprocess.Popen | None = None  # stops it if this process is killed
 
     def start(self, *, head_cpus: int = 0, workers: list[dict] | None = None) -> Cluster:
         self.client_port = _free_port(self.port)  # Ray Client (ray://) listens here
+        self.watch = cluster_watch.start(self.temp, self.keys())
         self._ray("start", "--head", f"--port={self.port}", f"--num-cpus={head_cpus}",
                   "--num-gpus=0", "--include-dashboard=false", f"--temp-dir={self.temp}",
                   f"--ray-client-server-port={self.client_port}")
@@ -98,24 +101,18 @@ class Cluster:
                               timeout=180)
         assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-1500:]
 
-    def processes(self) -> list[psutil.Process]:
-        """This cluster's processes: every node's daemons name its temp folder or its
-        head's address, Ray Client's proxy its port and the head's GCS port (at the
-        node's own IP, not 127.0.0.1), and Ray's workers and the proxy's servers are
-        their descendants."""
+    def keys(self) -> tuple[str, ...]:
+        """What names this cluster's processes: every node's daemons name its temp folder
+        or its head's address, Ray Client's proxy its port and the head's GCS port (at the
+        node's own IP, not 127.0.0.1); Ray's workers and the proxy's servers are their
+        descendants."""
         keys = (str(self.temp), self.address, f":{self.port} ")
         if hasattr(self, "client_port"):
             keys += (f"--port={self.client_port} ",)
-        roots = []
-        for p in psutil.process_iter(["cmdline"]):
-            with contextlib.suppress(psutil.Error):
-                if any(k in " ".join(p.info["cmdline"] or []) + " " for k in keys):
-                    roots.append(p)
-        found = {p.pid: p for p in roots}
-        for p in roots:
-            with contextlib.suppress(psutil.Error):
-                found |= {c.pid: c for c in p.children(recursive=True)}
-        return [p for pid, p in found.items() if pid != os.getpid()]
+        return keys
+
+    def processes(self) -> list[psutil.Process]:
+        return cluster_watch.processes(self.keys())
 
     def client_server_logs(self, tail: int = 1500) -> str:
         """The end of each Ray Client server's error log on the head: why a client's server
@@ -127,13 +124,11 @@ class Cluster:
     def stop(self) -> None:
         """This cluster only: `ray stop` would stop every Ray of the user on the machine,
         a search someone runs beside the tests included."""
-        deadline = time.time() + 60
-        while (left := self.processes()) and time.time() < deadline:
-            for p in left:
-                with contextlib.suppress(psutil.Error):
-                    p.kill()
-            psutil.wait_procs(left, timeout=5)
-        assert not self.processes(), [p.cmdline() for p in self.processes()]
+        if self.watch is not None:
+            self.watch.kill()
+            self.watch.wait()
+        left = cluster_watch.kill(self.keys())
+        assert not left, [p.cmdline() for p in left]
         shutil.rmtree(self.temp, ignore_errors=True)
 
 

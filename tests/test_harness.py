@@ -1,10 +1,12 @@
 """The suite's own harness: a pytest stopped by SIGTERM (a CI's cancel, a `kill` of its
 process group) tears down what its fixtures started, as Ctrl-C does, and one killed
-(SIGKILL: a CI's timeout, the OOM killer) leaves no PostgreSQL server running."""
+(SIGKILL: a CI's timeout, the OOM killer) leaves no PostgreSQL server or Ray cluster
+running."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -16,6 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests import cluster_watch
 from tests.conftest import ROOT
 from tests.postgres import REQUIRED, binaries, remove_stale
 
@@ -137,3 +140,60 @@ def test_a_killed_suite_leaves_no_postgresql_server_and_the_next_removes_its_fol
     finally:
         if proc is not None:
             _clean_up(proc, root, pid)
+
+
+HELD_CLUSTER = """
+import json, os, time
+from pathlib import Path
+from tests.test_cluster import Cluster
+
+def test_held(tmp_path):
+    cluster = Cluster(tmp_path, os.environ | {"RAY_AUTH_MODE": "disabled"}).start()
+    mark = Path(os.environ["HELD_MARK"])
+    Path(f"{mark}.new").write_text(json.dumps([str(cluster.temp), *cluster.keys()]))
+    os.replace(f"{mark}.new", mark)
+    time.sleep(300)
+"""
+
+
+def test_a_killed_suite_leaves_no_ray_cluster_of_its_tests():
+    """A test's `ray start` cluster (its daemons detach) is stopped, and its folder
+    removed, by the watch the test started, once the pytest process is SIGKILL'd."""
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(prefix="autotune-held-"))
+    (tmp / "test_held_cluster.py").write_text(HELD_CLUSTER)
+    mark = tmp / "cluster"
+    env = dict(os.environ, HELD_MARK=str(mark), PYTHONPATH=str(ROOT))
+    env.pop("PYTEST_XDIST_WORKER", None)
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest",
+                             "-p", "no:cacheprovider", "-p", "no:xdist",
+                             str(tmp / "test_held_cluster.py")],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    keys: tuple[str, ...] = ()
+    try:
+        deadline = time.monotonic() + 180
+        while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if not mark.exists():
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(proc.communicate(timeout=60)[0][-3000:])
+        temp, *keys = json.loads(mark.read_text())
+        keys = tuple(keys)
+        assert any("raylet" in " ".join(p.cmdline()) for p in cluster_watch.processes(keys))
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+        deadline = time.monotonic() + 90
+        while cluster_watch.processes(keys) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not [p.cmdline() for p in cluster_watch.processes(keys)]
+        while Path(temp).exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not Path(temp).exists()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        if keys:
+            cluster_watch.kill(keys)
+        shutil.rmtree(tmp, ignore_errors=True)
