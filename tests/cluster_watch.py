@@ -33,8 +33,9 @@ def processes(keys: tuple[str, ...]) -> list[psutil.Process]:
     roots = []
     for p in psutil.process_iter(["cmdline"]):
         with contextlib.suppress(psutil.Error):
-            line = " ".join(p.info["cmdline"] or []) + " "
-            if any(k in line for k in keys) and MODULE not in line:
+            cmdline = p.info["cmdline"] or []
+            line = " ".join(cmdline) + " "
+            if any(k in line for k in keys) and cmdline[1:3] != ["-m", MODULE]:
                 roots.append(p)
     found = {p.pid: p for p in roots}
     for p in roots:
@@ -64,10 +65,16 @@ def start(temp: Path, keys: tuple[str, ...]) -> subprocess.Popen:
 
 
 def watch(owner: int, temp: Path, keys: tuple[str, ...]) -> None:
+    """Until the owner is gone; then its cluster, unless its folder went first (the
+    cluster stopped without ending this watch: its ports may be another's by now)."""
     with contextlib.suppress(psutil.Error):
         proc = psutil.Process(owner)
         while proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+            if not temp.exists():
+                return
             time.sleep(POLL_S)
+    if not temp.exists():
+        return
     kill(keys)
     shutil.rmtree(temp, ignore_errors=True)
 

@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 # Set in CI (.ci/run): a machine without PostgreSQL fails these tests instead of skipping.
@@ -96,25 +96,26 @@ class Server:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"PostgreSQL exited ({self.proc.returncode}) as it started: "
                                    + (self.root / "log").read_text()[-2000:])
-            ready = subprocess.run([str(self.bindir / "pg_isready"), "-q", "-h", "127.0.0.1",
+            # Its own socket, not the port: another server may hold a port taken meanwhile.
+            ready = subprocess.run([str(self.bindir / "pg_isready"), "-q", "-h", str(self.root),
                                     "-p", str(self.port)], check=False, timeout=30)
-            if ready.returncode == 0:
+            if ready.returncode == 0 and self.proc.poll() is None:
                 return
             time.sleep(0.1)
-        self.proc.kill()
         raise RuntimeError(f"PostgreSQL did not accept connections in {timeout_s:.0f} s: "
                            + (self.root / "log").read_text()[-2000:])
 
     def stop(self) -> None:
         """Fast shutdown (SIGINT: clients disconnected, the server gone when this returns)."""
         try:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=30)
+            if self.proc is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.send_signal(signal.SIGINT)
+                try:
+                    self.proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait(timeout=30)
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
 
@@ -151,20 +152,22 @@ def session_server() -> Iterator[Server | None]:
         return
     remove_stale()
     server = Server(bindir)
-    server.start()
     try:
+        server.start()
         yield server
     finally:
         server.stop()
 
 
-def _die_with(parent: int):
+def _die_with(parent: int) -> Callable[[], None]:
     """In the server's process, before its exec (and after its change of user, which
-    clears it): SIGINT, PostgreSQL's fast shutdown, when `parent` dies."""
+    clears it): SIGINT, PostgreSQL's fast shutdown, when `parent` dies. Strictly when the
+    thread that started it ends: the session's fixtures run on pytest's main thread."""
     libc = ctypes.CDLL(None, use_errno=True)
 
     def arm() -> None:
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGINT, 0, 0, 0)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGINT, 0, 0, 0) != 0:
+            os._exit(2)  # not armed: better no server than one that outlives the suite
         if os.getppid() != parent:  # it died before the signal was armed
             os._exit(1)
 

@@ -20,7 +20,7 @@ import pytest
 
 from tests import cluster_watch
 from tests.conftest import ROOT
-from tests.postgres import REQUIRED, binaries, remove_stale
+from tests.postgres import PREFIX, REQUIRED, binaries, remove_stale
 
 HELD = """
 import os, time
@@ -81,7 +81,7 @@ def _clean_up(proc: subprocess.Popen, root: Path | None, pid: int | None) -> Non
     if pid is not None and _running(pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGQUIT)
-    if root is not None and root.is_absolute() and root.name.startswith("autotune-pg-"):
+    if root is not None and root.is_absolute() and root.name.startswith(PREFIX):
         shutil.rmtree(root, ignore_errors=True)
 
 

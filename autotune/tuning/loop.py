@@ -42,7 +42,8 @@ class Limits:
     # search would stop after its first trial to keep time for confirming nothing).
     reserve: Callable[[], float] | None = None
     # What a trial now waits for the devices another search holds, which a trial's wall
-    # time (its cost) leaves out: the next trial starts after it, so its price holds it.
+    # time (its cost) leaves out: each trial still to start pays it (those in flight hold
+    # their devices already), in the reserve's check and in the trials left.
     wait: Callable[[], float] | None = None
 
     def exhausted(self, costs: list[float], in_flight: int,
