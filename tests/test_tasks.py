@@ -366,7 +366,11 @@ def test_held_out_specs_of_each_kind_train_and_are_predicted(tmp_path):
     assert pre.precompute.charged_seconds > 0
     for out, s, c in ((bart, shape, TrialConfig.of(4, 2)), (copy, dpo, TrialConfig.of(4, 2))):
         predicted = Physics(s, CPU).physics(c).total_bytes
-        assert 0.5 < predicted / out.peak_memory_bytes < 2.0, (predicted, out.peak_memory_bytes)
+        # Once (CI, 2026-12-02) the DPO trial's peak was 150 MiB where it is 78-84 here,
+        # alone or after a BART or an nf4 trial: what it ran after and how, to tell why.
+        assert 0.5 < predicted / out.peak_memory_bytes < 2.0, (
+            predicted, out.peak_memory_bytes, out.launch.to_dict(), out.measured.to_dict(),
+            pre.peak_memory_bytes)
 
 
 TRAIN = Path(__file__).with_name("train_task_from_exports.py")
