@@ -202,7 +202,10 @@ def _preload() -> None:
     import_extras(filter(None, os.environ.get(PRELOAD_MODULES, "").split(",")))
     model = os.environ.get(PRELOAD_MODEL)
     if model:
-        import_model(json.loads(model))
+        from autotune.tasks.models import model_class
+
+        with contextlib.suppress(Exception):  # the trial itself says what is wrong with it
+            model_class(json.loads(model))
 
 
 def import_extras(trainer_modules: Iterable[str]) -> None:
@@ -216,14 +219,6 @@ def import_extras(trainer_modules: Iterable[str]) -> None:
             continue
         with contextlib.suppress(Exception):
             importlib.import_module(name)
-
-
-def import_model(model: dict[str, Any]) -> None:
-    """The transformers modeling module of a spec's model section."""
-    from autotune.tasks.models import model_class
-
-    with contextlib.suppress(Exception):  # the trial itself says what is wrong with it
-        model_class(model)
 
 
 def _child(job: dict[str, Any], channel: int) -> None:

@@ -456,10 +456,10 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
     mmap_threshold = hold_mmap_threshold() if request.on_cpu else None
     # What a warm launcher imports before it forks, imported here where it did not: the
     # base holds the libraries, and the peak is the training's however the trial started.
-    from autotune.trials.forkserver import import_extras, import_model
+    # (Not the model's module, a few MiB: reading its config may ask the hub, each trial.)
+    from autotune.trials.forkserver import import_extras
 
     import_extras(trained_by.preload)
-    import_model(request.spec.get("model") or {})
     base_rss = _rss()
     shape = request.shape
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else (
