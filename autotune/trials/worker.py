@@ -454,12 +454,15 @@ def run(request: TrialRequest, result_path: str) -> Outcome:
     budget = request.memory_budget_bytes
     # A CPU trial's peak RSS is its tensors', not malloc's high-water: trials/host_malloc.py
     mmap_threshold = hold_mmap_threshold() if request.on_cpu else None
-    # What a warm launcher imports before it forks, imported here where it did not: the
-    # base holds the libraries, and the peak is the training's however the trial started.
-    # (Not the model's module, a few MiB: reading its config may ask the hub, each trial.)
-    from autotune.trials.forkserver import import_extras
+    # What a warm launcher imports before it forks, imported here where it did not: a CPU
+    # trial's base holds the libraries, and its peak is the training's however it started.
+    # (Not on a GPU, whose peak is the GPU's: there an import before set_device below, such
+    # as bitsandbytes', could make a context on cuda:0. Not the model's module, a few MiB:
+    # reading its config may ask the hub, each trial.)
+    if request.on_cpu:
+        from autotune.trials.forkserver import import_extras
 
-    import_extras(trained_by.preload)
+        import_extras(trained_by.preload)
     base_rss = _rss()
     shape = request.shape
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else (
