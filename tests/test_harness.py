@@ -51,24 +51,30 @@ def _running(pid: int) -> bool:
     return False
 
 
-def _held(tmp_path: Path, workers: list[str]) -> tuple[subprocess.Popen, Path, int]:
-    """A child pytest holding the session's server: it, the server's folder, its pid."""
-    (tmp_path / "test_held.py").write_text(HELD)
-    mark = tmp_path / "root"
+def _start_held(folder: Path, test: str, workers: list[str]) -> tuple[subprocess.Popen, str]:
+    """A child pytest running `test` (which writes HELD_MARK whole, then holds), in a
+    session of its own; it and what the test wrote."""
+    (folder / "test_held.py").write_text(test)
+    mark = folder / "mark"
     env = dict(os.environ, HELD_MARK=str(mark), PYTHONPATH=str(ROOT))
     env.pop("PYTEST_XDIST_WORKER", None)
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest",
-                             "-p", "no:cacheprovider", *workers,
-                             str(tmp_path / "test_held.py")],
+                             "-p", "no:cacheprovider", *workers, str(folder / "test_held.py")],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     deadline = time.monotonic() + 180
     while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     if not mark.exists():
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, signal.SIGTERM)  # its teardown stops what it started
         pytest.fail(proc.communicate(timeout=120)[0][-3000:])
-    root = Path(mark.read_text())
+    return proc, mark.read_text()
+
+
+def _held(tmp_path: Path, workers: list[str]) -> tuple[subprocess.Popen, Path, int]:
+    """A child pytest holding the session's server: it, the server's folder, its pid."""
+    proc, text = _start_held(tmp_path, HELD, workers)
+    root = Path(text)
     pid = _postmaster(root)
     assert pid is not None and _running(pid)
     return proc, root, pid
@@ -108,7 +114,7 @@ def test_sigterm_to_the_suite_stops_its_postgresql_server(tmp_path, workers):
         assert not root.exists()
         # A worker is passed the signal at once; xdist itself would send it a SIGINT only
         # 5 s after asking it to stop, and kill it 10 s after asking.
-        stop = Path(f"{tmp_path / 'root'}.stop").read_text()
+        stop = Path(f"{tmp_path / 'mark'}.stop").read_text()
         assert stop == f"signal {signal.SIGTERM.value}", stop
     finally:
         if proc is not None:
@@ -156,30 +162,13 @@ def test_held(tmp_path):
 """
 
 
-def test_a_killed_suite_leaves_no_ray_cluster_of_its_tests():
+def test_a_killed_suite_leaves_no_ray_cluster_of_its_tests(tmp_path):
     """A test's `ray start` cluster (its daemons detach) is stopped, and its folder
     removed, by the watch the test started, once the pytest process is SIGKILL'd."""
-    import tempfile
-
-    tmp = Path(tempfile.mkdtemp(prefix="autotune-held-"))
-    (tmp / "test_held_cluster.py").write_text(HELD_CLUSTER)
-    mark = tmp / "cluster"
-    env = dict(os.environ, HELD_MARK=str(mark), PYTHONPATH=str(ROOT))
-    env.pop("PYTEST_XDIST_WORKER", None)
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest",
-                             "-p", "no:cacheprovider", "-p", "no:xdist",
-                             str(tmp / "test_held_cluster.py")],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    keys: tuple[str, ...] = ()
+    proc, keys = None, ()
     try:
-        deadline = time.monotonic() + 180
-        while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if not mark.exists():
-            os.killpg(proc.pid, signal.SIGKILL)
-            pytest.fail(proc.communicate(timeout=60)[0][-3000:])
-        temp, *keys = json.loads(mark.read_text())
+        proc, text = _start_held(tmp_path, HELD_CLUSTER, ["-p", "no:xdist"])
+        temp, *keys = json.loads(text)
         keys = tuple(keys)
         assert any("raylet" in " ".join(p.cmdline()) for p in cluster_watch.processes(keys))
         os.kill(proc.pid, signal.SIGKILL)
@@ -192,8 +181,8 @@ def test_a_killed_suite_leaves_no_ray_cluster_of_its_tests():
             time.sleep(0.2)
         assert not Path(temp).exists()
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
         if keys:
             cluster_watch.kill(keys)
-        shutil.rmtree(tmp, ignore_errors=True)
