@@ -21,6 +21,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from autotune.trials.reaper import PR_SET_PDEATHSIG
+
 # Set in CI (.ci/run): a machine without PostgreSQL fails these tests instead of skipping.
 REQUIRED = "AUTOTUNE_REQUIRE_POSTGRES"
 USER = "autotune"
@@ -29,7 +31,6 @@ USER = "autotune"
 PASSWORD_USER, PASSWORD = "tuner", "Pw52-never-printed"
 PREFIX = "autotune-pg-"
 OWNER = "owner.pid"  # in a server's folder: the pid of the process whose server it is
-PR_SET_PDEATHSIG = 1
 
 
 def binaries() -> Path | None:
@@ -181,11 +182,11 @@ def remove_stale() -> None:
     for root in Path(tempfile.gettempdir()).glob(f"{PREFIX}*"):
         with contextlib.suppress(OSError, ValueError):
             pid = int((root / OWNER).read_text())
-            if not _alive(pid):
+            if not alive(pid):
                 shutil.rmtree(root, ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     """Whether `pid` runs: a zombie (a killed suite no init has reaped yet) does not."""
     import psutil
 

@@ -15,12 +15,11 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from tests import cluster_watch
 from tests.conftest import ROOT
-from tests.postgres import PREFIX, REQUIRED, binaries, remove_stale
+from tests.postgres import PREFIX, REQUIRED, alive, binaries, remove_stale
 
 HELD = """
 import os, time
@@ -41,14 +40,6 @@ def _postmaster(root: Path) -> int | None:
     with contextlib.suppress(OSError, ValueError, IndexError):
         return int((root / "data" / "postmaster.pid").read_text().split()[0])
     return None
-
-
-def _running(pid: int) -> bool:
-    """Whether `pid` runs: a zombie (the server's exit, which a container's init may never
-    reap) does not."""
-    with contextlib.suppress(psutil.NoSuchProcess):
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    return False
 
 
 def _start_held(folder: Path, test: str, workers: list[str]) -> tuple[subprocess.Popen, str]:
@@ -76,7 +67,7 @@ def _held(tmp_path: Path, workers: list[str]) -> tuple[subprocess.Popen, Path, i
     proc, text = _start_held(tmp_path, HELD, workers)
     root = Path(text)
     pid = _postmaster(root)
-    assert pid is not None and _running(pid)
+    assert pid is not None and alive(pid)
     return proc, root, pid
 
 
@@ -84,7 +75,7 @@ def _clean_up(proc: subprocess.Popen, root: Path | None, pid: int | None) -> Non
     """What a failure would leave."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    if pid is not None and _running(pid):
+    if pid is not None and alive(pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGQUIT)
     if root is not None and root.is_absolute() and root.name.startswith(PREFIX):
@@ -110,7 +101,7 @@ def test_sigterm_to_the_suite_stops_its_postgresql_server(tmp_path, workers):
         os.kill(proc.pid, signal.SIGTERM)  # the held test, mid-sleep
         out = proc.communicate(timeout=120)[0]
         assert proc.returncode == pytest.ExitCode.INTERRUPTED, out[-3000:]
-        assert not _running(pid), out[-3000:]  # stop() waited for it
+        assert not alive(pid), out[-3000:]  # stop() waited for it
         assert not root.exists()
         # A worker is passed the signal at once; xdist itself would send it a SIGINT only
         # 5 s after asking it to stop, and kill it 10 s after asking.
@@ -138,9 +129,9 @@ def test_a_killed_suite_leaves_no_postgresql_server_and_the_next_removes_its_fol
             os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate(timeout=60)
         deadline = time.monotonic() + 60
-        while _running(pid) and time.monotonic() < deadline:
+        while alive(pid) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not _running(pid)
+        assert not alive(pid)
         remove_stale()  # as the next session starts (another test's may have, meanwhile)
         assert not root.exists()
     finally:
