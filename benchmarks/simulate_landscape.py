@@ -70,7 +70,9 @@ adds, beside each, the same model, device and space at 3/4 of its seq_len with o
 (`<name>-seq<N>`): the pairs a results store's near match makes, for `autotune bench --seeded-from`.
 --noise-free writes the same landscapes without their measurement noise (statuses, peaks
 and the other draws do not depend on it), into an OUT of its own: what
-benchmarks/noise_free_quality.py judges a search's find by.
+benchmarks/noise_free_quality.py judges a search's find by, and what `autotune bench`
+replays as a device would measure it, each measurement with its noise drawn afresh
+(meta.json's `noise_free` and `noise_sd`).
 """
 
 from __future__ import annotations
@@ -668,11 +670,17 @@ def main(out: str, gpuknobs: bool = False, near_too: bool = False,
     scenarios = (HELD_OUT_2_SCENARIOS if held_out_2 else HELD_OUT_SCENARIOS if held_out
                  else GPUKNOB_SCENARIOS if gpuknobs else SCENARIOS)
     for s in [x for base in scenarios for x in ([base, near(base)] if near_too else [base])]:
+        sd = s.noise
         if noise_free:  # each rate scaled by exp(0): the log-normal's median, noise-free
             s = dataclasses.replace(s, noise=0.0)
         folder = Path(out) / s.name
         folder.mkdir(parents=True, exist_ok=True)
         meta, rows = gk_landscape(s) if s.gpuknobs else landscape(s)
+        # A measurement's noise; a noise-free table is replayed drawing it afresh at each
+        # measurement (autotune/bench/landscape.py: Landscape.fresh_noise).
+        meta["noise_sd"] = sd
+        if noise_free:
+            meta["noise_free"] = True
         (folder / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
         with (folder / "trials.csv").open("w", newline="") as f:
             w = csv.DictWriter(f, GK_FIELDS if s.gpuknobs else FIELDS)

@@ -2,7 +2,8 @@
 
 Each strategy searches a landscape through the replay executor under the same budget
 (a fraction of what the exhaustive grid cost). Per landscape and strategy: quality (best
-samples/s found / best in the table), cost (summed trial seconds / grid seconds), trials
+samples/s found / best in the table; on a table of noise-free rates, measured with fresh
+noise, the rate of what the confirmation picks), cost (summed trial seconds / grid seconds), trials
 run, OOMs hit, and speedup of the found config over the table's baseline config (fp32
 AdamW at the largest batch that fits, as auto_find_batch_size would pick).
 """
@@ -24,6 +25,8 @@ from autotune.config import BATCH, TrialConfig, halving_batches
 from autotune.errors import SpecError
 from autotune.knobs import device_rule
 from autotune.plan.calibration import MemoryModel
+from autotune.spec import SearchSpec
+from autotune.tuning.confirm import contenders
 from autotune.tuning.loop import Limits, drive
 from autotune.tuning.recipe import landscape_values, recipe_rungs
 from autotune.tuning.strategies.base import SearchContext
@@ -43,8 +46,7 @@ def baseline_config(land: Landscape) -> TrialConfig | None:
     batch that ran."""
     ok = {c.per_device_train_batch_size: c for c, o in land.table.items()
           if c.family == land.baseline_family and o.ok}
-    per_rank = land.target_batch_size // land.world_size
-    return next((ok[b] for b in halving_batches(per_rank) if b in ok), None)
+    return next((ok[b] for b in halving_batches(land.per_rank) if b in ok), None)
 
 
 # Generic search runs over the raw space, as a user would set it up; configs the device
@@ -90,12 +92,13 @@ def classification_accuracy(land: Landscape, memory: MemoryModel) -> float:
 
 def replay(land: Landscape, strategy_name: str, seed: int, budget_fraction: float,
            workers: int = 1, seeding: Seeding | None = None,
-           resumed: Sequence[Record] = (),
+           resumed: Sequence[Record] = (), executor: ReplayExecutor | None = None,
            ) -> tuple[list[Record], list[float]]:
     """One search of `land` under the budget: its records and the virtual wall time at
     each (the new records only). `seeding`: what a similar search found runs first
     (bench/seeding.py). `resumed`: a study's records the search resumes from, as a rerun
-    of the same command does (tuning/run.py)."""
+    of the same command does (tuning/run.py). `executor`: the replay to search (one of
+    `workers` seeded by `seed` where none is given)."""
     ctx = context(land, seed, raw=strategy_name in RAW_SPACE)
     ctx.resumed_records = len(resumed)
     if seeding is not None:
@@ -105,7 +108,7 @@ def replay(land: Landscape, strategy_name: str, seed: int, budget_fraction: floa
     strategy = make_strategy(strategy_name, ctx, log, guarded=False)
     if seeding is not None:
         strategy = seeding.wrap(strategy, ctx, land.shape.seq_len)
-    executor = ReplayExecutor(land, workers)
+    executor = executor or ReplayExecutor(land, workers, seed)
     clock: list[float] = []  # virtual wall time at each record
     history = drive(strategy, executor, log,
                     Limits(budget_seconds=budget_fraction * land.grid_seconds()),
@@ -113,25 +116,66 @@ def replay(land: Landscape, strategy_name: str, seed: int, budget_fraction: floa
     return history[len(resumed):], clock
 
 
+def worth(land: Landscape, config: TrialConfig) -> float:
+    """`config`'s samples/s as the table holds it: for a table of noise-free rates what
+    the config is worth, not what one measurement of it said."""
+    return land.table[config].samples_per_second or 0.0
+
+
+def confirmed_find(land: Landscape, history: Sequence[Record],
+                   executor: ReplayExecutor) -> TrialConfig | None:
+    """What a search hands its user where each measurement draws fresh noise: the
+    contenders a real search's confirmation runs (tuning/confirm.py's: the best, the
+    runner-ups within noise of it, the references), each measured the spec's default
+    confirm_repeats more times, and the one of the best median that trains the target.
+    The single best measurement where no contender trains it."""
+    per_rank = land.per_rank
+    repeats = max(1, SearchSpec.model_fields["confirm_repeats"].default)
+    medians: dict[TrialConfig, float] = {}
+    for _, r in contenders(history, per_rank):
+        if r.config.samples_per_rank != per_rank or r.config in medians:
+            continue
+        figures = [f for _ in range(repeats) if (f := executor.measure(r.config))]
+        if figures:
+            medians[r.config] = statistics.median(figures)
+    if medians:
+        return max(medians, key=lambda c: medians[c])
+    ok = [r for r in history if r.outcome.ok]
+    return max(ok, key=lambda r: r.outcome.samples_per_second or 0.0).config if ok else None
+
+
 def run_one(land: Landscape, strategy_name: str, seed: int, budget_fraction: float,
             workers: int = 1, seeding: Seeding | None = None) -> dict[str, Any]:
+    """One repeat's figures. Quality is the found config's rate in the table over the
+    table's best: on a table of one draw per config, the find is the best single
+    measurement; where measurements draw fresh noise (`Landscape.fresh_noise`), it is
+    what the confirmation picks, judged by what it is worth."""
     started = time.perf_counter()
-    history, clock = replay(land, strategy_name, seed, budget_fraction, workers, seeding)
+    executor = ReplayExecutor(land, workers, seed)
+    history, clock = replay(land, strategy_name, seed, budget_fraction, workers, seeding,
+                            executor=executor)
     best_table = land.best()
     top = best_table[1].samples_per_second if best_table else None
-    trajectory, spent, best_so_far = [], 0.0, 0.0
+    trajectory, spent, best_so_far, measured = [], 0.0, 0.0, 0.0
     for r, wall in zip(history, clock, strict=True):
         if not r.outcome.ran:
             continue
         spent += r.outcome.wall_seconds or 0.0
-        if r.outcome.ok:
-            best_so_far = max(best_so_far, r.outcome.samples_per_second or 0.0)
+        if r.outcome.ok and (r.outcome.samples_per_second or 0.0) > measured:
+            # The best measured so far, worth what the table says (the same figure on a
+            # table of one draw per config; the confirmation, off the clock, is not in it).
+            measured = r.outcome.samples_per_second or 0.0
+            best_so_far = worth(land, r.config)
         trajectory.append((spent / land.grid_seconds(), best_so_far / top if top else 0.0,
                            wall))
     ok = [r for r in history if r.outcome.ok]
-    found = max(ok, key=lambda r: r.outcome.samples_per_second or 0.0) if ok else None
+    if land.fresh_noise:
+        found_config = confirmed_find(land, history, executor)
+    else:
+        best = max(ok, key=lambda r: r.outcome.samples_per_second or 0.0) if ok else None
+        found_config = best.config if best else None
     base = baseline_config(land)
-    found_sps = found.outcome.samples_per_second if found else 0.0
+    found_sps = worth(land, found_config) if found_config else 0.0
     base_sps = land.table[base].samples_per_second if base else None
     # No number of workers reaches the target sooner than the shortest trial of a config
     # that meets it: the floor of the parallel speed-up.
@@ -148,8 +192,9 @@ def run_one(land: Landscape, strategy_name: str, seed: int, budget_fraction: flo
         "ooms": sum(1 for r in history if r.outcome.is_oom),
         "pruned": sum(1 for r in history if not r.outcome.ran),
         "workers": workers,
-        "speedup": (found_sps / base_sps) if (found and base_sps) else None,
-        "found": found.config.label() if found else None,
+        "speedup": (found_sps / base_sps) if (found_config and base_sps) else None,
+        "found": found_config.label() if found_config else None,
+        "fresh_noise": land.fresh_noise,
         "seconds": time.perf_counter() - started,
         "trajectory": trajectory,  # (cost fraction, quality, virtual wall s) per trial
     }

@@ -54,6 +54,26 @@ class Landscape:
         ok = [(c, o) for c, o in self.table.items() if o.ok]
         return max(ok, key=lambda co: co[1].samples_per_second or 0.0) if ok else None
 
+    @cached_property
+    def fresh_noise(self) -> float:
+        """The log-normal sd of a measurement's noise to draw afresh at each replayed
+        measurement: a table of noise-free rates (`"noise_free": true` in its meta) that
+        says its devices' noise (`"noise_sd"`). A table of one draw per config (what a
+        measured landscape is) returns the same draw each time, so re-measuring a config
+        tells a search nothing and its luckiest draw is the table's best; 0 there."""
+        if not self.meta.get("noise_free"):
+            return 0.0
+        sd = self.meta.get("noise_sd")
+        if not isinstance(sd, int | float) or not 0.0 <= sd < 1.0:
+            raise AutotuneError(f"landscape {self.name}: meta.json says noise_free, and its "
+                                f"noise_sd {sd!r} is not a log-normal sd in [0, 1)")
+        return float(sd)
+
+    @property
+    def per_rank(self) -> int:
+        """The target effective batch one rank trains per optimizer step."""
+        return self.target_batch_size // self.world_size
+
     def grid_seconds(self) -> float:
         return sum(o.wall_seconds or 0.0 for o in self.table.values())
 
@@ -91,9 +111,11 @@ def load_landscape(path: str | Path) -> Landscape:
                 tokens_per_second=sps * seq_len if sps is not None else None,
                 peak_memory_bytes=int(float(row["peak_memory_gib"] or 0.0) * GiB),
                 wall_seconds=float(row["seconds"]))
-    return Landscape(path.name, meta, ModelShape.from_landscape_meta(meta),
+    land = Landscape(path.name, meta, ModelShape.from_landscape_meta(meta),
                      _device(meta["device"]), int(meta.get("world_size", 1)),
                      int(meta["target_effective_batch_size"]), table)
+    _ = land.fresh_noise  # a bad noise_sd is said now, not mid-replay
+    return land
 
 
 def landscape_row(config: TrialConfig, outcome: Outcome,

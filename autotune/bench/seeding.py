@@ -58,8 +58,7 @@ class Seeding:
 def seeding_from(land: Landscape, seed: int, budget_fraction: float) -> Seeding:
     """A's search, kept as a record would keep it."""
     history, _ = replay(land, "autotune", seed, budget_fraction)
-    per_rank = land.target_batch_size // land.world_size
-    picked = [r.config.to_dict() for role, r in confirm.contenders(history, per_rank)
+    picked = [r.config.to_dict() for role, r in confirm.contenders(history, land.per_rank)
               if role not in (BASELINE, RECIPE)]  # the best first, then the runner-ups
     scales = MemoryModel.from_history(land.shape, land.device, land.world_size, history,
                                       land.device.memory_bytes).term_scales()
