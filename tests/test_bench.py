@@ -65,6 +65,18 @@ def make_landscape(root: Path, name: str, *, device="A100-80GB", memory_gib=16.0
     return folder
 
 
+def _benchmark(name: str, monkeypatch):
+    """benchmarks/`name`.py as a module (registered, so its dataclasses find it)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_autotune_finds_the_best_with_few_ooms(tmp_path):
     path = make_landscape(tmp_path, "toy", memory_gib=4.0)
     land = load_landscape(path)
@@ -247,14 +259,7 @@ def test_our_simulators_landscapes_tell_what_a_real_search_reads_off_the_model(
     eager attention (transformers resolves it so), Qwen2's gated MLP and its width. Without
     them the physics priced GPT-Neo without its s^2 scores and Qwen2's MLP as GPT-2's, and
     the bench counted OOMs a real search would not run."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "simulate_landscape", Path(__file__).resolve().parents[1] / "benchmarks"
-        / "simulate_landscape.py")
-    sim = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "simulate_landscape", sim)  # its dataclasses look it up
-    spec.loader.exec_module(sim)
+    sim = _benchmark("simulate_landscape", monkeypatch)
     neo = next(s for s in sim.SCENARIOS if "gpt-neo" in s.name)
     qwen = next(s for s in sim.GPUKNOB_SCENARIOS if "qwen2-1.5b" in s.name)
     monkeypatch.setattr(sim, "SCENARIOS", [neo])
@@ -270,16 +275,8 @@ def test_a_noise_free_landscape_judges_a_find_by_its_worth_not_its_draw(tmp_path
     """`simulate_landscape.py --noise-free` keeps every draw but the noise (so the same
     statuses and peaks), and noise_free_quality.py scores a find by its expected rate: a
     search that found the table's luckiest draw is judged by what that config is worth."""
-    import importlib.util
-
-    bench_dir = Path(__file__).resolve().parents[1] / "benchmarks"
-    modules = {}
-    for name in ("simulate_landscape", "noise_free_quality"):
-        spec = importlib.util.spec_from_file_location(name, bench_dir / f"{name}.py")
-        modules[name] = importlib.util.module_from_spec(spec)
-        monkeypatch.setitem(sys.modules, name, modules[name])
-        spec.loader.exec_module(modules[name])
-    sim, nfq = modules["simulate_landscape"], modules["noise_free_quality"]
+    sim, nfq = (_benchmark(name, monkeypatch)
+                for name in ("simulate_landscape", "noise_free_quality"))
     neo = next(s for s in sim.SCENARIOS if "gpt-neo" in s.name)
     monkeypatch.setattr(sim, "SCENARIOS", [neo])
     sim.main(str(tmp_path / "noisy"))
@@ -365,7 +362,7 @@ def test_the_confirmation_of_a_noisy_search_picks_by_repeated_measurements(tmp_p
 
     land = load_landscape(_noise_free(make_landscape(tmp_path, "clean"), 0.02))
     ranked = sorted((c for c, o in land.table.items()
-                     if o.ok and c.samples_per_rank == land.target_batch_size),
+                     if o.ok and c.samples_per_rank == land.per_rank),
                     key=lambda c: -land.table[c].samples_per_second)
     fast = ranked[0]
     top = land.table[fast].samples_per_second
@@ -382,13 +379,7 @@ def test_the_confirmation_of_a_noisy_search_picks_by_repeated_measurements(tmp_p
 def test_the_landscape_bar_judges_each_landscapes_repeats(tmp_path, monkeypatch, capsys):
     """benchmarks/landscape_bar.py's verdict: the tuner's median and p10 quality and its
     median OOM trials against issue 51's bar, from the bench's records."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "landscape_bar", Path(__file__).resolve().parents[1] / "benchmarks" / "landscape_bar.py")
-    bar = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "landscape_bar", bar)
-    spec.loader.exec_module(bar)
+    bar = _benchmark("landscape_bar", monkeypatch)
     (tmp_path / "landscapes" / "ours").mkdir(parents=True)
     (tmp_path / "json").mkdir()
     path = _noise_free(make_landscape(tmp_path / "landscapes" / "ours", "toy", memory_gib=4.0),

@@ -3,9 +3,9 @@
 Each strategy searches a landscape through the replay executor under the same budget
 (a fraction of what the exhaustive grid cost). Per landscape and strategy: quality (best
 samples/s found / best in the table; on a table of noise-free rates, measured with fresh
-noise, the rate of what the confirmation picks), cost (summed trial seconds / grid seconds), trials
-run, OOMs hit, and speedup of the found config over the table's baseline config (fp32
-AdamW at the largest batch that fits, as auto_find_batch_size would pick).
+noise, the rate of what the confirmation picks), cost (summed trial seconds / grid
+seconds), trials run, OOMs hit, and speedup of the found config over the table's baseline
+config (fp32 AdamW at the largest batch that fits, as auto_find_batch_size would pick).
 """
 
 from __future__ import annotations

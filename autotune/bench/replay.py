@@ -49,14 +49,11 @@ class ReplayExecutor(Executor):
         if not outcome.ok:
             outcome.error = outcome.error or f"{outcome.status} (replayed)"
         elif self.landscape.fresh_noise:
-            factor = self._draw()
+            factor = math.exp(self._noise.normal(0.0, self.landscape.fresh_noise))
             outcome.samples_per_second = (outcome.samples_per_second or 0.0) * factor
             if outcome.tokens_per_second is not None:
                 outcome.tokens_per_second *= factor
         return outcome
-
-    def _draw(self) -> float:
-        return math.exp(self._noise.normal(0.0, self.landscape.fresh_noise))
 
     def measure(self, config: TrialConfig) -> float | None:
         """`config`'s samples/s measured once more, off the clock (a confirmation run's
