@@ -12,7 +12,9 @@ is particular to it: a deviation (what one lever changes of a term) that OOMs of
 families hold, then a factor on its family (and families the physics cannot tell apart
 from it) at its batch and above, and on a lever combination it shares with an OOM of
 another family, which configs holding that combination carry and no other. An OOM whose
-every knob value ran elsewhere bounds the configs one knob from it that need more.
+every knob value ran elsewhere bounds the configs one knob from it that need more. Any OOM
+bounds the configs, measured or not, one knob group from it that the physics puts within
+NEAR_OOM of it.
 """
 
 from __future__ import annotations
@@ -71,6 +73,10 @@ RAISED_BY_OOMS = np.array([name in DEVIATIONS for name in FEATURES])
 # Families whose physics terms differ by less than this share are one to the memory model
 # (two fused attention kernels, say): an OOM of one is an OOM of the other.
 SAME_MEMORY = 0.01
+# A config one knob group below an OOM that the shared fit puts within this share of it
+# runs out too (`_floor`): the OOM passed the limit, and the physics orders that group's
+# bytes closely (ZeRO-1 beside ZeRO-2 on one GPU: 1.8% less, their buffers).
+NEAR_OOM = 0.05
 
 
 class MemoryModel(Physics):
@@ -164,7 +170,10 @@ class MemoryModel(Physics):
         """The calibrated peak alone. (Uncalibrated, it equals the physics.)"""
         cached = self._memo.get(c)
         if cached is None:
-            cached = self._memo[c] = self._predict_total(c)
+            cached = self._predict_total(c)
+            # A memory twin's floor holds for `c` as its measurements do (`_stand_in`).
+            floor = max(self._floor(c), self._floor(self._stand_in(c)))
+            cached = self._memo[c] = max(cached, floor) if floor else cached
         return cached
 
     def _predict_total(self, c: TrialConfig) -> float:
@@ -466,6 +475,37 @@ class MemoryModel(Physics):
             there = self._regressed(oom)
             if here > there or (cleared and here == there):
                 out = need
+        return out
+
+    def _floor(self, c: TrialConfig) -> float:
+        """The least an OOM one knob group from `c` leaves it, at the OOM's batch or above:
+        the OOM's excess over its limit carried by what the shared fit puts `c`'s family at
+        beside the OOM's there, where that is within NEAR_OOM of it or more. Across a group
+        whose bytes the physics orders (`Knob.memory_ordered`), inside the OOM's engine,
+        as `_above`; for a measured family too, whose line knows nothing of its
+        neighbours' OOMs, unless it ran at `c`'s batch or above. (Mistral-7B on one H100:
+        ZeRO-2 with its optimizer offloaded ran out at batch 2, then ZeRO-1 did, which one
+        rank holds the same bytes in.)"""
+        b, out = c.per_device_train_batch_size, 0.0
+        points = self._points.get(c.family, {})
+        if not self._ooms or any(p >= b for p in points):
+            return out
+        for oom, limit in self._ooms.items():
+            if b < oom.per_device_train_batch_size:
+                continue
+            apart = [g for (g, x), (_, y) in zip(c.family.levels(), oom.family.levels(),
+                                                 strict=True) if x != y]
+            if len(apart) != 1:
+                continue
+            group = knobs.groups()[apart[0]]
+            if (not all(k.memory_ordered for k in group)
+                    or _leaves_engine(group, oom.family, c.family)):
+                continue
+            ratio = self._regressed(TrialConfig(oom.per_device_train_batch_size,
+                                                oom.gradient_accumulation_steps,
+                                                c.family)) / max(self._regressed(oom), 1.0)
+            if ratio >= 1.0 - NEAR_OOM:
+                out = max(out, limit * (1 + OOM_OVERSHOOT) * ratio)
         return out
 
     def _shared_levers(self) -> None:
