@@ -49,7 +49,7 @@ def oom_isolation(land: Landscape, knob: str, value: Any, seed: int = 0,
     those OOMs), and
     the share of the configs holding it that ran out of memory in the table which the
     calibrated model puts out of memory (predicted over the limit, or at or above a batch
-    of their family that ran out)."""
+    of their family that ran out), and the least either model predicts of any config."""
     from autotune.bench.bench import replay
 
     history, _ = replay(land, "autotune", seed, budget_fraction)
@@ -65,6 +65,8 @@ def oom_isolation(land: Landscape, knob: str, value: Any, seed: int = 0,
     others = [c for c, o in land.table.items() if o.status in ("ok", "oom")
               and not holds(c, knob, value)]
     moved = [abs(taught.predict_total(c) / untaught.predict_total(c) - 1.0) for c in others]
+    least = min((m.predict_total(c) for m in (taught, untaught) for c in land.table),
+                default=0.0)
     lever_ooms = [c for c, o in land.table.items() if o.is_oom and holds(c, knob, value)]
     flagged = [taught.predict_total(c) > limit or taught.known_oom(c) for c in lever_ooms]
     return {"landscape": land.name, "seed": seed,
@@ -73,4 +75,5 @@ def oom_isolation(land: Landscape, knob: str, value: Any, seed: int = 0,
                                   if r.outcome.is_oom and holds(r.config, knob, value)),
             "others_moved_median": statistics.median(moved) if moved else 0.0,
             "others_moved_max": max(moved, default=0.0),
-            "lever_ooms_flagged": sum(flagged) / len(flagged) if flagged else 1.0}
+            "lever_ooms_flagged": sum(flagged) / len(flagged) if flagged else 1.0,
+            "least_predicted": least}

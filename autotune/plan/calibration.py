@@ -198,11 +198,20 @@ class MemoryModel(Physics):
         if len(points) >= 2:
             slope = self._family_slope(points, per_sample)
             nearest = min(points, key=lambda p: abs(p - b))
-            return points[nearest] + slope * (b - nearest)
-        if len(points) == 1:
+            line = points[nearest] + slope * (b - nearest)
+        elif len(points) == 1:
             (b1, m1), = points.items()
-            return m1 + per_sample * (b - b1)
-        return self._unmeasured(c) * self.oom_factor(c)
+            line = m1 + per_sample * (b - b1)
+        else:
+            return self._unmeasured(c) * self.oom_factor(c)
+        least = min(points)
+        if b < least:
+            # Below its least measurement the line keeps the bytes no sample adds, as the
+            # shared fit has them (or that measurement, if less): Llama-3B's offloaded ZeRO-1
+            # Liger family, measured at b64 alone (74 GiB), put b1 at -182 GiB at the
+            # shared fit's bytes a sample; 27 GiB now.
+            line = max(line, min(self._regressed(c) - per_sample * b, points[least]))
+        return line
 
     def _unmeasured(self, c: TrialConfig) -> float:
         """A config of a family without measurements, as the measured trials predict it
