@@ -13,8 +13,8 @@ families hold, then a factor on its family (and families the physics cannot tell
 from it) at its batch and above, and on a lever combination it shares with an OOM of
 another family, which configs holding that combination carry and no other. An OOM whose
 every knob value ran elsewhere bounds the configs one knob from it that need more. Any OOM
-bounds the configs, measured or not, one knob group from it that the physics puts within
-NEAR_OOM of it.
+bounds the configs, measured or not, one knob group from it that the physics puts no more
+than NEAR_OOM below it.
 """
 
 from __future__ import annotations
@@ -73,9 +73,9 @@ RAISED_BY_OOMS = np.array([name in DEVIATIONS for name in FEATURES])
 # Families whose physics terms differ by less than this share are one to the memory model
 # (two fused attention kernels, say): an OOM of one is an OOM of the other.
 SAME_MEMORY = 0.01
-# A config one knob group below an OOM that the shared fit puts within this share of it
-# runs out too (`_floor`): the OOM passed the limit, and the physics orders that group's
-# bytes closely (ZeRO-1 beside ZeRO-2 on one GPU: 1.8% less, their buffers).
+# A config one knob group from an OOM that the shared fit puts no more than this share
+# below it (or above it) runs out too (`_floor`): the OOM passed the limit, and the physics
+# orders that group's bytes closely (ZeRO-1 beside ZeRO-2 on one GPU: 1.8% less, a bucket).
 NEAR_OOM = 0.05
 
 
@@ -172,7 +172,8 @@ class MemoryModel(Physics):
         if cached is None:
             cached = self._predict_total(c)
             # A memory twin's floor holds for `c` as its measurements do (`_stand_in`).
-            floor = max(self._floor(c), self._floor(self._stand_in(c)))
+            stand_in = self._stand_in(c)
+            floor = max(self._floor(c), self._floor(stand_in) if stand_in is not c else 0.0)
             cached = self._memo[c] = max(cached, floor) if floor else cached
         return cached
 
@@ -187,23 +188,23 @@ class MemoryModel(Physics):
                 predicted = max(predicted, max(self._ooms.values()) * (1 + OOM_OVERSHOOT))
             return predicted
         points = self._points.get(c.family, {})
-        if points and self.reserved_peak(c) is not None:
+        if not points:
+            return self._unmeasured(c) * self.oom_factor(c)
+        per_sample = self._per_sample(c)
+        if self.reserved_peak(c) is not None:
             # The replay (Trainer's step, or ZeRO's engine beside it) knows how the
             # allocator's reserved peak moves with the batch (unevenly): the family's
             # nearest measurement carries over as an offset from it.
             nearest = min(points, key=lambda p: abs(p - b))
             here = self._configs[c.family, nearest]
-            return self._regressed(c) + points[nearest] - self._regressed(here)
-        per_sample = self._per_sample(c)
-        if len(points) >= 2:
+            line = self._regressed(c) + points[nearest] - self._regressed(here)
+        elif len(points) >= 2:
             slope = self._family_slope(points, per_sample)
             nearest = min(points, key=lambda p: abs(p - b))
             line = points[nearest] + slope * (b - nearest)
-        elif len(points) == 1:
+        else:
             (b1, m1), = points.items()
             line = m1 + per_sample * (b - b1)
-        else:
-            return self._unmeasured(c) * self.oom_factor(c)
         least = min(points)
         if b < least:
             # Below its least measurement the line keeps the bytes no sample adds, as the
@@ -488,25 +489,28 @@ class MemoryModel(Physics):
 
     def _floor(self, c: TrialConfig) -> float:
         """The least an OOM one knob group from `c` leaves it, at the OOM's batch or above:
-        the OOM's excess over its limit carried by what the shared fit puts `c`'s family at
-        beside the OOM's there, where that is within NEAR_OOM of it or more. Across a group
-        whose bytes the physics orders (`Knob.memory_ordered`), inside the OOM's engine,
-        as `_above`; for a measured family too, whose line knows nothing of its
-        neighbours' OOMs, unless it ran at `c`'s batch or above. (Mistral-7B on one H100:
-        ZeRO-2 with its optimizer offloaded ran out at batch 2, then ZeRO-1 did, which one
-        rank holds the same bytes in.)"""
+        the OOM taken as OOM_OVERSHOOT over its limit (as `_bound` lifts one), times what
+        the shared fit puts `c`'s family at beside the OOM's there, where that is at least
+        1 - NEAR_OOM (just below it, or above). Across a group whose bytes the physics
+        orders (`Knob.memory_ordered`), inside the OOM's engine, as `_above`; for a
+        measured family too, whose line knows nothing of its neighbours' OOMs, unless it
+        (or its memory twin) ran at the OOM's batch or above, which refutes the ratio.
+        (Mistral-7B on one H100: ZeRO-2 with its optimizer offloaded ran out at batch 2,
+        then ZeRO-1 did, which one rank holds in the same bytes but a bucket.)"""
         b, out = c.per_device_train_batch_size, 0.0
-        points = self._points.get(c.family, {})
-        if not self._ooms or any(p >= b for p in points):
+        if not self._ooms:
             return out
+        points = self._points.get(self._stand_in(c).family, {})
+        groups = knobs.groups()
         for oom, limit in self._ooms.items():
-            if b < oom.per_device_train_batch_size:
+            least = oom.per_device_train_batch_size
+            if b < least or any(p >= least for p in points):
                 continue
             apart = [g for (g, x), (_, y) in zip(c.family.levels(), oom.family.levels(),
                                                  strict=True) if x != y]
             if len(apart) != 1:
                 continue
-            group = knobs.groups()[apart[0]]
+            group = groups[apart[0]]
             if (not all(k.memory_ordered for k in group)
                     or _leaves_engine(group, oom.family, c.family)):
                 continue
