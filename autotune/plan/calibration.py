@@ -472,16 +472,10 @@ class MemoryModel(Physics):
         for oom, need in self._unexplained:
             if b < oom.per_device_train_batch_size or need <= out:
                 continue
-            apart = [g for (g, x), (_, y) in zip(c.family.levels(), oom.family.levels(),
-                                                 strict=True) if x != y]
-            if len(apart) != 1:
+            cleared = oom in self._cleared
+            if not _one_group_from(oom.family, c.family, any_group=cleared):
                 continue
-            group, cleared = knobs.groups()[apart[0]], oom in self._cleared
-            if (not (cleared or all(k.memory_ordered for k in group))
-                    or _leaves_engine(group, oom.family, c.family)):
-                continue
-            here = self._regressed(TrialConfig(oom.per_device_train_batch_size,
-                                               oom.gradient_accumulation_steps, c.family))
+            here = self._regressed(_at_batch_of(oom, c.family))
             there = self._regressed(oom)
             if here > there or (cleared and here == there):
                 out = need
@@ -501,22 +495,14 @@ class MemoryModel(Physics):
         if not self._ooms:
             return out
         points = self._points.get(self._stand_in(c).family, {})
-        groups = knobs.groups()
         for oom, limit in self._ooms.items():
             least = oom.per_device_train_batch_size
             if b < least or any(p >= least for p in points):
                 continue
-            apart = [g for (g, x), (_, y) in zip(c.family.levels(), oom.family.levels(),
-                                                 strict=True) if x != y]
-            if len(apart) != 1:
+            if not _one_group_from(oom.family, c.family):
                 continue
-            group = groups[apart[0]]
-            if (not all(k.memory_ordered for k in group)
-                    or _leaves_engine(group, oom.family, c.family)):
-                continue
-            ratio = self._regressed(TrialConfig(oom.per_device_train_batch_size,
-                                                oom.gradient_accumulation_steps,
-                                                c.family)) / max(self._regressed(oom), 1.0)
+            ratio = self._regressed(_at_batch_of(oom, c.family)) / max(self._regressed(oom),
+                                                                         1.0)
             if ratio >= 1.0 - NEAR_OOM:
                 out = max(out, limit * (1 + OOM_OVERSHOOT) * ratio)
         return out
@@ -555,6 +541,24 @@ class MemoryModel(Physics):
                 if m / fitted - 1.0 < (factor - 1.0) / 2:
                     return True
         return False
+
+
+def _one_group_from(oom: Family, other: Family, *, any_group: bool = False) -> bool:
+    """Whether `other` differs from `oom` in one knob group, whose bytes the physics
+    orders (`Knob.memory_ordered`; any group where `any_group`), without leaving an engine
+    `oom` ran under: what `_above` and `_floor` carry an OOM across."""
+    apart = [g for (g, x), (_, y) in zip(oom.levels(), other.levels(), strict=True)
+             if x != y]
+    if len(apart) != 1:
+        return False
+    group = knobs.groups()[apart[0]]
+    return ((any_group or all(k.memory_ordered for k in group))
+            and not _leaves_engine(group, oom, other))
+
+
+def _at_batch_of(oom: TrialConfig, family: Family) -> TrialConfig:
+    return TrialConfig(oom.per_device_train_batch_size, oom.gradient_accumulation_steps,
+                       family)
 
 
 def _leaves_engine(group: Sequence[knobs.Knob], oom: Family, other: Family) -> bool:
