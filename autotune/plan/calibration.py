@@ -110,6 +110,10 @@ class MemoryModel(Physics):
         self._cleared: set[TrialConfig] = set()  # see `_above`
         self._alike: dict[tuple[Family, TrialConfig], bool] = {}  # see `_same_memory`
         self._twins: dict[Family, Family | None] = {}  # see `_stand_in`
+        # Facts of the knob table about pairs of families, which no fit changes: asked for
+        # every candidate after every trial, they took a quarter of a replayed search.
+        self._free_groups = _memory_free_groups()
+        self._pairs: dict[tuple[Family, Family, str], bool] = {}
         # Bounds of the fit: scales stay positive; the attention deviation adds the s^2
         # term where the physics left it out (>= 0), or takes it away where it put it in
         # (>= -1); the other deviations may take away at most their whole term.
@@ -254,9 +258,9 @@ class MemoryModel(Physics):
         if fam in self._points or not self._points:
             return c
         if fam not in self._twins:
-            near, free = [], _memory_free_groups()
+            near = []
             for twin, points in self._points.items():
-                if not _twins_in_memory(fam, twin, free):
+                if not self._pair(fam, twin, "twins"):
                     continue
                 b = min(points)
                 ref = self._configs[twin, b]
@@ -473,7 +477,7 @@ class MemoryModel(Physics):
             if b < oom.per_device_train_batch_size or need <= out:
                 continue
             cleared = oom in self._cleared
-            if not _one_group_from(oom.family, c.family, any_group=cleared):
+            if not self._pair(oom.family, c.family, "any group" if cleared else "ordered"):
                 continue
             here = self._regressed(_at_batch_of(oom, c.family))
             there = self._regressed(oom)
@@ -499,13 +503,24 @@ class MemoryModel(Physics):
             least = oom.per_device_train_batch_size
             if b < least or any(p >= least for p in points):
                 continue
-            if not _one_group_from(oom.family, c.family):
+            if not self._pair(oom.family, c.family, "ordered"):
                 continue
             ratio = self._regressed(_at_batch_of(oom, c.family)) / max(self._regressed(oom),
                                                                          1.0)
             if ratio >= 1.0 - NEAR_OOM:
                 out = max(out, limit * (1 + OOM_OVERSHOOT) * ratio)
         return out
+
+    def _pair(self, a: Family, b: Family, relation: str) -> bool:
+        """Memoised: whether `b` is `a`'s memory twin (`_twins_in_memory`), or one knob
+        group from OOM `a` (`_one_group_from`, across any group or an ordered one)."""
+        key = (a, b, relation)
+        known = self._pairs.get(key)
+        if known is None:
+            known = self._pairs[key] = (
+                _twins_in_memory(a, b, self._free_groups) if relation == "twins"
+                else _one_group_from(a, b, any_group=relation == "any group"))
+        return known
 
     def _shared_levers(self) -> None:
         """The lever combinations `_bound` lifts: each knob group's value, and each pair,
