@@ -51,6 +51,8 @@ use_liger_kernel=true rows where Liger does not cover the model type.
   runs the head GEMM 8% slower in chunks; its RMSNorm/SwiGLU/RoPE kernels move 0.25/0.45/
   0.3 of those ops' traffic (compile does not fuse them further) and drop the SiLU output,
   RoPE copies and the norms' fp32 copies from the kept activations; 12 fewer launches.
+  `error` under ZeRO-3, as for real: the fused loss reads the LM head's partitioned weight
+  (Liger-Kernel #767).
 - nodes: a scenario whose ranks span nodes runs every collective's ring at the network's
   rate per GPU (`net`) instead of the NVLink's; its meta.json says `device.nodes`.
 - offload: CPU Adam at 0.6 G params/s per rank, gradients to the host once per step at
@@ -584,7 +586,8 @@ def gk_step_seconds(s: Scenario, k: Knobs) -> float:
 
 
 def gk_status(s: Scenario, k: Knobs) -> str | None:
-    """"error" where the config cannot start, "compile" where torch.compile fails."""
+    """"error" where the config cannot start, "compile" where torch.compile fails, "step"
+    where the first step does."""
     if status(s, k.p, k.o, k.z, k.off) == "error":
         return "error"
     if k.attn == "flash_attention_2" and (not _mixed(k.p) or s.device.cc < (8, 0)
@@ -592,6 +595,10 @@ def gk_status(s: Scenario, k: Knobs) -> str | None:
         return "error"
     if k.comp and k.off == "optimizer+param":  # Dynamo on ZeRO-3's offloaded parameters
         return "compile"
+    if k.lig and k.z == 3:
+        # Liger's fused loss reads the LM head's weight where ZeRO-3 keeps it partitioned:
+        # a size mismatch in the first step's loss (Liger-Kernel #767 and #1048, TRL #3368).
+        return "step"
     return None
 
 
@@ -620,6 +627,8 @@ def gk_landscape(s: Scenario) -> tuple[dict, list[dict]]:
             cost = startup * 0.4
         elif bad == "compile":  # in the first forward, halfway through the compile
             bad, cost = "error", startup + 0.5 * compile_s
+        elif bad == "step":  # at the first step's loss, the compile done
+            bad, cost = "error", startup + compile_s + gk_micro_seconds(s, k)
         elif bad == "oom":
             cost = startup + 0.7 * compile_s + 1.2 * gk_micro_seconds(s, k)
         else:
