@@ -6,8 +6,8 @@ by what the confirmed find is worth (docs/bench.md), runs the tuner on each (10 
 0.5% of the grid with the GPU levers, 3% without), and prints per landscape the median
 and 10th-percentile quality and the median OOM trials against the bar: median >= 0.99,
 p10 >= 0.97, <= 3 OOM trials. Also the quality among the configs the device rules let a
-search run (`allowed`; the simulator fails what is known to fail for real, such as
-Liger's fused loss under ZeRO-3, so on its tables the two agree).
+search run (`allowed`: it differs where a table's best is a config a rule rules out; the
+simulator fails Liger's fused loss under ZeRO-3, as a device does).
 
     .venv/bin/python benchmarks/landscape_bar.py OUT [--jobs 2] [--repeats 10]
     .venv/bin/python benchmarks/landscape_bar.py OUT --judge   # what OUT/json holds

@@ -15,9 +15,9 @@ again by its noise-free rate over the best noise-free rate.
 the folders of the noisy ones the bench searched, to find each table's best.)
 
 Per landscape it prints the bench's median and p10 quality; the same judged by noise-free
-rates; again against the best config the device rules let a search run (`allowed`; the
-simulator does not know that Liger's fused loss breaks under ZeRO-3, say; `worth` is that
-config's noise-free rate over the best's); the noise-free worth of the table's own best
+rates; again against the best config the device rules let a search run (`allowed`, for a
+table whose best a rule rules out; `worth` is that config's noise-free rate over the
+best's); the noise-free worth of the table's own best
 (how lucky its draw was); and how many configs lie within 1% and 2% of the best
 noise-free rate.
 """

@@ -627,8 +627,8 @@ def gk_landscape(s: Scenario) -> tuple[dict, list[dict]]:
             cost = startup * 0.4
         elif bad == "compile":  # in the first forward, halfway through the compile
             bad, cost = "error", startup + 0.5 * compile_s
-        elif bad == "step":  # at the first step's loss, the compile done
-            bad, cost = "error", startup + compile_s + gk_micro_seconds(s, k)
+        elif bad == "step":  # at the forward's loss: its half of the compile, no backward
+            bad, cost = "error", startup + 0.5 * compile_s + gk_micro_seconds(s, k) / 3
         elif bad == "oom":
             cost = startup + 0.7 * compile_s + 1.2 * gk_micro_seconds(s, k)
         else:
