@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import statistics
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -511,7 +511,8 @@ class MemoryModel(Physics):
                 out = max(out, limit * (1 + OOM_OVERSHOOT) * ratio)
         return out
 
-    def _pair(self, a: Family, b: Family, relation: str) -> bool:
+    def _pair(self, a: Family, b: Family,
+              relation: Literal["twins", "any group", "ordered"]) -> bool:
         """Memoised: whether `b` is `a`'s memory twin (`_twins_in_memory`), or one knob
         group from OOM `a` (`_one_group_from`, across any group or an ordered one)."""
         key = (a, b, relation)
