@@ -74,8 +74,9 @@ def test_the_last_trials_a_budget_allows_go_to_the_best_configs_neighbours():
             strategy = AutotuneStrategy(ctx)
             proposal = strategy.ask(early)
             assert proposal is not None and proposal.reason == reason, (n, left, proposal)
-        expected = max(strategy._score[strategy.ctx.candidates.index(c)]
-                       for c in strategy.ctx.candidates if c not in {r.config for r in early})
+        tried = {r.config for r in early}
+        expected = max(score for c, score in zip(strategy.ctx.candidates, strategy._score,
+                                                 strict=True) if c not in tried)
         assert (expected >= ENDGAME_GAIN) == (endgame == "model"), (n, expected)
         if endgame == NEAR_TIE_REASON:
             assert _neighbours(proposal.config, best.config)

@@ -150,40 +150,36 @@ class AutotuneStrategy(Strategy):
             self._pos = 0
         dead = self._dead_levels(history)
         self._p_run = self._run_threshold(history)
-        if endgame and best is not None and not self._promising(ran, dead):
+        i = self._next_runnable(ran, dead)
+        if endgame and best is not None and (i is None or self._score[i] < ENDGAME_GAIN):
             polish = self._near_tie(history, ran)
             if polish is not None:
                 return polish
-        while self._pos < len(self._order):
-            i = self._order[self._pos]
-            c = self.ctx.candidates[i]
-            worth = best is None or self._score[i] >= self.min_gain
-            if c in ran or dead.intersection(c.family.levels()):
-                self._pos += 1
-                continue
-            if self._p_fit[i] < self._p_run:
-                self._pos += 1
-                continue
-            if not worth:
+        if i is not None:
+            if best is not None and self._score[i] < self.min_gain:
                 return self._near_tie(history, ran)
             held = self._held_back(i, history, ran, pruned, dead)
             if held is not None:
                 return held
+            c = self.ctx.candidates[i]
             return Proposal(c, "model" if best is not None else "explore",
                             predicted_memory_bytes=self.gate.predicted(c))
         if not any(r.outcome.ran for r in history) and not pending:
             return self._cheapest()
         return self._near_tie(history, ran)
 
-    def _promising(self, ran: set[TrialConfig], dead: set) -> bool:
-        """Whether a config the model would run next is expected to beat the best by
-        ENDGAME_GAIN: worth more than a near-tie's look, which can only find what noise hid."""
-        for i in self._order[self._pos:]:
+    def _next_runnable(self, ran: set[TrialConfig], dead: set) -> int | None:
+        """The model's next candidate by improvement per second that has not run, holds no
+        written-off value and fits with the chance `_p_run` asks; the walk moves past the
+        others for good (what ran, what is written off and that chance only grow)."""
+        while self._pos < len(self._order):
+            i = self._order[self._pos]
             c = self.ctx.candidates[i]
-            if c in ran or dead.intersection(c.family.levels()) or self._p_fit[i] < self._p_run:
-                continue
-            return bool(self._score[i] >= ENDGAME_GAIN)
-        return False
+            if (c not in ran and not dead.intersection(c.family.levels())
+                    and self._p_fit[i] >= self._p_run):
+                return i
+            self._pos += 1
+        return None
 
     @staticmethod
     def _run_threshold(history: Sequence[Record]) -> float:
