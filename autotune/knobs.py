@@ -79,6 +79,9 @@ class Speed:
     batch_sd: float | None = None
     kin: Callable[[Any], str] | None = None
     kin_sd: float | None = None
+    # A per-batch interaction only where ranks talk: a collective run every micro-batch
+    # costs once per micro-batch, so its share of a step falls as the micro-batch grows.
+    ranks_batch_sd: float | None = None
 
 
 @cache
@@ -337,7 +340,8 @@ ZERO_STAGE = Knob(
     tag=lambda z: f"z{z}" if z else "", group="sharding",
     rules=(Rule("zero_stage>0", "ZeRO needs deepspeed, which is not installed",
                 lambda c, d: c.zero_stage > 0 and not _installed("deepspeed"), install=True),),
-    memory_ordered=True, memory_engine=True, speed=Speed(_zero_prior, sd=0.4))
+    memory_ordered=True, memory_engine=True,
+    speed=Speed(_zero_prior, sd=0.4, ranks_batch_sd=0.1))
 
 OFFLOAD = Knob(
     "offload", ("none", "optimizer", "optimizer+param"), "none", "offload", "offload",
@@ -393,7 +397,7 @@ FSDP = Knob(
     ),
     speed=Speed(lambda f, d, w: 0.0 if f == "none" else -1.0 if f == "full_shard+offload"
                 else _sharding_prior("grad" if f == "shard_grad_op" else "full", d, w),
-                sd=0.4))
+                sd=0.4, ranks_batch_sd=0.1))
 
 
 # --- torch.compile -------------------------------------------------------------------------

@@ -63,11 +63,12 @@ an error under ZeRO-3), and keeps an eighth of the logits under Liger with 70% l
 logits traffic.
 
     .venv/bin/python benchmarks/simulate_landscape.py OUT_DIR [--gpuknobs] [--near]
-        [--held-out | --held-out-2]
+        [--held-out | --held-out-2 | --held-out-3]
 writes OUT_DIR/<name>/{meta.json,trials.csv} for each scenario in SCENARIOS, or with
 --gpuknobs for each in GPUKNOB_SCENARIOS only, or with --held-out for each in
 HELD_OUT_SCENARIOS (written for issue 51, not tuned on), or with --held-out-2 for each in
-HELD_OUT_2_SCENARIOS (a second set, written before the search changes it judged). --near
+HELD_OUT_2_SCENARIOS (a second set, written before the search changes it judged), or with
+--held-out-3 for each in HELD_OUT_3_SCENARIOS (a third, mostly several ranks). --near
 adds, beside each, the same model, device and space at 3/4 of its seq_len with other noise
 (`<name>-seq<N>`): the pairs a results store's near match makes, for `autotune bench --seeded-from`.
 --noise-free writes the same landscapes without their measurement noise (statuses, peaks
@@ -376,6 +377,26 @@ HELD_OUT_2_SCENARIOS = [
              model_type="gemma", ffn=16384, tied=True),
 ]
 
+# Written on 2026-12-02, before the throughput model's sharding-by-batch curve was judged
+# on them: mostly several ranks (the curve exists only there), over one node and several.
+# `--held-out-3` writes them.
+HELD_OUT_3_SCENARIOS = [
+    Scenario("sim5-mistral-7b-2x8xh100-2nodes-gpuknobs", 7.24e9, 32, 4096, 32, 32000, 4096,
+             H100, 16, 128, noise=0.02, seed=40, gpuknobs=True, model_name="mistral-7b",
+             model_type="mistral", ffn=14336, nodes=2, net=50.0),
+    Scenario("sim5-llama-8b-8xa100-80gb", 8.03e9, 32, 4096, 32, 128256, 2048, A100_80, 8, 256,
+             noise=0.03, seed=41),
+    Scenario("sim5-qwen2-1.5b-4xa10g-24gb-gpuknobs", 1.54e9, 28, 1536, 12, 151936, 2048,
+             A10G, 4, 64, fp16_diverges=True, noise=0.02, seed=42, gpuknobs=True,
+             model_name="qwen2-1.5b", model_type="qwen2", ffn=8960, tied=True),
+    Scenario("sim5-gpt2-large-2xl4-24gb", 774e6, 36, 1280, 20, 50257, 1024, L4, 2, 64,
+             noise=0.03, seed=43),
+    Scenario("sim5-phi-2-4xa100-40gb-gpuknobs", 2.78e9, 32, 2560, 32, 51200, 2048, A100_40, 4,
+             128, noise=0.02, seed=44, gpuknobs=True, model_name="phi-2", model_type="phi"),
+    Scenario("sim5-llama-3b-8xa100-40gb", 3.2e9, 26, 3200, 32, 32000, 2048, A100_40, 8, 256,
+             noise=0.03, seed=45),
+]
+
 
 @dataclass(frozen=True)
 class Knobs:
@@ -673,11 +694,13 @@ def near(s: Scenario) -> Scenario:
 
 
 def main(out: str, gpuknobs: bool = False, near_too: bool = False,
-         held_out: bool = False, held_out_2: bool = False, noise_free: bool = False) -> None:
+         held_out: bool = False, held_out_2: bool = False, noise_free: bool = False,
+         held_out_3: bool = False) -> None:
     import dataclasses
 
-    scenarios = (HELD_OUT_2_SCENARIOS if held_out_2 else HELD_OUT_SCENARIOS if held_out
-                 else GPUKNOB_SCENARIOS if gpuknobs else SCENARIOS)
+    scenarios = (HELD_OUT_3_SCENARIOS if held_out_3 else HELD_OUT_2_SCENARIOS if held_out_2
+                 else HELD_OUT_SCENARIOS if held_out else GPUKNOB_SCENARIOS if gpuknobs
+                 else SCENARIOS)
     for s in [x for base in scenarios for x in ([base, near(base)] if near_too else [base])]:
         sd = s.noise
         if noise_free:  # each rate scaled by exp(0): the log-normal's median, noise-free
@@ -708,8 +731,9 @@ if __name__ == "__main__":
     parser.add_argument("--near", action="store_true")
     parser.add_argument("--held-out", action="store_true")
     parser.add_argument("--held-out-2", action="store_true")
+    parser.add_argument("--held-out-3", action="store_true")
     parser.add_argument("--noise-free", action="store_true")
     a = parser.parse_args()
     if a.noise_free and a.out == parser.get_default("out"):
         parser.error("--noise-free needs an OUT of its own: the noisy landscapes share its names")
-    main(a.out, a.gpuknobs, a.near, a.held_out, a.held_out_2, a.noise_free)
+    main(a.out, a.gpuknobs, a.near, a.held_out, a.held_out_2, a.noise_free, a.held_out_3)

@@ -69,10 +69,13 @@ class ThroughputModel:
         for k in knobs.table():
             values = sorted({getattr(c, k.name) for c in self.candidates}, key=repr)
             levels = [(v, b) for v in values for b in batches]
-            if k.speed.batch_sd is None or self._constant(f"{k.name} x batch", levels):
+            width = k.speed.batch_sd
+            if width is None and world_size > 1:
+                width = k.speed.ranks_batch_sd
+            if width is None or self._constant(f"{k.name} x batch", levels):
                 continue
             self._curves.append(k)
-            self.groups.append(_Group(f"{k.name} x batch", levels, k.speed.batch_sd))
+            self.groups.append(_Group(f"{k.name} x batch", levels, width))
         self._index: dict[tuple[str, object], int] = {}
         prior_mean, prior_sd = [], []
         for g in self.groups:
