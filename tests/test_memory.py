@@ -477,7 +477,8 @@ def test_an_oom_bounds_the_configs_one_knob_above_it():
         _knobs(8, **sdpa)]  # AdamW: measured at batch 4
     left = [_knobs(8, optim="sgd", gradient_checkpointing=True, **sdpa),  # needs less
             _knobs(4, optim="sgd", zero_stage=1, **sdpa),  # a smaller batch
-            _knobs(8, optim="adafactor", zero_stage=1, **sdpa)]  # two knobs away
+            # Two knobs away: 8-bit Adam's states are no twin of SGD's none.
+            _knobs(8, optim="adamw_bnb_8bit", zero_stage=1, **sdpa)]
     before = {c: m.predict_total(c) for c in above + left}
     assert m.predict_total(oom) < limit and before[above[0]] < limit
     assert before[above[-1]] < limit  # AdamW's line, before the OOM
@@ -504,6 +505,29 @@ def test_an_oom_bounds_the_configs_one_knob_above_it():
     m2.observe_oom(oom, limit)
     assert all(m2.predict_total(c) > limit for c in above)
     assert all(m2.predict_total(c) == before[c] for c in left)
+
+
+def test_an_oom_bounds_a_config_one_knob_above_it_across_kernels_of_the_same_memory():
+    """Flash-attention 2 beside SDPA is no knob group apart to an OOM: the physics holds
+    the two kernels in the same bytes. SGD at batch 8 runs out with SDPA: ZeRO-1 with
+    flash-attention at that batch will too (held-out Qwen2-1.5B on four A10Gs, our
+    simulator: ZeRO-3 with 8-bit Adam and flash-attention ran out at batch 2, then ZeRO-3
+    with AdamW and SDPA did). 8-bit Adam's states beside SGD's none are a group apart."""
+    m, limit = _toy_model()
+    sdpa = {"attn_implementation": "sdpa"}
+    for c in (_knobs(4, **sdpa),
+              _knobs(2, optim="sgd", gradient_checkpointing=True, zero_stage=1, **sdpa)):
+        m.observe(c, int(m.predict_total(c)))
+    oom = _knobs(8, optim="sgd", **sdpa)
+    flash = {"attn_implementation": "flash_attention_2"}
+    above = [_knobs(b, optim="sgd", zero_stage=1, **flash) for b in (8, 16)]
+    left = [_knobs(4, optim="sgd", zero_stage=1, **flash),  # a smaller batch
+            _knobs(8, optim="adamw_bnb_8bit", zero_stage=1, **flash)]  # two groups away
+    before = {c: m.predict_total(c) for c in above + left}
+    assert before[above[0]] < limit and before[left[1]] < limit
+    m.observe_oom(oom, limit)
+    assert all(m.predict_total(c) > limit for c in above)
+    assert all(m.predict_total(c) == before[c] for c in left)
 
 
 def test_an_oom_under_an_engine_bounds_no_config_outside_it():

@@ -520,8 +520,30 @@ class MemoryModel(Physics):
         if known is None:
             known = self._pairs[key] = (
                 _twins_in_memory(a, b, self._free_groups) if relation == "twins"
-                else _one_group_from(a, b, any_group=relation == "any group"))
+                else _one_group_from(a, b, any_group=relation == "any group")
+                or _one_group_from(a, self._as_twin_of(a, b), any_group=relation == "any group"))
         return known
+
+    def _as_twin_of(self, a: Family, b: Family) -> Family:
+        """`b` with `a`'s value in each group of memory twins (`Knob.memory_twins`) whose
+        two values the physics holds in the same bytes: flash-attention beside SDPA is no
+        knob group apart to an OOM."""
+        out = b
+        probe = TrialConfig(1, 1, b)
+        for group, members in knobs.groups().items():
+            if group not in self._free_groups:
+                continue
+            try:
+                swapped = out.replace(**{k.name: getattr(a, k.name) for k in members})
+            except (ValueError, TypeError):
+                continue
+            if swapped == out:
+                continue
+            here = self.features(TrialConfig(1, 1, swapped))
+            there = self.features(probe)
+            if np.abs(here - there).sum() <= SAME_MEMORY * np.abs(there).sum():
+                out = swapped
+        return out
 
     def _shared_levers(self) -> None:
         """The lever combinations `_bound` lifts: each knob group's value, and each pair,
