@@ -1,6 +1,6 @@
 """Issue 51's bar on our simulator's landscapes, measured as a device measures.
 
-Writes every scenario of benchmarks/simulate_landscape.py (the five sets) as noise-free
+Writes every scenario of benchmarks/simulate_landscape.py (the six sets) as noise-free
 tables, which `autotune bench` replays drawing each measurement's noise afresh and judges
 by what the confirmed find is worth (docs/bench.md), runs the tuner on each (10 repeats,
 0.5% of the grid with the GPU levers, 3% without), and prints per landscape the median
@@ -12,7 +12,7 @@ simulator fails Liger's fused loss under ZeRO-3, as a device does).
     .venv/bin/python benchmarks/landscape_bar.py OUT [--jobs 2] [--repeats 10]
     .venv/bin/python benchmarks/landscape_bar.py OUT --judge   # what OUT/json holds
 
-About 7 minutes on 2 cores, 12 with `--strategies autotune,tpe` (Optuna's TPE beside it at
+About 9 minutes on 2 cores, 14 with `--strategies autotune,tpe` (Optuna's TPE beside it at
 the same budget, judged too, not held to the bar). OUT's landscapes and records are
 reused where present: a new OUT for other --repeats or --strategies.
 """
@@ -27,7 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 SETS = {"ours": [], "gpuknobs": ["--gpuknobs"], "held-out": ["--held-out"],
-        "held-out-2": ["--held-out-2"], "held-out-3": ["--held-out-3"]}
+        "held-out-2": ["--held-out-2"], "held-out-3": ["--held-out-3"],
+        "held-out-4": ["--held-out-4"]}
 BAR = (0.99, 0.97, 3)  # median quality, its 10th percentile, median OOM trials
 
 

@@ -63,12 +63,13 @@ an error under ZeRO-3), and keeps an eighth of the logits under Liger with 70% l
 logits traffic.
 
     .venv/bin/python benchmarks/simulate_landscape.py OUT_DIR [--gpuknobs] [--near]
-        [--held-out | --held-out-2 | --held-out-3]
+        [--held-out | --held-out-2 | --held-out-3 | --held-out-4]
 writes OUT_DIR/<name>/{meta.json,trials.csv} for each scenario in SCENARIOS, or with
 --gpuknobs for each in GPUKNOB_SCENARIOS only, or with --held-out for each in
 HELD_OUT_SCENARIOS (written for issue 51, not tuned on), or with --held-out-2 for each in
 HELD_OUT_2_SCENARIOS (a second set, written before the search changes it judged), or with
---held-out-3 for each in HELD_OUT_3_SCENARIOS (a third, mostly several ranks). --near
+--held-out-3 for each in HELD_OUT_3_SCENARIOS (a third, mostly several ranks), and
+--held-out-4 in HELD_OUT_4_SCENARIOS (a fourth, written 2026-12-03). --near
 adds, beside each, the same model, device and space at 3/4 of its seq_len with other noise
 (`<name>-seq<N>`): the pairs a results store's near match makes, for `autotune bench --seeded-from`.
 --noise-free writes the same landscapes without their measurement noise (statuses, peaks
@@ -397,6 +398,27 @@ HELD_OUT_3_SCENARIOS = [
              noise=0.03, seed=45),
 ]
 
+# Written on 2026-12-03, before an OOM's bound across memory twins (f3fe854) was judged on
+# them: one GPU and several, the GPU levers on four. `--held-out-4` writes them.
+HELD_OUT_4_SCENARIOS = [
+    Scenario("sim6-llama-1b-2xl4-24gb-gpuknobs", 1.24e9, 16, 2048, 32, 128256, 2048, L4, 2, 64,
+             noise=0.02, seed=50, gpuknobs=True, model_name="llama-1b", model_type="llama",
+             ffn=8192, tied=True),
+    Scenario("sim6-qwen2-0.5b-a10g-24gb-gpuknobs", 494e6, 24, 896, 14, 151936, 4096, A10G, 1,
+             64, fp16_diverges=True, noise=0.02, seed=51, gpuknobs=True,
+             model_name="qwen2-0.5b", model_type="qwen2", ffn=4864, tied=True),
+    Scenario("sim6-mistral-7b-4xh100-80gb-gpuknobs", 7.24e9, 32, 4096, 32, 32000, 8192, H100,
+             4, 64, noise=0.02, seed=52, gpuknobs=True, model_name="mistral-7b",
+             model_type="mistral", ffn=14336),
+    Scenario("sim6-opt-1.3b-t4-16gb", 1.3e9, 24, 2048, 32, 50272, 1024, T4, 1, 32, eager=True,
+             noise=0.04, seed=53),
+    Scenario("sim6-llama-8b-4xl4-24gb", 8.03e9, 32, 4096, 32, 128256, 2048, L4, 4, 64,
+             noise=0.03, seed=54),
+    Scenario("sim6-gemma-2b-2xa100-40gb-gpuknobs", 2.51e9, 18, 2048, 8, 256000, 2048, A100_40,
+             2, 64, noise=0.02, seed=55, gpuknobs=True, model_name="gemma-2b",
+             model_type="gemma", ffn=16384, tied=True),
+]
+
 
 @dataclass(frozen=True)
 class Knobs:
@@ -695,10 +717,11 @@ def near(s: Scenario) -> Scenario:
 
 def main(out: str, gpuknobs: bool = False, near_too: bool = False,
          held_out: bool = False, held_out_2: bool = False, noise_free: bool = False,
-         held_out_3: bool = False) -> None:
+         held_out_3: bool = False, held_out_4: bool = False) -> None:
     import dataclasses
 
-    scenarios = (HELD_OUT_3_SCENARIOS if held_out_3 else HELD_OUT_2_SCENARIOS if held_out_2
+    scenarios = (HELD_OUT_4_SCENARIOS if held_out_4 else HELD_OUT_3_SCENARIOS if held_out_3
+                 else HELD_OUT_2_SCENARIOS if held_out_2
                  else HELD_OUT_SCENARIOS if held_out else GPUKNOB_SCENARIOS if gpuknobs
                  else SCENARIOS)
     for s in [x for base in scenarios for x in ([base, near(base)] if near_too else [base])]:
@@ -732,8 +755,10 @@ if __name__ == "__main__":
     parser.add_argument("--held-out", action="store_true")
     parser.add_argument("--held-out-2", action="store_true")
     parser.add_argument("--held-out-3", action="store_true")
+    parser.add_argument("--held-out-4", action="store_true")
     parser.add_argument("--noise-free", action="store_true")
     a = parser.parse_args()
     if a.noise_free and a.out == parser.get_default("out"):
         parser.error("--noise-free needs an OUT of its own: the noisy landscapes share its names")
-    main(a.out, a.gpuknobs, a.near, a.held_out, a.held_out_2, a.noise_free, a.held_out_3)
+    main(a.out, a.gpuknobs, a.near, a.held_out, a.held_out_2, a.noise_free, a.held_out_3,
+         a.held_out_4)
