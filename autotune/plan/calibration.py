@@ -529,18 +529,15 @@ class MemoryModel(Physics):
         two values the physics holds in the same bytes: flash-attention beside SDPA is no
         knob group apart to an OOM."""
         out = b
-        probe = TrialConfig(1, 1, b)
+        there = self.features(TrialConfig(1, 1, b))
         for group, members in knobs.groups().items():
             if group not in self._free_groups:
                 continue
-            try:
-                swapped = out.replace(**{k.name: getattr(a, k.name) for k in members})
-            except (ValueError, TypeError):
-                continue
+            swapped = out.replace(**{k.name: getattr(a, k.name) for k in members})
             if swapped == out:
                 continue
+            # Against `b` itself, so that the swaps together stay within SAME_MEMORY.
             here = self.features(TrialConfig(1, 1, swapped))
-            there = self.features(probe)
             if np.abs(here - there).sum() <= SAME_MEMORY * np.abs(there).sum():
                 out = swapped
         return out
