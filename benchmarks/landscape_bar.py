@@ -12,7 +12,7 @@ simulator fails Liger's fused loss under ZeRO-3, as a device does).
     .venv/bin/python benchmarks/landscape_bar.py OUT [--jobs 2] [--repeats 10]
     .venv/bin/python benchmarks/landscape_bar.py OUT --judge   # what OUT/json holds
 
-About 9 minutes on 2 cores, 14 with `--strategies autotune,tpe` (Optuna's TPE beside it at
+About 10 minutes on 2 cores, 15 with `--strategies autotune,tpe` (Optuna's TPE beside it at
 the same budget, judged too, not held to the bar). OUT's landscapes and records are
 reused where present: a new OUT for other --repeats or --strategies.
 """
