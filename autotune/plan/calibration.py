@@ -528,17 +528,13 @@ class MemoryModel(Physics):
         """`b` with `a`'s value in each group of memory twins (`Knob.memory_twins`) whose
         two values the physics holds in the same bytes: flash-attention beside SDPA is no
         knob group apart to an OOM."""
-        out = b
-        there = self.features(TrialConfig(1, 1, b))
+        out, probe = b, TrialConfig(1, 1, b)
         for group, members in knobs.groups().items():
             if group not in self._free_groups:
                 continue
             swapped = out.replace(**{k.name: getattr(a, k.name) for k in members})
-            if swapped == out:
-                continue
             # Against `b` itself, so that the swaps together stay within SAME_MEMORY.
-            here = self.features(TrialConfig(1, 1, swapped))
-            if np.abs(here - there).sum() <= SAME_MEMORY * np.abs(there).sum():
+            if swapped != out and self._same_memory(swapped, probe):
                 out = swapped
         return out
 
