@@ -1,6 +1,6 @@
 """Issue 51's bar on our simulator's landscapes, measured as a device measures.
 
-Writes every scenario of benchmarks/simulate_landscape.py (the six sets) as noise-free
+Writes every scenario of benchmarks/simulate_landscape.py (the seven sets) as noise-free
 tables, which `autotune bench` replays drawing each measurement's noise afresh and judges
 by what the confirmed find is worth (docs/bench.md), runs the tuner on each (10 repeats,
 0.5% of the grid with the GPU levers, 3% without), and prints per landscape the median
@@ -26,9 +26,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-SETS = {"ours": [], "gpuknobs": ["--gpuknobs"], "held-out": ["--held-out"],
-        "held-out-2": ["--held-out-2"], "held-out-3": ["--held-out-3"],
-        "held-out-4": ["--held-out-4"]}
+SETS = ("ours", "gpuknobs", "held-out", "held-out-2", "held-out-3", "held-out-4",
+        "held-out-5")  # simulate_landscape.py's SETS
 BAR = (0.99, 0.97, 3)  # median quality, its 10th percentile, median OOM trials
 
 
@@ -36,10 +35,10 @@ def write(out: Path) -> list[Path]:
     """The noise-free landscapes of every set, under OUT/landscapes/SET."""
     here = Path(__file__).with_name("simulate_landscape.py")
     folders = []
-    for name, flags in SETS.items():
+    for name in SETS:
         root = out / "landscapes" / name
         if not root.is_dir():
-            subprocess.run([sys.executable, str(here), str(root), *flags, "--noise-free"],
+            subprocess.run([sys.executable, str(here), str(root), "--set", name, "--noise-free"],
                            check=True, stdout=subprocess.DEVNULL)
         folders += sorted(p for p in root.iterdir() if (p / "meta.json").is_file())
     return folders

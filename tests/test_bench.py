@@ -262,10 +262,7 @@ def test_our_simulators_landscapes_tell_what_a_real_search_reads_off_the_model(
     sim = _benchmark("simulate_landscape", monkeypatch)
     neo = next(s for s in sim.SCENARIOS if "gpt-neo" in s.name)
     qwen = next(s for s in sim.GPUKNOB_SCENARIOS if "qwen2-1.5b" in s.name)
-    monkeypatch.setattr(sim, "SCENARIOS", [neo])
-    monkeypatch.setattr(sim, "GPUKNOB_SCENARIOS", [qwen])
-    sim.main(str(tmp_path))
-    sim.main(str(tmp_path), gpuknobs=True)
+    sim.main(str(tmp_path), scenarios=[neo, qwen])
     n, q = (load_landscape(tmp_path / s.name).shape for s in (neo, qwen))
     assert (n.attn_implementation, n.gated_mlp, n.intermediate_size) == ("eager", False, None)
     assert (q.attn_implementation, q.gated_mlp, q.intermediate_size) == ("auto", True, 8960)
@@ -280,8 +277,7 @@ def test_our_simulator_fails_liger_under_zero3_as_a_device_does(tmp_path, monkey
 
     sim = _benchmark("simulate_landscape", monkeypatch)
     llama = next(s for s in sim.HELD_OUT_2_SCENARIOS if "llama-8b-2xa100" in s.name)
-    monkeypatch.setattr(sim, "HELD_OUT_2_SCENARIOS", [llama])
-    sim.main(str(tmp_path), held_out_2=True)
+    sim.main(str(tmp_path), scenarios=[llama])
     land = load_landscape(tmp_path / llama.name)
     liger_z3 = [o for c, o in land.table.items() if c.use_liger_kernel and c.zero_stage == 3]
     assert liger_z3 and all(o.status == "error" for o in liger_z3)
@@ -302,8 +298,7 @@ def test_a_search_at_the_end_of_its_budget_still_runs_what_it_expects_far_better
 
     sim = _benchmark("simulate_landscape", monkeypatch)
     gemma = next(s for s in sim.HELD_OUT_2_SCENARIOS if "gemma-2b" in s.name)
-    monkeypatch.setattr(sim, "HELD_OUT_2_SCENARIOS", [gemma])
-    sim.main(str(tmp_path), held_out_2=True, noise_free=True)
+    sim.main(str(tmp_path), noise_free=True, scenarios=[gemma])
     land = load_landscape(tmp_path / gemma.name)
     top = worth(land, land.best()[0])
     for seed in range(2):
@@ -326,8 +321,7 @@ def test_a_search_over_ranks_learns_what_sharding_costs_at_each_micro_batch(
 
     sim = _benchmark("simulate_landscape", monkeypatch)
     llama = next(s for s in sim.GPUKNOB_SCENARIOS if "llama-13b" in s.name)
-    monkeypatch.setattr(sim, "GPUKNOB_SCENARIOS", [llama])
-    sim.main(str(tmp_path), gpuknobs=True, noise_free=True)
+    sim.main(str(tmp_path), noise_free=True, scenarios=[llama])
     land = load_landscape(tmp_path / llama.name)
     top = worth(land, land.best()[0])
     for seed in (4, 7):
@@ -343,9 +337,8 @@ def test_a_noise_free_landscape_judges_a_find_by_its_worth_not_its_draw(tmp_path
     sim, nfq = (_benchmark(name, monkeypatch)
                 for name in ("simulate_landscape", "noise_free_quality"))
     neo = next(s for s in sim.SCENARIOS if "gpt-neo" in s.name)
-    monkeypatch.setattr(sim, "SCENARIOS", [neo])
-    sim.main(str(tmp_path / "noisy"))
-    sim.main(str(tmp_path / "clean"), noise_free=True)
+    sim.main(str(tmp_path / "noisy"), scenarios=[neo])
+    sim.main(str(tmp_path / "clean"), noise_free=True, scenarios=[neo])
     lands = [load_landscape(tmp_path / d / neo.name) for d in ("noisy", "clean")]
     assert [land.fresh_noise for land in lands] == [0.0, neo.noise]  # replayed afresh
     noisy, clean = (land.table for land in lands)

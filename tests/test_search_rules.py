@@ -210,8 +210,7 @@ def test_a_near_tie_is_settled_by_the_neighbours_that_may_be_faster(tmp_path, mo
     monkeypatch.setitem(sys.modules, "simulate_landscape", sim)  # its dataclasses look it up
     spec.loader.exec_module(sim)
     scenario = next(s for s in sim.HELD_OUT_2_SCENARIOS if s.name.startswith("sim4-gpt2-medium"))
-    monkeypatch.setattr(sim, "HELD_OUT_2_SCENARIOS", [scenario])
-    sim.main(str(tmp_path), held_out_2=True)
+    sim.main(str(tmp_path), scenarios=[scenario])
     history, _ = replay(load_landscape(tmp_path / scenario.name), "autotune", 0, 0.005)
     ties = [n for n, r in enumerate(history) if r.reason == NEAR_TIE_REASON]
     assert ties

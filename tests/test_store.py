@@ -402,8 +402,7 @@ def test_bench_seeding_runs_the_recorded_winners_first(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "simulate_landscape", sim)  # its dataclasses look it up
     spec.loader.exec_module(sim)
     gpt2 = next(s for s in sim.GPUKNOB_SCENARIOS if "gpt2-small" in s.name)
-    monkeypatch.setattr(sim, "GPUKNOB_SCENARIOS", [gpt2])
-    sim.main(str(tmp_path), gpuknobs=True, near_too=True)
+    sim.main(str(tmp_path), near_too=True, scenarios=[gpt2])
     out = Console(record=True, width=250)
     records = seeding_main([str(tmp_path / sim.near(gpt2).name)], [str(tmp_path / gpt2.name)],
                            0.005, 1, out)
