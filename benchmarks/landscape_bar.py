@@ -12,6 +12,9 @@ simulator fails Liger's fused loss under ZeRO-3, as a device does).
     .venv/bin/python benchmarks/landscape_bar.py OUT [--jobs 2] [--repeats 10]
     .venv/bin/python benchmarks/landscape_bar.py OUT --judge   # what OUT/json holds
 
+`--compiled-liger-copies`: the 20 GPU-lever landscapes whose compiled Liger the memory
+model and the simulator disagree on, with the simulator holding the model's side.
+
 About 10 minutes on 2 cores, 15 with `--strategies autotune,tpe` (Optuna's TPE beside it at
 the same budget, judged too, not held to the bar). OUT's landscapes and records are
 reused where present: a new OUT for other --repeats or --strategies.
@@ -31,16 +34,19 @@ SETS = ("ours", "gpuknobs", "held-out", "held-out-2", "held-out-3", "held-out-4"
 BAR = (0.99, 0.97, 3)  # median quality, its 10th percentile, median OOM trials
 
 
-def write(out: Path) -> list[Path]:
-    """The noise-free landscapes of every set, under OUT/landscapes/SET."""
+def write(out: Path, copies: bool = False) -> list[Path]:
+    """The noise-free landscapes of every set, under OUT/landscapes/SET; with `copies`,
+    only those compiled Liger's copies change (`--compiled-liger-copies`)."""
     here = Path(__file__).with_name("simulate_landscape.py")
     folders = []
     for name in SETS:
         root = out / "landscapes" / name
         if not root.is_dir():
-            subprocess.run([sys.executable, str(here), str(root), "--set", name, "--noise-free"],
+            subprocess.run([sys.executable, str(here), str(root), "--set", name, "--noise-free",
+                            *(["--compiled-liger-copies"] if copies else [])],
                            check=True, stdout=subprocess.DEVNULL)
-        folders += sorted(p for p in root.iterdir() if (p / "meta.json").is_file())
+        folders += sorted(p for p in root.iterdir() if (p / "meta.json").is_file()
+                          and (not copies or "-copies-" in p.name))
     return folders
 
 
@@ -89,10 +95,13 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--strategies", default="autotune")
     parser.add_argument("--judge", action="store_true", help="only judge OUT/json")
+    parser.add_argument("--compiled-liger-copies", action="store_true",
+                        help="only the GPU-lever landscapes, with compiled Liger holding what "
+                        "one H100 measured (simulate_landscape.py): a new OUT")
     a = parser.parse_args()
     if not a.judge:
         (a.out / "json").mkdir(parents=True, exist_ok=True)
-        folders = write(a.out)
+        folders = write(a.out, a.compiled_liger_copies)
         with ThreadPoolExecutor(a.jobs) as pool:
             list(pool.map(lambda f: bench(f, a.out, a.repeats, a.strategies), folders))
     return judge(a.out)
