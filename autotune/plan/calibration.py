@@ -28,15 +28,7 @@ import numpy as np
 
 from autotune import knobs
 from autotune.config import Family, TrialConfig
-from autotune.plan.memory import (
-    COMPONENTS,
-    DEVIATIONS,
-    FEATURES,
-    LIGER_COPIES,
-    GiB,
-    MemoryEstimate,
-    Physics,
-)
+from autotune.plan.memory import COMPONENTS, DEVIATIONS, FEATURES, GiB, MemoryEstimate, Physics
 from autotune.plan.shape import ModelShape
 
 if TYPE_CHECKING:
@@ -48,23 +40,20 @@ if TYPE_CHECKING:
 # how each model's code saves tensors (HF GPT-2 on an H100 saved 1.5-2x Korthikanti's
 # figure for Megatron's kernels); the fixed runtime from the driver and libraries. The
 # deviations are centred on 0.
-PRIOR_MEAN = np.array([1.0] * len(COMPONENTS)
-                      + [float(name == LIGER_COPIES) for name in DEVIATIONS])
+PRIOR_MEAN = np.array([1.0] * len(COMPONENTS) + [0.0] * len(DEVIATIONS))
 # The attention deviation is a yes-or-no in bytes (0: fused kernels, 1: eager, whatever the
 # physics assumed), so its width is one whole term. Compile's share of the activations
 # is known to a few tens of percent; the share of the whole logits Liger keeps (0 in the
 # physics, its chunk aside) to about a tenth.
 # A quantized base's packed bytes follow from its format, to a tenth. What compiled Liger
-# keeps beyond its chunk rests on one measurement (centred on it, 1): the whole term is in
-# doubt, and a measured compiled-Liger config may take it away (to 0: the chunk alone).
-# A generating trainer's KV cache follows from the model's shape, to a third (what
-# generate keeps beside it varies).
+# keeps rests on one measurement: its whole term is in doubt. A generating trainer's KV
+# cache follows from the model's shape, to a third (what generate keeps beside it varies).
 PRIOR_SD = np.array([{
     "weights": 0.2, "quantized": 0.1, "gradients": 0.2, "optimizer": 0.3, "activations": 1.0,
     "logits": 0.2, "generation": 0.3, "runtime": 1.0, "activations|checkpointing": 0.3,
     "activations|4-byte": 0.3, "logits|4-byte": 0.2, "activations|attention": 1.0,
     "states|replicated": 1.0, "activations|compile": 0.2, "logits|liger": 0.1,
-    LIGER_COPIES: 1.0}[name]
+    "logits|liger compiled": 1.0}[name]
     for name in FEATURES])
 # An OOM says the peak passed the limit, not by how much (a censored observation): a config
 # whose prediction stays under the limit is lifted this far over it, no further.
@@ -132,7 +121,6 @@ class MemoryModel(Physics):
         self._lower[FEATURES.index("activations|attention")] = (
             -1.0 if self.materialises_attention() else 0.0)
         self._lower[FEATURES.index("logits|liger")] = 0.0  # the physics holds none of it
-        self._lower[FEATURES.index(LIGER_COPIES)] = 0.0  # none: the chunk alone
         self._prior = PRIOR_MEAN.copy()
         for name, scale in (prior or {}).items():
             if name in FEATURES:  # a term this version no longer has is ignored

@@ -117,10 +117,7 @@ LIGER_COMPILED_LOGITS = (5.87 + (34.28 - 13.09)) / 5.87
 # estimate shows it, and calibration moves toward it.
 DEVIATIONS = ("activations|checkpointing", "activations|4-byte", "logits|4-byte",
               "activations|attention", "states|replicated", "activations|compile",
-              "logits|liger", "logits|liger compiled copies")
-# The one deviation whose physics is a measurement's figure, not a zero: the features hold
-# it apart from the logits and calibration centres its scale on 1 (calibration.PRIOR_MEAN).
-LIGER_COPIES = "logits|liger compiled copies"
+              "logits|liger", "logits|liger compiled")
 FEATURES = COMPONENTS + DEVIATIONS
 # Replayed (allocated, reserved) peaks by model and what the replay depends on, for the
 # process: a few bytes each, and one search or benchmark meets a few hundred at most.
@@ -454,25 +451,15 @@ class Physics:
         Classification heads are negligible."""
         if c.tiled_loss:
             return 0.0  # a shard at a time, whatever the batch: `logits_fixed_bytes`
+        if self._liger_compiled(c):
+            return LIGER_COMPILED_LOGITS * self._logits_formula() / self.sequence_split(c)
         if c.use_liger_kernel:
-            return self._liger_chunk_bytes() + self.liger_compiled_copies_per_sample(c)
+            # Liger's fused linear cross-entropy holds a chunk of the logits sized to about
+            # the tokens' hidden states (its chunk_size), and the input's gradient, which
+            # it computes in the forward; 4 bytes each where the input is fp32.
+            return self.shape.seq_len * self.shape.hidden_size * (4 + 4) if (
+                self.shape.has_lm_logits) else 0.0
         return self._logits_formula() / self.sequence_split(c)
-
-    def _liger_chunk_bytes(self) -> float:
-        """Liger's fused linear cross-entropy holds a chunk of the logits sized to about the
-        tokens' hidden states (its chunk_size), and the input's gradient, which it
-        computes in the forward; 4 bytes each where the input is fp32."""
-        return (self.shape.seq_len * self.shape.hidden_size * (4 + 4)
-                if self.shape.has_lm_logits else 0.0)
-
-    def liger_compiled_copies_per_sample(self, c: TrialConfig) -> float:
-        """What compiled Liger holds beyond its chunk (LIGER_COMPILED_LOGITS): one
-        measurement's, its own term to calibration, which a trial of compiled Liger on
-        the user's device confirms or takes away."""
-        if not self._liger_compiled(c):
-            return 0.0
-        whole = LIGER_COMPILED_LOGITS * self._logits_formula() / self.sequence_split(c)
-        return max(0.0, whole - self._liger_chunk_bytes())
 
     def _liger_compiled(self, c: TrialConfig) -> bool:
         return bool(c.use_liger_kernel and c.torch_compile and self.device.is_cuda)
@@ -817,8 +804,7 @@ class Physics:
     def features(self, c: TrialConfig) -> np.ndarray:
         """The physics' terms, each with its share of allocator slack, in FEATURES order:
         the COMPONENTS sum to the physics' total; the DEVIATIONS repeat a per-sample term
-        where a knob changes which formula produced it, but for LIGER_COPIES, taken out of
-        the logits (the components and it sum to the total). Memoised: a strategy predicts every
+        where a knob changes which formula produced it. Memoised: a strategy predicts every
         candidate after every trial."""
         cached = self._cache.get(c)
         if cached is None:
@@ -844,11 +830,7 @@ class Physics:
             terms["logits|liger"] = (c.per_device_train_batch_size * slack
                                      * self._logits_formula() * c.use_liger_kernel)
             # Liger compiled: one measurement behind its physics (LIGER_COMPILED_LOGITS),
-            # its copies beyond the chunk a term of their own, centred on that measurement,
-            # which calibration may take away where a system keeps the chunk alone.
-            copies = min(terms["logits"], c.per_device_train_batch_size * slack
-                         * self.liger_compiled_copies_per_sample(c))
-            terms["logits"] -= copies
-            terms[LIGER_COPIES] = copies
+            # so calibration may take the term away where a system keeps less.
+            terms["logits|liger compiled"] = terms["logits"] * self._liger_compiled(c)
             cached = self._cache[c] = np.array([terms[k] for k in FEATURES], float)
         return cached
