@@ -83,6 +83,7 @@ replays as a device would measure it, each measurement with its noise drawn afre
 from __future__ import annotations
 
 import csv
+import dataclasses
 import itertools
 import json
 import math
@@ -748,8 +749,6 @@ def gk_landscape(s: Scenario) -> tuple[dict, list[dict]]:
 
 def near(s: Scenario) -> Scenario:
     """`s` at 3/4 of its seq_len, its noise drawn afresh: a near match of it."""
-    import dataclasses
-
     seq = s.seq * 3 // 4
     return dataclasses.replace(s, name=f"{s.name}-seq{seq}", seq=seq, seed=s.seed + 100)
 
@@ -757,8 +756,6 @@ def near(s: Scenario) -> Scenario:
 def with_liger_copies(s: Scenario) -> Scenario:
     """`s` with compiled Liger holding the H100's copies (`Scenario.liger_copies`), named
     `...-copies-gpuknobs`; `s` itself where it has no compiled Liger to change."""
-    import dataclasses
-
     if not (s.gpuknobs and s.causal and s.model_type in LIGER_TYPES):
         return s
     return dataclasses.replace(s, liger_copies=True,
@@ -768,8 +765,6 @@ def with_liger_copies(s: Scenario) -> Scenario:
 def main(out: str, which: str = "ours", near_too: bool = False, noise_free: bool = False,
          scenarios: list[Scenario] | None = None, liger_copies: bool = False) -> None:
     """Writes the set named `which` (`SETS`), or `scenarios` where given."""
-    import dataclasses
-
     scenarios = SETS[which] if scenarios is None else scenarios
     if liger_copies:  # only the tables the copies change
         scenarios = [c for c in map(with_liger_copies, scenarios) if c.liger_copies]
