@@ -66,8 +66,9 @@ logits traffic.
 writes OUT_DIR/<name>/{meta.json,trials.csv} for each scenario of a set (`SETS`): `ours`
 (SCENARIOS, the default), `gpuknobs` (GPUKNOB_SCENARIOS), and the held-out sets, each
 written before the changes it judged and not tuned on: `held-out` (sim3, for issue 51),
-`held-out-2` (sim4), `held-out-3` (sim5, mostly several ranks), `held-out-4` (sim6) and
-`held-out-5` (sim7). `--gpuknobs` and `--held-out` to `--held-out-5` name the same sets.
+`held-out-2` (sim4), `held-out-3` (sim5, mostly several ranks), `held-out-4` (sim6),
+`held-out-5` (sim7) and `held-out-6` (sim8). `--gpuknobs` and `--held-out` to
+`--held-out-6` name the same sets.
 `--compiled-liger-copies` writes only the set's GPU-lever landscapes whose models Liger
 patches, with compiled Liger holding what one H100 measured (`Scenario.liger_copies`), as
 `<name>-copies-gpuknobs`: the memory model's side of that dispute. --near
@@ -450,9 +451,33 @@ HELD_OUT_5_SCENARIOS = [
              ffn=24576, tied=True),
 ]
 
+# Written on 2026-12-03 (the evening session), before that session's changes were judged
+# on them: large-vocabulary models whose references checkpoint (the logits dominate
+# what those measure), long context on one GPU, a V100, two ranks.
+# `--held-out-6` writes them.
+HELD_OUT_6_SCENARIOS = [
+    Scenario("sim8-qwen2-0.5b-l4-24gb-gpuknobs", 494e6, 24, 896, 14, 151936, 2048, L4, 1, 64,
+             noise=0.02, seed=70, gpuknobs=True, model_name="qwen2-0.5b", model_type="qwen2",
+             ffn=4864, tied=True),
+    Scenario("sim8-llama-3b-a100-40gb-gpuknobs", 3.21e9, 28, 3072, 24, 128256, 4096, A100_40,
+             1, 32, noise=0.02, seed=71, gpuknobs=True, model_name="llama-3b",
+             model_type="llama", ffn=8192, tied=True),
+    Scenario("sim8-qwen2-1.5b-h100-80gb-gpuknobs", 1.54e9, 28, 1536, 12, 151936, 4096, H100, 1,
+             64, noise=0.02, seed=72, gpuknobs=True, model_name="qwen2-1.5b",
+             model_type="qwen2", ffn=8960, tied=True),
+    Scenario("sim8-gemma-2b-2xl4-24gb-gpuknobs", 2.51e9, 18, 2048, 8, 256000, 2048, L4, 2, 64,
+             noise=0.02, seed=73, gpuknobs=True, model_name="gemma-2b", model_type="gemma",
+             ffn=16384, tied=True),
+    Scenario("sim8-pythia-2.8b-2xa100-40gb", 2.78e9, 32, 2560, 32, 50304, 2048, A100_40, 2, 64,
+             noise=0.03, seed=74),
+    Scenario("sim8-gpt2-medium-v100-16gb", 355e6, 24, 1024, 16, 50257, 1024, V100, 1, 64,
+             noise=0.03, seed=75),
+]
+
 SETS = {"ours": SCENARIOS, "gpuknobs": GPUKNOB_SCENARIOS, "held-out": HELD_OUT_SCENARIOS,
         "held-out-2": HELD_OUT_2_SCENARIOS, "held-out-3": HELD_OUT_3_SCENARIOS,
-        "held-out-4": HELD_OUT_4_SCENARIOS, "held-out-5": HELD_OUT_5_SCENARIOS}
+        "held-out-4": HELD_OUT_4_SCENARIOS, "held-out-5": HELD_OUT_5_SCENARIOS,
+        "held-out-6": HELD_OUT_6_SCENARIOS}
 
 
 @dataclass(frozen=True)
