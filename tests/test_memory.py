@@ -781,6 +781,45 @@ def test_a_family_never_measured_takes_its_memory_twins_measurement():
     assert m.family_error > headroom
 
 
+def test_a_measured_family_whose_twin_ran_out_above_its_measurements_runs_out_too():
+    """fp16 measured at batch 2 alone, then bf16, its twin in memory, runs out at batch
+    16: fp16's line knows nothing of it, yet fp16 at 16 and above needs what bf16 did. Not
+    below the OOM's batch, and not where fp16 itself ran at the OOM's batch or above."""
+    m, limit = _toy_model()
+    sdpa = {"attn_implementation": "sdpa"}
+    m.observe(_knobs(2, precision="fp16", **sdpa), 6 * GiB)
+    m.observe(_knobs(4, optim="sgd", **sdpa), 7 * GiB)
+    line = {b: m.predict_total(_knobs(b, precision="fp16", **sdpa)) for b in (8, 16, 32)}
+    assert line[16] < limit  # the line alone would run it
+    m.observe_oom(_knobs(16, **sdpa), limit)
+    assert m.predict_total(_knobs(16, precision="fp16", **sdpa)) > limit
+    assert m.predict_total(_knobs(32, precision="fp16", **sdpa)) > limit
+    assert m.predict_total(_knobs(8, precision="fp16", **sdpa)) == line[8]
+    # Measured at the OOM's batch, the family's own peak answers for it.
+    m.observe(_knobs(16, precision="fp16", **sdpa), 20 * GiB)
+    assert m.predict_total(_knobs(16, precision="fp16", **sdpa)) == 20 * GiB
+
+
+def test_a_family_never_measured_takes_what_a_sample_adds_from_a_measured_sibling():
+    """8-bit Adam beside AdamW keeps the same activations and logits a sample. Where the
+    measured AdamW line rises more steeply than the shared fit says (a model's code saving
+    more than the formula), the unmeasured 8-bit family rises with it from what the fit
+    and the knob effects put it at; a family that keeps other bytes a sample
+    (checkpointing) does not."""
+    m, _ = _toy_model()
+    sdpa = {"attn_implementation": "sdpa"}
+    for b, peak in ((2, 6 * GiB), (4, 9 * GiB), (8, 15 * GiB)):
+        m.observe(_knobs(b, **sdpa), peak)
+    m.observe(_knobs(4, optim="sgd", gradient_checkpointing=True, **sdpa), 4 * GiB)
+    adamw, eight_bit = _knobs(16, **sdpa), _knobs(16, optim="adamw_bnb_8bit", **sdpa)
+    fitted = m._regressed(eight_bit) + m._neighbour_offset(eight_bit.family)
+    steeper = m.predict_total(adamw) - m._regressed(adamw) - m._family_resid[adamw.family]
+    assert steeper > 0.25 * GiB
+    assert m.predict_total(eight_bit) == pytest.approx(fitted + steeper)
+    ckpt = _knobs(16, optim="adamw_bnb_8bit", gradient_checkpointing=True, **sdpa)
+    assert m._sibling(ckpt) is None or m._sibling(ckpt).gradient_checkpointing
+
+
 def test_what_is_memoised_of_a_fit_is_forgotten_at_the_next_measurement():
     """A strategy asks every candidate after every trial, so the stand-ins and the bytes
     extrapolated are memoised until the next update: a measurement of the twin's own batch,

@@ -110,6 +110,10 @@ class MemoryModel(Physics):
         self._cleared: set[TrialConfig] = set()  # see `_above`
         self._alike: dict[tuple[Family, TrialConfig], bool] = {}  # see `_same_memory`
         self._twins: dict[Family, Family | None] = {}  # see `_stand_in`
+        # See `_sibling`: the measured families in order, and per family how many of them
+        # it was checked against and those that keep its bytes a sample.
+        self._measured: list[Family] = []
+        self._siblings: dict[Family, tuple[int, list[Family]]] = {}
         # Facts of the knob table about pairs of families, which no fit changes: asked for
         # every candidate after every trial, they took a quarter of a replayed search.
         self._free_groups = _memory_free_groups()
@@ -181,7 +185,9 @@ class MemoryModel(Physics):
             cached = self._memo[c] = max(cached, floor) if floor else cached
         return cached
 
-    def _predict_total(self, c: TrialConfig) -> float:
+    def _predict_total(self, c: TrialConfig, lifted: bool = True) -> float:
+        """`lifted`: with what a memory twin's OOM puts on a measured family
+        (`_twin_oom`)."""
         b = c.per_device_train_batch_size
         stand_in = self._stand_in(c)
         if stand_in is not c:
@@ -216,14 +222,57 @@ class MemoryModel(Physics):
             # Liger family, measured at b64 alone (74 GiB), put b1 at -182 GiB at the
             # shared fit's bytes a sample; 27 GiB now.
             line = max(line, min(self._regressed(c) - per_sample * b, points[least]))
-        return line
+        return max(line, self._twin_oom(c, points)) if lifted else line
+
+    def _twin_oom(self, c: TrialConfig, points: dict[int, int]) -> float:
+        """What an OOM of a memory twin (`_same_memory`: fp16 beside bf16, two AdamW
+        implementations) at `c`'s batch or below leaves a measured family that never ran
+        there: the OOM, as `_bound` lifts one. Its line alone knows nothing of the twin
+        (Qwen2-1.5B on an H100: bf16 ran out at batch 64, then fp16, measured at batch 2
+        alone, was predicted 60 GiB there and ran out too)."""
+        b, out = c.per_device_train_batch_size, 0.0
+        for oom, limit in self._ooms.items():
+            least = oom.per_device_train_batch_size
+            if (oom.family != c.family and least <= b and max(points) < least
+                    and self._same_memory(c.family, oom)):
+                out = max(out, limit * (1 + OOM_OVERSHOOT))
+        return out
 
     def _unmeasured(self, c: TrialConfig) -> float:
         """A config of a family without measurements, as the measured trials predict it
         (the scaled terms, and what each of its knob values missed elsewhere), with the
-        deviations OOMs raised."""
+        deviations OOMs raised, and where a measured family keeps its bytes a sample
+        (`_sibling`), how far that family's own line runs from its residual at `c`'s
+        batch: what a sample adds is measured there, not split between the terms by their
+        priors."""
         raised = float(self._raised @ self.features(c)) if self._raised.any() else 0.0
-        return self._regressed(c) + raised + self._neighbour_offset(c.family)
+        sibling, slope = self._sibling(c), 0.0
+        if sibling is not None:
+            slope = (self._predict_total(sibling, lifted=False) - self._regressed(sibling)
+                     - self._family_resid[sibling.family])
+        return self._regressed(c) + raised + self._neighbour_offset(c.family) + slope
+
+    def _sibling(self, c: TrialConfig) -> TrialConfig | None:
+        """`c`'s batch of the measured family whose bytes a sample (activations and
+        logits) the physics puts within SAME_MEMORY of `c`'s, the most measured. The
+        shared fit splits what a sample adds between the terms as their priors say
+        (Qwen2-1.5B on an H100: checkpointed Liger under ZeRO-2 took 0.94 GiB a sample
+        from batch 8 to 32, and the same without ZeRO and with 8-bit Adam was predicted
+        74.5 GiB at batch 64 by the shared fit, and ran out at 80). Checked against the
+        families measured since the last ask only."""
+        fam, b = c.family, c.per_device_train_batch_size
+        seen, near = self._siblings.get(fam, (0, []))
+        if seen < len(self._measured):
+            here = self.features(c)[PER_SAMPLE]
+            size = max(float(np.abs(here).sum()), 1.0)
+            near = near + [other for other in self._measured[seen:] if float(np.abs(
+                here - self.features(TrialConfig(b, c.gradient_accumulation_steps, other))[
+                    PER_SAMPLE]).sum()) <= SAME_MEMORY * size]
+            self._siblings[fam] = (len(self._measured), near)
+        if not near:
+            return None
+        best = min(near, key=lambda other: (-len(self._points[other]), other.label()))
+        return TrialConfig(b, c.gradient_accumulation_steps, best)
 
     def oom_factor(self, c: TrialConfig) -> float:
         """The factor OOMs put on `c`'s prediction (1 where none applies; see `_bound`):
@@ -357,6 +406,7 @@ class MemoryModel(Physics):
             return
         if c.family not in self._points:
             self._twins.clear()
+            self._measured.append(c.family)
         self._points.setdefault(c.family, {})[c.per_device_train_batch_size] = measured_bytes
         self._configs[c.family, c.per_device_train_batch_size] = c
         self._forget()
@@ -446,7 +496,8 @@ class MemoryModel(Physics):
             # where they put it under the limit is a miss like any other.
             stand_in = self._stand_in(c)
             measured = stand_in.family in self._points
-            predicted = self._predict_total(stand_in) if measured else self._unmeasured(c)
+            predicted = (self._predict_total(stand_in, lifted=False) if measured
+                         else self._unmeasured(c))
             need = limit * (1 + OOM_OVERSHOOT) / max(predicted, 1.0)
             if need <= 1.0:
                 continue
