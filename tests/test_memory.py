@@ -795,6 +795,11 @@ def test_a_measured_family_whose_twin_ran_out_above_its_measurements_runs_out_to
     assert m.predict_total(_knobs(16, precision="fp16", **sdpa)) > limit
     assert m.predict_total(_knobs(32, precision="fp16", **sdpa)) > limit
     assert m.predict_total(_knobs(8, precision="fp16", **sdpa)) == line[8]
+    # The line itself, which the OOM rules read, does not carry the lift, whichever copy
+    # of an equal config asks (a memoised stand-in once took an equal copy for a twin).
+    first, copy = (_knobs(16, precision="fp16", **sdpa) for _ in range(2))
+    assert m._predict_total(first, lifted=False) == m._predict_total(copy, lifted=False)
+    assert m._predict_total(copy, lifted=False) < limit
     # Measured at the OOM's batch, the family's own peak answers for it.
     m.observe(_knobs(16, precision="fp16", **sdpa), 20 * GiB)
     assert m.predict_total(_knobs(16, precision="fp16", **sdpa)) == 20 * GiB

@@ -114,6 +114,10 @@ class MemoryModel(Physics):
         # it was checked against and those that keep its bytes a sample.
         self._measured: list[Family] = []
         self._siblings: dict[Family, tuple[int, list[Family]]] = {}
+        # Until the next update: each family's sibling, and each sibling's line at a batch.
+        self._best_siblings: dict[Family, Family | None] = {}
+        self._sibling_lines: dict[TrialConfig, float] = {}
+        self._labels: dict[Family, str] = {}
         # Facts of the knob table about pairs of families, which no fit changes: asked for
         # every candidate after every trial, they took a quarter of a replayed search.
         self._free_groups = _memory_free_groups()
@@ -173,6 +177,8 @@ class MemoryModel(Physics):
         self._memo.clear()
         self._extrapolated.clear()
         self._stand_ins.clear()
+        self._sibling_lines.clear()
+        self._best_siblings.clear()
 
     def predict_total(self, c: TrialConfig) -> float:
         """The calibrated peak alone. (Uncalibrated, it equals the physics.)"""
@@ -190,9 +196,9 @@ class MemoryModel(Physics):
         (`_twin_oom`)."""
         b = c.per_device_train_batch_size
         stand_in = self._stand_in(c)
-        if stand_in is not c:
+        if stand_in.family != c.family:  # not identity: a memoised twin may be an equal copy
             # Its memory twin's measurements answer for it; so does the twin's OOM.
-            predicted = self._predict_total(stand_in)
+            predicted = self._predict_total(stand_in, lifted)
             if any(oom is not None and b >= oom for oom in (
                     self._oom_at.get(stand_in.family), self._oom_at.get(c.family))):
                 predicted = max(predicted, max(self._ooms.values()) * (1 + OOM_OVERSHOOT))
@@ -248,8 +254,11 @@ class MemoryModel(Physics):
         raised = float(self._raised @ self.features(c)) if self._raised.any() else 0.0
         sibling, slope = self._sibling(c), 0.0
         if sibling is not None:
-            slope = (self._predict_total(sibling, lifted=False) - self._regressed(sibling)
-                     - self._family_resid[sibling.family])
+            slope = self._sibling_lines.get(sibling)
+            if slope is None:
+                slope = self._sibling_lines[sibling] = (
+                    self._predict_total(sibling, lifted=False) - self._regressed(sibling)
+                    - self._family_resid[sibling.family])
         return self._regressed(c) + raised + self._neighbour_offset(c.family) + slope
 
     def _sibling(self, c: TrialConfig) -> TrialConfig | None:
@@ -261,18 +270,26 @@ class MemoryModel(Physics):
         74.5 GiB at batch 64 by the shared fit, and ran out at 80). Checked against the
         families measured since the last ask only."""
         fam, b = c.family, c.per_device_train_batch_size
-        seen, near = self._siblings.get(fam, (0, []))
-        if seen < len(self._measured):
-            here = self.features(c)[PER_SAMPLE]
-            size = max(float(np.abs(here).sum()), 1.0)
-            near = near + [other for other in self._measured[seen:] if float(np.abs(
-                here - self.features(TrialConfig(b, c.gradient_accumulation_steps, other))[
-                    PER_SAMPLE]).sum()) <= SAME_MEMORY * size]
-            self._siblings[fam] = (len(self._measured), near)
-        if not near:
-            return None
-        best = min(near, key=lambda other: (-len(self._points[other]), other.label()))
-        return TrialConfig(b, c.gradient_accumulation_steps, best)
+        if fam not in self._best_siblings:
+            seen, near = self._siblings.get(fam, (0, []))
+            if seen < len(self._measured):
+                here = self.features(c)[PER_SAMPLE]
+                size = max(float(np.abs(here).sum()), 1.0)
+                near = near + [other for other in self._measured[seen:] if float(np.abs(
+                    here - self.features(TrialConfig(b, c.gradient_accumulation_steps,
+                                                     other))[PER_SAMPLE]).sum())
+                    <= SAME_MEMORY * size]
+                self._siblings[fam] = (len(self._measured), near)
+            self._best_siblings[fam] = min(near, key=lambda other: (
+                -len(self._points[other]), self._label(other))) if near else None
+        best = self._best_siblings[fam]
+        return None if best is None else TrialConfig(b, c.gradient_accumulation_steps, best)
+
+    def _label(self, fam: Family) -> str:
+        cached = self._labels.get(fam)
+        if cached is None:
+            cached = self._labels[fam] = fam.label()
+        return cached
 
     def oom_factor(self, c: TrialConfig) -> float:
         """The factor OOMs put on `c`'s prediction (1 where none applies; see `_bound`):
