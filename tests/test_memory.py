@@ -822,7 +822,8 @@ def test_a_family_never_measured_takes_what_a_sample_adds_from_a_measured_siblin
     assert steeper > 0.25 * GiB
     assert m.predict_total(eight_bit) == pytest.approx(fitted + steeper)
     ckpt = _knobs(16, optim="adamw_bnb_8bit", gradient_checkpointing=True, **sdpa)
-    assert m._sibling(ckpt) is None or m._sibling(ckpt).gradient_checkpointing
+    assert m._sibling(ckpt) == _knobs(16, optim="sgd", gradient_checkpointing=True, **sdpa)
+    assert m._sibling(_knobs(16, optim="adamw_bnb_8bit", **sdpa)) == adamw
 
 
 def test_what_is_memoised_of_a_fit_is_forgotten_at_the_next_measurement():
