@@ -1,6 +1,6 @@
 """Issue 51's bar on our simulator's landscapes, measured as a device measures.
 
-Writes every scenario of benchmarks/simulate_landscape.py (the eight sets) as noise-free
+Writes every scenario of benchmarks/simulate_landscape.py (the nine sets) as noise-free
 tables, which `autotune bench` replays drawing each measurement's noise afresh and judges
 by what the confirmed find is worth (docs/bench.md), runs the tuner on each (10 repeats,
 0.5% of the grid with the GPU levers, 3% without), and prints per landscape the median

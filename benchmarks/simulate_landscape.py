@@ -67,8 +67,8 @@ writes OUT_DIR/<name>/{meta.json,trials.csv} for each scenario of a set (`SETS`)
 (SCENARIOS, the default), `gpuknobs` (GPUKNOB_SCENARIOS), and the held-out sets, each
 written before the changes it judged and not tuned on: `held-out` (sim3, for issue 51),
 `held-out-2` (sim4), `held-out-3` (sim5, mostly several ranks), `held-out-4` (sim6),
-`held-out-5` (sim7) and `held-out-6` (sim8). `--gpuknobs` and `--held-out` to
-`--held-out-6` name the same sets.
+`held-out-5` (sim7), `held-out-6` (sim8) and `held-out-7` (sim9). `--gpuknobs` and
+`--held-out` to `--held-out-7` name the same sets.
 `--compiled-liger-copies` writes only the set's GPU-lever landscapes whose models Liger
 patches, with compiled Liger holding what one H100 measured (`Scenario.liger_copies`), as
 `<name>-copies-gpuknobs`: the memory model's side of that dispute. --near
@@ -474,10 +474,34 @@ HELD_OUT_6_SCENARIOS = [
              noise=0.03, seed=75),
 ]
 
+# Written on 2026-12-03 (a later evening session), before that session's changes were
+# judged on them (a sibling's line read with its OOM lifts): Phi-3 (a Liger type not
+# judged before), an 8B and a 7B over small and large GPUs, a T4 without bf16, long
+# context over two ranks. `--held-out-7` writes them.
+HELD_OUT_7_SCENARIOS = [
+    Scenario("sim9-phi3-mini-a10g-24gb-gpuknobs", 3.82e9, 32, 3072, 32, 32064, 2048, A10G, 1,
+             32, noise=0.02, seed=80, gpuknobs=True, model_name="phi3-mini",
+             model_type="phi3", ffn=8192),
+    Scenario("sim9-llama-8b-a100-80gb-gpuknobs", 8.03e9, 32, 4096, 32, 128256, 2048, A100_80,
+             1, 64, noise=0.02, seed=81, gpuknobs=True, model_name="llama-8b",
+             model_type="llama", ffn=14336),
+    Scenario("sim9-qwen2-0.5b-t4-16gb-gpuknobs", 494e6, 24, 896, 14, 151936, 2048, T4_GEN3, 1,
+             64, noise=0.02, seed=82, gpuknobs=True, model_name="qwen2-0.5b",
+             model_type="qwen2", ffn=4864, tied=True),
+    Scenario("sim9-mistral-7b-4xa10g-24gb-gpuknobs", 7.24e9, 32, 4096, 32, 32000, 4096, A10G, 4,
+             64, noise=0.02, seed=83, gpuknobs=True, model_name="mistral-7b",
+             model_type="mistral", ffn=14336),
+    Scenario("sim9-llama-3b-2xh100-80gb-gpuknobs", 3.21e9, 28, 3072, 24, 128256, 8192, H100, 2,
+             32, noise=0.02, seed=84, gpuknobs=True, model_name="llama-3b",
+             model_type="llama", ffn=8192, tied=True),
+    Scenario("sim9-gpt2-large-a100-40gb", 774e6, 36, 1280, 20, 50257, 1024, A100_40, 1, 128,
+             noise=0.03, seed=85),
+]
+
 SETS = {"ours": SCENARIOS, "gpuknobs": GPUKNOB_SCENARIOS, "held-out": HELD_OUT_SCENARIOS,
         "held-out-2": HELD_OUT_2_SCENARIOS, "held-out-3": HELD_OUT_3_SCENARIOS,
         "held-out-4": HELD_OUT_4_SCENARIOS, "held-out-5": HELD_OUT_5_SCENARIOS,
-        "held-out-6": HELD_OUT_6_SCENARIOS}
+        "held-out-6": HELD_OUT_6_SCENARIOS, "held-out-7": HELD_OUT_7_SCENARIOS}
 
 
 @dataclass(frozen=True)
