@@ -826,6 +826,30 @@ def test_a_family_never_measured_takes_what_a_sample_adds_from_a_measured_siblin
     assert m._sibling(_knobs(16, optim="adamw_bnb_8bit", **sdpa)) == adamw
 
 
+def test_a_bound_on_a_siblings_bytes_bounds_the_family_that_keeps_them():
+    """AdamW measured at batches 2 and 4, then fused AdamW, its twin in memory, runs out at
+    16: AdamW's line is lifted there (`_twin_oom`), and 8-bit Adam, never measured, which
+    keeps AdamW's bytes a sample, takes the bound less the states it saves: over the limit
+    at 16 and up, as before at 8."""
+    m, limit = _toy_model()
+    sdpa = {"attn_implementation": "sdpa"}
+    m.observe(_knobs(2, **sdpa), 4 * GiB)
+    m.observe(_knobs(4, **sdpa), 5 * GiB)
+    m.observe(_knobs(4, optim="sgd", gradient_checkpointing=True, **sdpa), 4 * GiB)
+    eight_bit = {b: _knobs(b, optim="adamw_bnb_8bit", **sdpa) for b in (8, 16, 32)}
+    before = {b: m.predict_total(c) for b, c in eight_bit.items()}
+    assert before[16] < limit / 2
+    m.observe_oom(_knobs(16, optim="adamw_torch_fused", **sdpa), limit)
+    assert m._sibling(eight_bit[16]) == _knobs(16, **sdpa)
+    bound = m.predict_total(_knobs(16, **sdpa))
+    assert bound > limit
+    saved = m._regressed(_knobs(16, **sdpa)) - m._regressed(eight_bit[16])
+    assert saved > 0  # 8-bit states
+    assert limit < m.predict_total(eight_bit[16]) < bound
+    assert m.predict_total(eight_bit[32]) > limit
+    assert m.predict_total(eight_bit[8]) == before[8]
+
+
 def test_what_is_memoised_of_a_fit_is_forgotten_at_the_next_measurement():
     """A strategy asks every candidate after every trial, so the stand-ins and the bytes
     extrapolated are memoised until the next update: a measurement of the twin's own batch,

@@ -250,14 +250,16 @@ class MemoryModel(Physics):
         deviations OOMs raised, and where a measured family keeps its bytes a sample
         (`_sibling`), how far that family's own line runs from its residual at `c`'s
         batch: what a sample adds is measured there, not split between the terms by their
-        priors."""
+        priors. The line as lifted by its memory twin's OOM (`_twin_oom`): a bound on the
+        sibling's bytes bounds `c`'s, less the states between them (Qwen2-1.5B on an H100:
+        unlifted, an 8-bit family ran out at batch 64 where its AdamW sibling's twin had)."""
         raised = float(self._raised @ self.features(c)) if self._raised.any() else 0.0
         sibling, slope = self._sibling(c), 0.0
         if sibling is not None:
             slope = self._sibling_lines.get(sibling)
             if slope is None:
                 slope = self._sibling_lines[sibling] = (
-                    self._predict_total(sibling, lifted=False) - self._regressed(sibling)
+                    self._predict_total(sibling) - self._regressed(sibling)
                     - self._family_resid[sibling.family])
         return self._regressed(c) + raised + self._neighbour_offset(c.family) + slope
 
