@@ -15,7 +15,7 @@ simulator fails Liger's fused loss under ZeRO-3, as a device does).
 `--compiled-liger-copies`: the 20 GPU-lever landscapes whose compiled Liger the memory
 model and the simulator disagree on, with the simulator holding the model's side.
 
-About 11 minutes on 2 cores (637 s for the 45 on 2026-12-03), twice that with
+About 17 minutes on 2 cores (for the 57 on 2026-12-03), twice that with
 `--strategies autotune,tpe` (Optuna's TPE beside it at
 the same budget, judged too, not held to the bar). OUT's landscapes and records are
 reused where present: a new OUT for other --repeats or --strategies.
