@@ -112,8 +112,13 @@ class Family:
         return world_size // split if world_size % split == 0 else world_size
 
     def label(self) -> str:
-        return " ".join(t for k in knobs.table()
-                        if (t := k.tag_of(getattr(self, k.name))))
+        # Derived from `items` once, as `levels`: the memory model orders siblings and
+        # twins by it for every candidate after every trial.
+        cached = self.__dict__.get("_label")
+        if cached is None:
+            cached = self.__dict__["_label"] = " ".join(
+                t for k in knobs.table() if (t := k.tag_of(getattr(self, k.name))))
+        return cached
 
     def is_baseline(self) -> bool:
         return self == Family.baseline()

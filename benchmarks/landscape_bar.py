@@ -12,7 +12,7 @@ simulator fails Liger's fused loss under ZeRO-3, as a device does).
     .venv/bin/python benchmarks/landscape_bar.py OUT [--jobs 2] [--repeats 10]
     .venv/bin/python benchmarks/landscape_bar.py OUT --judge   # what OUT/json holds
 
-`--compiled-liger-copies`: the 20 GPU-lever landscapes whose compiled Liger the memory
+`--compiled-liger-copies`: the GPU-lever landscapes (29) whose compiled Liger the memory
 model and the simulator disagree on, with the simulator holding the model's side.
 
 About 17 minutes on 2 cores (for the 57 on 2026-12-03), twice that with

@@ -114,10 +114,10 @@ class MemoryModel(Physics):
         # it was checked against and those that keep its bytes a sample.
         self._measured: list[Family] = []
         self._siblings: dict[Family, tuple[int, list[Family]]] = {}
-        # Until the next update: each family's sibling, and each sibling's line at a batch.
+        # Until the next update: each family's sibling, and how far each sibling's line
+        # runs from its residual at a batch (`_unmeasured`).
         self._best_siblings: dict[Family, Family | None] = {}
         self._sibling_lines: dict[TrialConfig, float] = {}
-        self._labels: dict[Family, str] = {}
         # Facts of the knob table about pairs of families, which no fit changes: asked for
         # every candidate after every trial, they took a quarter of a replayed search.
         self._free_groups = _memory_free_groups()
@@ -254,14 +254,14 @@ class MemoryModel(Physics):
         sibling's bytes bounds `c`'s, less the states between them (Qwen2-1.5B on an H100:
         unlifted, an 8-bit family ran out at batch 64 where its AdamW sibling's twin had)."""
         raised = float(self._raised @ self.features(c)) if self._raised.any() else 0.0
-        sibling, slope = self._sibling(c), 0.0
+        sibling, deviation = self._sibling(c), 0.0
         if sibling is not None:
-            slope = self._sibling_lines.get(sibling)
-            if slope is None:
-                slope = self._sibling_lines[sibling] = (
+            deviation = self._sibling_lines.get(sibling)
+            if deviation is None:
+                deviation = self._sibling_lines[sibling] = (
                     self._predict_total(sibling) - self._regressed(sibling)
                     - self._family_resid[sibling.family])
-        return self._regressed(c) + raised + self._neighbour_offset(c.family) + slope
+        return self._regressed(c) + raised + self._neighbour_offset(c.family) + deviation
 
     def _sibling(self, c: TrialConfig) -> TrialConfig | None:
         """`c`'s batch of the measured family whose bytes a sample (activations and
@@ -283,15 +283,9 @@ class MemoryModel(Physics):
                     <= SAME_MEMORY * size]
                 self._siblings[fam] = (len(self._measured), near)
             self._best_siblings[fam] = min(near, key=lambda other: (
-                -len(self._points[other]), self._label(other))) if near else None
+                -len(self._points[other]), other.label())) if near else None
         best = self._best_siblings[fam]
         return None if best is None else TrialConfig(b, c.gradient_accumulation_steps, best)
-
-    def _label(self, fam: Family) -> str:
-        cached = self._labels.get(fam)
-        if cached is None:
-            cached = self._labels[fam] = fam.label()
-        return cached
 
     def oom_factor(self, c: TrialConfig) -> float:
         """The factor OOMs put on `c`'s prediction (1 where none applies; see `_bound`):
